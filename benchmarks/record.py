@@ -1,0 +1,52 @@
+"""Write a benchmark result as JSON with the commit, machine and date beside the figures."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def commit() -> str:
+    """The checked-out commit (with '+dirty' when the tree has changes), or 'unknown'."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("QGPU_DASK_COMMIT", "unknown")
+
+
+def machine() -> dict:
+    """CPU, core count and, where CuPy sees one, the GPU."""
+    info = {"host": platform.node(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version()}
+    try:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        info["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    except Exception:
+        info["gpu"] = None
+    return info
+
+
+def write(name: str, results: dict, out_dir: str | os.PathLike | None = None) -> Path:
+    """Save ``results`` as ``<name>.json`` with commit, machine and UTC date; return the path."""
+    out = Path(out_dir or os.environ.get("QGPU_DASK_RESULTS") or RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "benchmark": name,
+        "commit": commit(),
+        "machine": machine(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "results": results,
+    }
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path

@@ -1,0 +1,14 @@
+"""qgpu-dask: 4D-STEM acquisitions resident on Dask (GPU) workers, answering exact queries.
+
+    import qgpu_dask as qd
+    svc = qd.Service.local()
+    acq = svc.load("scan.h5", dataset="/data")
+    bf = acq.virtual_image(qd.masks.disk(acq.det_shape, (32, 32), 8))
+"""
+
+from .detector import masks
+from .formats.png import save_png
+from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
+
+__all__ = ["Acquisition", "QueryFuture", "Series", "Service", "ServiceInfo", "masks", "save_png"]
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+"""Detector-side helpers: masks for virtual images."""
+
+from . import masks
+
+__all__ = ["masks"]

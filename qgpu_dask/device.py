@@ -1,0 +1,119 @@
+"""The compute device of this process: array module (NumPy or CuPy), identity, memory.
+
+Everything above this layer asks here whether it runs on a GPU, so a worker
+without CuPy (a laptop, CI) never imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+
+@functools.cache
+def cupy_or_none() -> ModuleType | None:
+    """CuPy when it imports and sees a CUDA device, else None (QGPU_DASK_CPU=1 forces None)."""
+    if os.environ.get("QGPU_DASK_CPU") == "1":
+        return None
+    try:
+        import cupy
+    except Exception:
+        return None
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None
+    except Exception:
+        return None
+    return cupy
+
+
+def has_gpu() -> bool:
+    """Whether this process computes on a CUDA device."""
+    return cupy_or_none() is not None
+
+
+def array_module() -> ModuleType:
+    """The array module residents of this process live in: cupy on a GPU, else numpy."""
+    cp = cupy_or_none()
+    return np if cp is None else cp
+
+
+def module_of(array) -> ModuleType:
+    """numpy or cupy, whichever owns ``array``."""
+    cp = cupy_or_none()
+    if cp is not None and isinstance(array, cp.ndarray):
+        return cp
+    return np
+
+
+def to_host(value):
+    """NumPy copies of CuPy arrays inside ``value`` (arrays, tuples, lists, dicts); the rest as is."""
+    cp = cupy_or_none()
+    if cp is None:
+        return value
+    if isinstance(value, cp.ndarray):
+        return cp.asnumpy(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_host(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_host(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a shard reports about the device it computes on."""
+
+    kind: str  # "cuda" or "cpu"
+    name: str
+    uuid: str
+    total_bytes: int
+    free_bytes: int
+
+
+def device_info() -> DeviceInfo:
+    """Identity and memory of this process's device (GPU 0 as CUDA_VISIBLE_DEVICES maps it, or the host)."""
+    cp = cupy_or_none()
+    if cp is not None:
+        dev = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        free, total = cp.cuda.runtime.memGetInfo()
+        uuid = props.get("uuid", b"")
+        uuid = uuid.hex() if isinstance(uuid, bytes) else str(uuid)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return DeviceInfo("cuda", name, uuid, int(total), int(free))
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return DeviceInfo("cpu", "host", os.uname().nodename, int(vm.total), int(vm.available))
+
+
+def parse_bytes(value: int | str | None) -> int | None:
+    """Bytes from an int or a string such as '2 GiB' (None stays None)."""
+    if value is None or isinstance(value, int):
+        return value
+    from dask.utils import parse_bytes as dask_parse
+
+    return int(dask_parse(value))
+
+
+def default_budget(worker_memory_limit: int | None) -> int:
+    """Bytes of residents a shard may hold when the user sets no budget.
+
+    GPU: 85% of the device's free memory at shard start (the rest for query
+    scratch and CUDA context). CPU: half the worker's memory limit, so Dask's
+    own memory manager (which pauses a worker at 80%) keeps room for results.
+    QGPU_DASK_BUDGET (bytes or '4 GiB') overrides both.
+    """
+    env = os.environ.get("QGPU_DASK_BUDGET")
+    if env:
+        return parse_bytes(env)
+    info = device_info()
+    if info.kind == "cuda":
+        return int(info.free_bytes * 0.85)
+    limit = worker_memory_limit or info.total_bytes
+    return int(limit * 0.5)

@@ -1,0 +1,29 @@
+"""NumPy .npy files, memory-mapped so a block is read only when it is copied."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .frames import array_blocks
+from .source import BLOCK_BYTES, as_4d
+
+
+class NpyReader:
+    """A .npy array (3-D stack or 4-D) as an acquisition."""
+
+    def __init__(self, path: Path, scan_shape):
+        try:
+            self.array = np.load(path, mmap_mode="r")
+        except ValueError as e:
+            raise ValueError(f"{str(path)!r} is not a readable .npy array: {e}") from None
+        self.dtype = self.array.dtype
+        self.shape = as_4d(self.array.shape, scan_shape, f"array in {str(path)!r}")
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        return array_blocks(self.array, self.shape, block_bytes)
+
+    def close(self) -> None:
+        self.array = None

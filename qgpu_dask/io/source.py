@@ -1,0 +1,113 @@
+"""Sources: where an acquisition's counts come from, and readers that stream them in blocks.
+
+A ``Source`` is a small picklable description (path, dataset, scan shape) that
+a shard opens itself, so counts go from the file straight to the owning worker
+and an acquisition can be read again from it later. The format is found from
+the file's content (HDF5 signature, NumPy magic, Zarr metadata), not its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Protocol
+
+import numpy as np
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+NPY_MAGIC = b"\x93NUMPY"
+BLOCK_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Source:
+    """A file (or Zarr store) holding one acquisition."""
+
+    path: str
+    dataset: str | None = None
+    scan_shape: tuple[int, int] | None = None
+
+    def describe(self) -> dict:
+        return {"path": self.path, "dataset": self.dataset, "scan_shape": self.scan_shape}
+
+
+class Reader(Protocol):
+    """An open source: its 4-D shape and dtype, and its frames in blocks."""
+
+    shape: tuple[int, int, int, int]
+    dtype: np.dtype
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        """(first frame index, frames (n, det_rows, det_cols)) in scan order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def detect_format(path: Path) -> str:
+    """'hdf5', 'npy' or 'zarr' from the content at ``path``; ValueError naming what was found otherwise."""
+    if not path.exists():
+        raise FileNotFoundError(f"no such file or directory: {str(path)!r}")
+    if path.is_dir():
+        if (path / "zarr.json").exists() or (path / ".zarray").exists() or (path / ".zgroup").exists():
+            return "zarr"
+        raise ValueError(f"{str(path)!r} is a directory but not a Zarr store (no zarr.json or .zarray)")
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if head.startswith(NPY_MAGIC):
+            return "npy"
+        # HDF5 allows a user block: the signature sits at 0, 512, 1024, 2048, ...
+        offset = 0
+        while True:
+            if head == HDF5_SIGNATURE:
+                return "hdf5"
+            offset = 512 if offset == 0 else offset * 2
+            f.seek(offset)
+            head = f.read(8)
+            if len(head) < 8:
+                break
+    raise ValueError(f"{str(path)!r} is not an HDF5 file, a .npy array or a Zarr store (first bytes {head[:8]!r})")
+
+
+def as_4d(shape: tuple[int, ...], scan_shape: tuple[int, int] | None, what: str) -> tuple[int, int, int, int]:
+    """The 4-D shape of a 3-D stack (with ``scan_shape``) or a 4-D array; ValueError otherwise."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 4:
+        if scan_shape is not None and tuple(scan_shape) != shape[:2]:
+            raise ValueError(f"{what} has scan shape {shape[:2]}, but scan_shape={tuple(scan_shape)} was given")
+        return shape
+    if len(shape) == 3:
+        if scan_shape is None:
+            raise ValueError(f"{what} is a 3-D stack of {shape[0]} frames: give scan_shape=(rows, cols)")
+        rows, cols = (int(s) for s in scan_shape)
+        if rows * cols != shape[0]:
+            raise ValueError(f"scan_shape {(rows, cols)} has {rows * cols} positions, but {what} holds {shape[0]} frames")
+        return (rows, cols, shape[1], shape[2])
+    raise ValueError(f"{what} is {len(shape)}-D with shape {shape}: an acquisition is a 3-D frame stack or 4-D")
+
+
+def frames_per_block(shape: tuple[int, int, int, int], dtype: np.dtype, block_bytes: int) -> int:
+    """How many whole scan rows of frames fit in ``block_bytes`` (at least one frame), in frames."""
+    frame_bytes = shape[2] * shape[3] * np.dtype(dtype).itemsize
+    row_frames = shape[1]
+    rows = max(1, block_bytes // (frame_bytes * row_frames))
+    if rows == 1 and frame_bytes * row_frames > block_bytes:
+        return max(1, block_bytes // frame_bytes)
+    return rows * row_frames
+
+
+def open_reader(source: Source) -> Reader:
+    """Open ``source`` with the reader of its format; the shape and dtype are checked here."""
+    path = Path(source.path).expanduser()
+    fmt = detect_format(path)
+    if fmt == "hdf5":
+        from .hdf5 import HDF5Reader
+
+        return HDF5Reader(path, source.dataset, source.scan_shape)
+    if fmt == "npy":
+        from .npy import NpyReader
+
+        return NpyReader(path, source.scan_shape)
+    from .zarr_array import ZarrReader
+
+    return ZarrReader(path, source.dataset, source.scan_shape)

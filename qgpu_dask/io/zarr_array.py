@@ -1,0 +1,37 @@
+"""Zarr arrays (v2 or v3 stores on disk): an array store, or one array of a group via ``dataset``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import zarr
+
+from .frames import array_blocks
+from .source import BLOCK_BYTES, as_4d
+
+
+class ZarrReader:
+    """A Zarr array as an acquisition."""
+
+    def __init__(self, path: Path, dataset: str | None, scan_shape):
+        node = zarr.open(str(path), mode="r")
+        if isinstance(node, zarr.Group):
+            if dataset is None:
+                raise ValueError(f"{str(path)!r} is a Zarr group: give dataset= (arrays: {sorted(node.array_keys())})")
+            try:
+                node = node[dataset.strip("/")]
+            except KeyError:
+                raise KeyError(f"Zarr group {str(path)!r} has no array {dataset!r} (arrays: {sorted(node.array_keys())})") from None
+        if not isinstance(node, zarr.Array):
+            raise ValueError(f"{str(path)!r}: {dataset!r} is not a Zarr array")
+        self.array = node
+        self.dtype = np.dtype(node.dtype)
+        self.shape = as_4d(node.shape, scan_shape, f"Zarr array {str(path)!r}")
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        return array_blocks(self.array, self.shape, block_bytes)
+
+    def close(self) -> None:
+        self.array = None

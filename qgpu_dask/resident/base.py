@@ -1,0 +1,173 @@
+"""The resident interface: what every layout (dense, compressed) answers, exactly.
+
+A layout implements four kernels over flat frames (``mask_sums``,
+``roi_sum``, ``roi_max``, ``frame_flat``); this base turns user arguments into
+kernel arguments and kernel results into the shapes users see, so every
+layout validates and shapes results the same way.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from types import ModuleType
+
+import numpy as np
+
+from ..device import to_host
+from .masks import MaskWeights, mask_weights
+
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("uint8", "uint16", "uint32", "int8", "int16", "int32", "float32", "float64"))
+REDUCE_OPS = ("sum", "mean", "max")
+
+
+def check_dtype(dtype) -> np.dtype:
+    """The acquisition dtype, or ValueError naming the supported ones."""
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise ValueError(f"dtype {dtype} is not supported (supported: {names})")
+    return dtype
+
+
+def check_shape(shape) -> tuple[int, int, int, int]:
+    """A 4-D acquisition shape (scan_rows, scan_cols, det_rows, det_cols) with no empty axis."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 4:
+        raise ValueError(f"an acquisition is 4-D (scan_rows, scan_cols, det_rows, det_cols), got shape {shape}")
+    if min(shape) < 1:
+        raise ValueError(f"acquisition shape {shape} has an empty axis")
+    return shape
+
+
+def roi_indices(roi, scan_shape: tuple[int, int]) -> np.ndarray:
+    """Flat indices (int64, C order) of the scan positions a bool ROI selects; None selects all."""
+    n = scan_shape[0] * scan_shape[1]
+    if roi is None:
+        return np.arange(n, dtype=np.int64)
+    roi = np.asarray(roi)
+    if roi.dtype != np.bool_:
+        raise ValueError(f"roi must be a bool array of the scan shape {scan_shape}, got dtype {roi.dtype}")
+    if roi.shape != tuple(scan_shape):
+        raise ValueError(f"roi has shape {roi.shape}, but the scan is {tuple(scan_shape)}")
+    return np.flatnonzero(roi).astype(np.int64)
+
+
+class Resident(ABC):
+    """One acquisition held in a worker's device memory in a query-ready layout."""
+
+    layout: str = ""
+
+    def __init__(self, name: str, shape, dtype, xp: ModuleType):
+        self.name = name
+        self.shape = check_shape(shape)
+        self.dtype = check_dtype(dtype)
+        self.xp = xp
+
+    @property
+    def scan_shape(self) -> tuple[int, int]:
+        return self.shape[:2]
+
+    @property
+    def det_shape(self) -> tuple[int, int]:
+        return self.shape[2:]
+
+    @property
+    def n_frames(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def frame_len(self) -> int:
+        return self.shape[2] * self.shape[3]
+
+    @property
+    def raw_bytes(self) -> int:
+        """Bytes of the counts as a dense array."""
+        return self.n_frames * self.frame_len * self.dtype.itemsize
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Device bytes this resident holds."""
+
+    @abstractmethod
+    def mask_sums(self, masks: MaskWeights):
+        """(n_masks, n_frames) exact sums in ``masks.acc_dtype``, on the device."""
+
+    @abstractmethod
+    def roi_sum(self, indices):
+        """(frame_len,) exact sum over the frames ``indices`` selects, on the device."""
+
+    @abstractmethod
+    def roi_max(self, indices):
+        """(frame_len,) max over the selected frames, native dtype, on the device."""
+
+    @abstractmethod
+    def frame_flat(self, index: int):
+        """One frame, (frame_len,) native dtype, on the device."""
+
+    def virtual_images(self, masks) -> np.ndarray:
+        """(n_masks, scan_rows, scan_cols) exact sums of each mask (raw masks or prepared weights); NumPy."""
+        weights = masks if isinstance(masks, MaskWeights) else mask_weights(masks, self.det_shape, self.dtype)
+        out = self.mask_sums(weights)
+        return to_host(out).reshape(weights.n_masks, *self.scan_shape)
+
+    def reduce(self, roi=None, op: str = "sum") -> np.ndarray:
+        """Per-pixel sum (uint64 / int64 / float64), mean (float64) or max (native) over a scan ROI; NumPy."""
+        total, count = self.reduce_parts(roi, op)
+        return finish_reduce(total, count, op)
+
+    def reduce_parts(self, roi, op: str) -> tuple[np.ndarray, int]:
+        """The exact partial result of a reduction (sum or max pattern) and the frame count, for combining."""
+        if op not in REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {op!r}: use one of {', '.join(REDUCE_OPS)}")
+        indices = roi_indices(roi, self.scan_shape)
+        if indices.size == 0:
+            if op != "sum":
+                raise ValueError(f"the roi selects no scan position: {op} is undefined")
+            from .cpu.dense import sum_dtype
+
+            return np.zeros(self.det_shape, dtype=sum_dtype(self.dtype)), 0
+        device_indices = self.xp.asarray(indices)
+        out = self.roi_max(device_indices) if op == "max" else self.roi_sum(device_indices)
+        return to_host(out).reshape(self.det_shape), int(indices.size)
+
+    def frame(self, row: int, col: int) -> np.ndarray:
+        """The diffraction pattern at scan position (row, col), native dtype; NumPy."""
+        rows, cols = self.scan_shape
+        for axis, value, size in (("row", row, rows), ("col", col, cols)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise IndexError(f"scan {axis} index must be an integer, got {value!r}")
+            if not -size <= value < size:
+                raise IndexError(f"scan {axis} {value} is out of range for a scan of {rows} x {cols}")
+        index = (int(row) % rows) * cols + int(col) % cols
+        return to_host(self.frame_flat(index)).reshape(self.det_shape)
+
+    def describe(self) -> dict:
+        """Shape, dtype, layout and bytes, for catalogs and ``acq.info()``."""
+        return {
+            "name": self.name,
+            "shape": self.shape,
+            "dtype": str(self.dtype),
+            "layout": self.layout,
+            "nbytes": self.nbytes,
+            "raw_bytes": self.raw_bytes,
+        }
+
+
+def combine_parts(parts: list[tuple[np.ndarray, int]], op: str) -> tuple[np.ndarray, int]:
+    """One exact partial from several (a series total): sums add, maxima take the larger, counts add."""
+    total, count = parts[0]
+    for part, n in parts[1:]:
+        if op == "max":
+            total = np.maximum(total, part)
+        else:
+            total = total + part
+        count += n
+    return total, count
+
+
+def finish_reduce(total: np.ndarray, count: int, op: str) -> np.ndarray:
+    """The user's result from an exact partial: sums and maxima as they are, mean = sum / count in float64."""
+    if op == "mean":
+        return total.astype(np.float64) / count
+    return total

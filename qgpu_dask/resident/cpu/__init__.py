@@ -1,0 +1,1 @@
+"""CPU kernels (NumPy, Numba): the twins of the CUDA kernels."""

@@ -1,0 +1,101 @@
+"""CPU kernels (Numba) for dense counts: the twins of kernels/dense.cu.
+
+Contract shared with ``qgpu_dask.resident.cuda.dense`` (same arguments, same
+bits for integer results):
+
+- ``mask_sums(data, span_start, weights) -> out``: ``data`` is (n_frames,
+  frame_len) C-contiguous in the native dtype; ``weights`` is (n_masks,
+  span_len) C-contiguous in the accumulator dtype (uint32, uint64, int64 or
+  float64); ``out[m, f] = sum_j weights[m, j] * data[f, span_start + j]``,
+  (n_masks, n_frames) in the accumulator dtype. The caller has proven that no
+  partial sum can overflow it.
+- ``roi_reduce(data, indices, op) -> out``: ``indices`` is a non-empty int64
+  array of frame indices; ``op`` "sum" gives (frame_len,) uint64 for unsigned
+  data, int64 for signed, float64 for floats; "max" gives the native dtype,
+  starting from the first selected frame.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _mask_sums(data, span_start, weights, out):
+    n_frames = data.shape[0]
+    n_masks, span_len = weights.shape
+    for f in numba.prange(n_frames):
+        row = data[f, span_start : span_start + span_len]
+        for m in range(n_masks):
+            w = weights[m]
+            acc = w[0] * 0
+            for j in range(span_len):
+                acc += w[j] * row[j]
+            out[m, f] = acc
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _roi_sum(data, indices, partial):
+    n_chunks, frame_len = partial.shape
+    n = indices.shape[0]
+    for c in numba.prange(n_chunks):
+        lo = n * c // n_chunks
+        hi = n * (c + 1) // n_chunks
+        acc = partial[c]
+        for i in range(lo, hi):
+            row = data[indices[i]]
+            for p in range(frame_len):
+                acc[p] += row[p]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _roi_max(data, indices, partial):
+    n_chunks, frame_len = partial.shape
+    n = indices.shape[0]
+    for c in numba.prange(n_chunks):
+        lo = n * c // n_chunks
+        hi = n * (c + 1) // n_chunks
+        acc = partial[c]
+        acc[:] = data[indices[lo]]
+        for i in range(lo + 1, hi):
+            row = data[indices[i]]
+            for p in range(frame_len):
+                v = row[p]
+                if v > acc[p] or v != v:  # v != v: NaN propagates, as in NumPy
+                    acc[p] = v
+
+
+def sum_dtype(dtype: np.dtype) -> np.dtype:
+    """Exact sum dtype of a pattern: uint64 for unsigned, int64 for signed, float64 for floats."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "u":
+        return np.dtype(np.uint64)
+    if dtype.kind == "i":
+        return np.dtype(np.int64)
+    return np.dtype(np.float64)
+
+
+def mask_sums(data: np.ndarray, span_start: int, weights: np.ndarray) -> np.ndarray:
+    out = np.empty((weights.shape[0], data.shape[0]), dtype=weights.dtype)
+    if data.shape[0]:
+        _mask_sums(data, span_start, weights, out)
+    return out
+
+
+def chunk_count(n_selected: int) -> int:
+    """How many partial patterns a reduction over ``n_selected`` frames is split into."""
+    return max(1, min(n_selected, 4 * numba.get_num_threads()))
+
+
+def roi_reduce(data: np.ndarray, indices: np.ndarray, op: str) -> np.ndarray:
+    n_chunks = chunk_count(len(indices))
+    if op == "sum":
+        partial = np.zeros((n_chunks, data.shape[1]), dtype=sum_dtype(data.dtype))
+        _roi_sum(data, indices, partial)
+        return partial.sum(axis=0, dtype=partial.dtype)
+    if op == "max":
+        partial = np.empty((n_chunks, data.shape[1]), dtype=data.dtype)
+        _roi_max(data, indices, partial)
+        return partial.max(axis=0)
+    raise ValueError(f"unknown reduction op {op!r}")

@@ -1,0 +1,185 @@
+"""Client-side handles: an Acquisition (one resident) and a Series (several, spread over shards).
+
+Handles hold a name and a description; every query is a direct call to the
+owning shard. A series query makes one call per shard (not per acquisition)
+and assembles the exact result on the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from ..resident import combine_parts, finish_reduce
+from ..resident.masks import as_mask_stack
+from .calls import QueryFuture
+
+if TYPE_CHECKING:
+    from .service import Service
+
+
+def single_mask(mask, det_shape) -> np.ndarray:
+    """A (1, rows, cols) stack from one 2-D mask; ValueError for anything else."""
+    mask = np.asarray(mask)
+    if mask.ndim != 2:
+        raise ValueError(f"virtual_image takes one 2-D mask, got shape {mask.shape} (use virtual_images for several)")
+    return as_mask_stack(mask, det_shape)
+
+
+def finish(future: QueryFuture, wait: bool):
+    return future.result() if wait else future
+
+
+class Acquisition:
+    """One resident acquisition: metadata and exact queries answered by its owning shard."""
+
+    def __init__(self, service: "Service", record: dict):
+        self.service = service
+        self.record = dict(record)
+
+    @property
+    def name(self) -> str:
+        return self.record["name"]
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return tuple(self.record["shape"])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.record["dtype"])
+
+    @property
+    def owner(self) -> str:
+        """Address of the worker whose shard holds this acquisition."""
+        return self.record["owner"]
+
+    @property
+    def scan_shape(self) -> tuple[int, int]:
+        return self.shape[:2]
+
+    @property
+    def det_shape(self) -> tuple[int, int]:
+        return self.shape[2:]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.record["nbytes"])
+
+    def query(self, method: str, *args, assemble: Callable[[Any], Any] = lambda r: r) -> QueryFuture:
+        part = self.service.call(self.owner, method, *args)
+        return QueryFuture([part], lambda replies: assemble(replies[0]))
+
+    def virtual_image(self, mask, wait: bool = True):
+        """Exact virtual image (scan_rows, scan_cols) of one mask (bool, integer or float weights)."""
+        stack = single_mask(mask, self.det_shape)
+        return finish(self.query("virtual_images", [self.name], stack, assemble=lambda r: r[0, 0]), wait)
+
+    def virtual_images(self, masks, wait: bool = True):
+        """(n_masks, scan_rows, scan_cols) exact virtual images, all masks in one pass over the data."""
+        stack = as_mask_stack(masks, self.det_shape)
+        return finish(self.query("virtual_images", [self.name], stack, assemble=lambda r: r[0]), wait)
+
+    def frame(self, row: int, col: int, wait: bool = True):
+        """The diffraction pattern at scan position (row, col), native dtype."""
+        return finish(self.query("frame", self.name, row, col), wait)
+
+    def reduce(self, roi=None, op: str = "sum", wait: bool = True):
+        """Per detector pixel over a bool scan ROI (None: all): "sum" (uint64; int64 signed), "mean" (float64), "max" (native)."""
+        return finish(self.query("reduce", [self.name], roi, op, False, assemble=lambda r: finish_reduce(*r[0], op)), wait)
+
+    def release(self) -> None:
+        """Free this acquisition's memory on its shard and forget its name."""
+        self.service.call(self.owner, "release", self.name).result()
+
+    def info(self) -> dict:
+        """Shape, dtype, layout, owner, resident bytes and where it came from."""
+        return dict(self.record)
+
+    def __repr__(self) -> str:
+        shape = " x ".join(str(s) for s in self.shape)
+        return f"<Acquisition {self.name!r} {shape} {self.dtype} on {self.owner}>"
+
+
+class Series(Sequence):
+    """An ordered list of acquisitions spread across shards; queries make one call per shard."""
+
+    def __init__(self, service: "Service", acquisitions: list[Acquisition]):
+        if not acquisitions:
+            raise ValueError("a series needs at least one acquisition")
+        self.service = service
+        self.acquisitions = list(acquisitions)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return Series(self.service, self.acquisitions[index])
+        return self.acquisitions[index]
+
+    def __len__(self) -> int:
+        return len(self.acquisitions)
+
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.acquisitions]
+
+    def same(self, what: str) -> Any:
+        values = {getattr(a, what) for a in self.acquisitions}
+        if len(values) != 1:
+            raise ValueError(f"the acquisitions of this series differ in {what} ({sorted(map(str, values))}): query them one by one")
+        return values.pop()
+
+    def per_shard(self, method: str, *args, assemble: Callable[[list[list[Any]], list[list[int]]], Any]) -> QueryFuture:
+        """Call ``method(names, *args)`` once per owning shard; ``assemble`` gets each shard's reply and positions."""
+        groups: dict[str, list[int]] = {}
+        for i, acq in enumerate(self.acquisitions):
+            groups.setdefault(acq.owner, []).append(i)
+        owners = list(groups)
+        positions = [groups[o] for o in owners]
+        parts = [self.service.call(o, method, [self.acquisitions[i].name for i in groups[o]], *args) for o in owners]
+        return QueryFuture(parts, lambda replies: assemble(replies, positions))
+
+    def virtual_images(self, masks, wait: bool = True):
+        """(n_acquisitions, scan_rows, scan_cols) for one 2-D mask; (n_acquisitions, n_masks, ...) for a stack."""
+        det_shape = self.same("det_shape")
+        self.same("scan_shape")
+        one = np.ndim(masks) == 2 and not isinstance(masks, (list, tuple))
+        stack = as_mask_stack(masks, det_shape)
+
+        def assemble(replies, positions):
+            out = None
+            for reply, where in zip(replies, positions):
+                if out is None:
+                    out = np.empty((len(self),) + reply.shape[1:], dtype=reply.dtype)
+                out[where] = reply
+            return out[:, 0] if one else out
+
+        return finish(self.per_shard("virtual_images", stack, assemble=assemble), wait)
+
+    def reduce(self, roi=None, op: str = "sum", total: bool = False, wait: bool = True):
+        """One pattern per acquisition (n, det_rows, det_cols); ``total=True``: the exact reduction over the whole series."""
+        self.same("scan_shape")
+        self.same("det_shape")
+        if total:
+            self.same("dtype")
+
+        def assemble(replies, positions):
+            if total:
+                return finish_reduce(*combine_parts([r[0] for r in replies], op), op)
+            patterns: list[Any] = [None] * len(self)
+            for reply, where in zip(replies, positions):
+                for part, i in zip(reply, where):
+                    patterns[i] = finish_reduce(*part, op)
+            return np.stack(patterns)
+
+        return finish(self.per_shard("reduce", roi, op, total, assemble=assemble), wait)
+
+    def release(self) -> None:
+        """Release every acquisition of the series."""
+        for acq in self.acquisitions:
+            acq.release()
+
+    def __repr__(self) -> str:
+        owners = len({a.owner for a in self.acquisitions})
+        return f"<Series of {len(self)} acquisitions on {owners} shard(s)>"

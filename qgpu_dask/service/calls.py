@@ -1,0 +1,66 @@
+"""Direct calls from a client to a shard actor, and the futures users hold.
+
+A call goes straight from the client to the owning worker's ``actor_execute``
+handler over the client's connection pool (never through the scheduler's
+proxy), whatever ``direct_to_workers`` the client was made with. Results are
+assembled on the client (series results from one call per shard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any, Callable, Sequence
+
+from distributed import Client
+from distributed.protocol import to_serialize
+
+
+async def call_async(client: Client, address: str, key: str, method: str, *args, **kwargs) -> Any:
+    """Run ``method`` of the actor ``key`` on worker ``address``; raise its exception if it failed."""
+    reply = await client.rpc(address).actor_execute(
+        function=method,
+        actor=key,
+        args=[to_serialize(a) for a in args],
+        kwargs={k: to_serialize(v) for k, v in kwargs.items()},
+    )
+    if reply["status"] == "OK":
+        return reply["result"]
+    raise reply["exception"]
+
+
+def call(client: Client, address: str, key: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
+    """Start :func:`call_async` on the client's event loop; a thread-safe future of its result."""
+    return asyncio.run_coroutine_threadsafe(
+        call_async(client, address, key, method, *args, **kwargs), client.loop.asyncio_loop
+    )
+
+
+class QueryFuture:
+    """A query in flight: ``result()`` waits for every shard's reply and assembles them."""
+
+    def __init__(self, parts: Sequence[concurrent.futures.Future], assemble: Callable[[list], Any]):
+        self.parts = list(parts)
+        self.assemble = assemble
+
+    def done(self) -> bool:
+        return all(p.done() for p in self.parts)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The assembled result; the first shard error is raised (nothing partial is returned)."""
+        done, pending = concurrent.futures.wait(self.parts, timeout=timeout)
+        if pending:
+            raise TimeoutError(f"{len(pending)} of {len(self.parts)} shard replies still pending after {timeout} s")
+        return self.assemble([p.result() for p in self.parts])
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.result(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as e:
+            return e
+        return None
+
+    def __repr__(self) -> str:
+        return f"<QueryFuture {'done' if self.done() else 'pending'}, {len(self.parts)} shard call(s)>"

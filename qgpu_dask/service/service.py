@@ -1,0 +1,253 @@
+"""Service: the client API. Starts or attaches to a cluster, places acquisitions, routes queries."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from dask.utils import format_bytes
+from distributed import Client
+from tqdm.auto import tqdm
+
+from ..device import has_gpu, parse_bytes
+from ..io.source import Source
+from .acquisition import Acquisition, Series
+from .calls import QueryFuture, call
+from .catalog import PLUGIN_NAME, Catalog
+from .placement import place
+from .shard import Shard
+
+PathLike = str | os.PathLike
+
+
+def shard_key(address: str) -> str:
+    """The actor key of the shard on ``address`` (the same from every client)."""
+    return f"qgpu-shard-{address}"
+
+
+class Service:
+    """Acquisitions resident on the workers of a Dask cluster, and exact queries on them."""
+
+    def __init__(self, client: Client, *, budget: int | str | None = None, cluster=None):
+        self.client = client
+        self.cluster = cluster
+        self.budget = parse_bytes(budget)
+        client.register_plugin(Catalog(), name=PLUGIN_NAME)
+        self.ensure_shards()
+
+    # -- starting and stopping ----------------------------------------------
+
+    @classmethod
+    def local(cls, *, budget: int | str | None = None, **cluster_kwargs) -> "Service":
+        """The embedded default cluster: one worker per GPU when CuPy sees GPUs, else CPU worker processes.
+
+        Keyword arguments go to ``LocalCUDACluster`` / ``LocalCluster`` (e.g. ``n_workers=3``);
+        ``budget`` caps each shard's resident bytes (default: most of its device's memory).
+        """
+        if has_gpu():
+            from dask_cuda import LocalCUDACluster
+
+            cluster = LocalCUDACluster(**cluster_kwargs)
+        else:
+            from distributed import LocalCluster
+
+            cluster_kwargs.setdefault("processes", True)
+            cluster_kwargs.setdefault("threads_per_worker", 1)
+            cluster = LocalCluster(**cluster_kwargs)
+        try:
+            client = Client(cluster, direct_to_workers=True)
+            return cls(client, budget=budget, cluster=cluster)
+        except BaseException:
+            cluster.close()
+            raise
+
+    @classmethod
+    def connect(cls, address: str | None = None, *, scheduler_file: PathLike | None = None, budget: int | str | None = None, **client_kwargs) -> "Service":
+        """Attach to a running scheduler by address (``tcp://host:8786``) or ``scheduler_file``."""
+        if (address is None) == (scheduler_file is None):
+            raise ValueError("give exactly one of address or scheduler_file")
+        client_kwargs.setdefault("direct_to_workers", True)
+        if scheduler_file is not None:
+            client = Client(scheduler_file=os.fspath(scheduler_file), **client_kwargs)
+        else:
+            client = Client(address, **client_kwargs)
+        return cls(client, budget=budget)
+
+    def close(self) -> None:
+        """Disconnect; a cluster started by :meth:`local` is shut down with its residents."""
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def __enter__(self) -> "Service":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- shards and the catalog -------------------------------------------------
+
+    def state(self) -> dict:
+        """The catalog as the scheduler holds it: shards, acquisitions, recent events."""
+        return self.client.sync(self.client.scheduler.qgpu_state)
+
+    def ensure_shards(self) -> None:
+        """Start a shard actor on every worker that has none (idempotent across clients)."""
+        workers = list(self.client.scheduler_info(n_workers=-1)["workers"])
+        known = self.state()["shards"]
+        missing = [w for w in workers if w not in known]
+        futures = {
+            w: self.client.submit(Shard, shard_key(w), self.budget, actor=True, workers=[w], key=shard_key(w))
+            for w in missing
+        }
+        for w, future in futures.items():
+            future.result()
+            try:
+                self.client.publish_dataset(future, name=shard_key(w))
+            except KeyError:
+                pass  # another client published the same shard first
+        starts = [self.call(w, "start") for w in missing]
+        for s in starts:
+            s.result()
+
+    def call(self, address: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
+        """A direct call of a shard method on worker ``address``."""
+        return call(self.client, address, shard_key(address), method, *args, **kwargs)
+
+    # -- loading ------------------------------------------------------------------
+
+    def load(
+        self,
+        path: PathLike | Sequence[PathLike],
+        dataset: str | None = None,
+        name: str | Sequence[str] | None = None,
+        scan_shape: tuple[int, int] | None = None,
+        worker: str | None = None,
+        progress: bool = True,
+    ) -> Acquisition | Series:
+        """Load an HDF5 dataset, a .npy or a Zarr array (or a list of them: a Series) onto the shards.
+
+        Each file is read by the worker that will hold it. ``name`` defaults to
+        the file stem; 3-D stacks need ``scan_shape``; ``worker`` pins the owner.
+        Nothing stays resident from a series load that fails part-way.
+        """
+        one = isinstance(path, (str, os.PathLike))
+        paths = [path] if one else list(path)
+        if not paths:
+            raise ValueError("no paths given")
+        names = self.names_for(paths, name, one)
+        sources = [Source(os.path.abspath(os.fspath(p)), dataset, tuple(scan_shape) if scan_shape else None) for p in paths]
+        self.ensure_shards()
+        state = self.state()
+        self.check_new_names(names, state)
+        inspector = worker or next(iter(state["shards"]))
+        metas = self.call(inspector, "inspect", sources).result()
+        owners = place([m["raw_bytes"] for m in metas], state, pinned=worker)
+        loads = [self.call(o, "load", n, s) for o, n, s in zip(owners, names, sources)]
+        records = self.gather(loads, names, progress and not one, "loading")
+        acqs = [Acquisition(self, r | {"name": n, "owner": o}) for r, n, o in zip(records, names, owners)]
+        return acqs[0] if one else Series(self, acqs)
+
+    def put(self, array: np.ndarray, name: str | None = None, worker: str | None = None) -> Acquisition:
+        """Send an in-memory 4-D array to a shard as a new acquisition."""
+        array = np.asarray(array)
+        if array.ndim != 4:
+            raise ValueError(f"an acquisition is 4-D (scan_rows, scan_cols, det_rows, det_cols), got shape {array.shape}")
+        name = name or f"array-{uuid.uuid4().hex[:8]}"
+        self.ensure_shards()
+        state = self.state()
+        self.check_new_names([name], state)
+        owner = place([array.nbytes], state, pinned=worker)[0]
+        record = self.call(owner, "put", name, np.ascontiguousarray(array)).result()
+        return Acquisition(self, record | {"name": name, "owner": owner})
+
+    def gather(self, futures: list, names: list[str], progress: bool, verb: str) -> list:
+        """Wait for loads; if any fails, release those that succeeded and raise the first error."""
+        bar = tqdm(total=len(futures), desc=verb, unit="acq", disable=not progress)
+        try:
+            for f in concurrent.futures.as_completed(futures):
+                bar.update(1)
+        finally:
+            bar.close()
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            for f, n in zip(futures, names):
+                if f.exception() is None:
+                    self[n].release()
+            raise errors[0]
+        return [f.result() for f in futures]
+
+    @staticmethod
+    def names_for(paths: list, name, one: bool) -> list[str]:
+        if name is None:
+            names = [Path(os.fspath(p)).stem for p in paths]
+        elif isinstance(name, str):
+            names = [name] if one else [f"{name}-{i}" for i in range(len(paths))]
+        else:
+            names = list(name)
+            if len(names) != len(paths):
+                raise ValueError(f"{len(names)} names for {len(paths)} paths")
+        if len(set(names)) != len(names):
+            raise ValueError(f"acquisition names repeat: {names} (give name=[...])")
+        return names
+
+    @staticmethod
+    def check_new_names(names: list[str], state: dict) -> None:
+        taken = [n for n in names if n in state["acquisitions"]]
+        if taken:
+            raise ValueError(f"acquisition names already in use: {taken} (release them or choose others)")
+
+    # -- using acquisitions ----------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Acquisition:
+        acquisitions = self.state()["acquisitions"]
+        if name not in acquisitions:
+            raise KeyError(f"no acquisition named {name!r} (known: {sorted(acquisitions) or 'none'})")
+        return Acquisition(self, acquisitions[name])
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.state()["acquisitions"]
+
+    def acquisitions(self) -> list[Acquisition]:
+        """Every acquisition in the catalog, by name."""
+        return [Acquisition(self, r) for _, r in sorted(self.state()["acquisitions"].items())]
+
+    def submit(self, fn: Callable, acq: Acquisition | str, *args, **kwargs) -> QueryFuture:
+        """Run ``fn(resident, *args, **kwargs)`` on the owner of ``acq``; CuPy results return as NumPy."""
+        acq = acq if isinstance(acq, Acquisition) else self[acq]
+        return QueryFuture([self.call(acq.owner, "run", acq.name, fn, args, kwargs)], lambda r: r[0])
+
+    def info(self) -> "ServiceInfo":
+        """Shards (worker, device, resident bytes, budget) and acquisitions with their owners."""
+        state = self.state()
+        replies = [self.call(w, "info") for w in state["shards"]]
+        shards = [r.result() for r in replies]
+        return ServiceInfo(shards=shards, acquisitions=list(state["acquisitions"].values()), events=state["events"])
+
+    def __repr__(self) -> str:
+        return f"<Service {self.client.scheduler.address}>"
+
+
+class ServiceInfo(dict):
+    """``svc.info()``: a dict (shards, acquisitions, events) that prints as a table."""
+
+    def __repr__(self) -> str:
+        lines = ["shards:"]
+        for s in self["shards"]:
+            dev = s["device"]
+            lines.append(
+                f"  {s['worker']:<28} {dev['kind']}:{dev['name']:<14} resident {format_bytes(s['resident_bytes']):>10}"
+                f" of budget {format_bytes(s['budget']):>10}  ({len(s['acquisitions'])} acquisitions)"
+            )
+        lines.append("acquisitions:")
+        for a in self["acquisitions"]:
+            shape = "x".join(str(x) for x in a.get("shape", ()))
+            lines.append(f"  {a['name']:<20} {shape:<18} {a.get('dtype', ''):<8} {format_bytes(a['nbytes']):>10}  {a['state']:<8} on {a['owner']}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))

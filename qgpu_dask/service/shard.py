@@ -1,0 +1,214 @@
+"""Shard: the Dask actor on each worker that holds its residents and answers queries.
+
+Every method is ``async``: Dask runs it on the worker's event loop, and the
+shard hands real work to its own threads (one for queries, two for loads, each
+with its own CUDA stream on a GPU), so a long load never blocks a short query
+and the event loop stays free to receive the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any, Callable
+
+import numpy as np
+from dask.utils import format_bytes
+from distributed import get_worker
+
+from ..device import cupy_or_none, default_budget, device_info, to_host
+from ..io.load import inspect, read_dense
+from ..io.source import Source, open_reader
+from ..resident import DenseCounts, Resident, combine_parts, mask_weights
+from ..resident.base import check_dtype, check_shape
+
+
+def use_own_stream() -> None:
+    """Thread initializer: give this thread a non-blocking CUDA stream of its own (no-op on CPU)."""
+    cp = cupy_or_none()
+    if cp is not None:
+        cp.cuda.Stream(non_blocking=True).use()
+
+
+def synchronize() -> None:
+    """Wait for this thread's CUDA stream (no-op on CPU)."""
+    cp = cupy_or_none()
+    if cp is not None:
+        cp.cuda.get_current_stream().synchronize()
+
+
+class Shard:
+    """The residents of one worker (one GPU), their memory budget, and the queries on them."""
+
+    def __init__(self, key: str, budget: int | None = None):
+        self.worker = get_worker()
+        self.address = self.worker.address
+        self.key = key
+        self.residents: dict[str, Resident] = {}
+        self.reserved = 0
+        self.device = device_info()
+        self.budget = int(budget) if budget else default_budget(self.worker.memory_manager.memory_limit)
+        self.queries = ThreadPoolExecutor(1, thread_name_prefix="qgpu-query", initializer=use_own_stream)
+        self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
+
+    # -- bookkeeping -------------------------------------------------------
+
+    async def start(self) -> dict:
+        """Announce this shard to the catalog (idempotent); returns :meth:`info`."""
+        await self.worker.scheduler.qgpu_register_shard(
+            address=self.address, key=self.key, device=asdict(self.device), budget=self.budget
+        )
+        return await self.info()
+
+    async def ping(self) -> None:
+        """Nothing: the cheapest round trip, for measuring call overhead."""
+
+    async def info(self) -> dict:
+        """Device, budget, bytes held and the residents of this shard."""
+        used = sum(r.nbytes for r in self.residents.values())
+        return {
+            "worker": self.address,
+            "device": asdict(device_info()),
+            "budget": self.budget,
+            "resident_bytes": used,
+            "reserved_bytes": self.reserved,
+            "acquisitions": {n: r.describe() for n, r in self.residents.items()},
+        }
+
+    def resident(self, name: str) -> Resident:
+        try:
+            return self.residents[name]
+        except KeyError:
+            raise KeyError(f"acquisition {name!r} is not resident on {self.address} (released, or never loaded)") from None
+
+    def admit(self, name: str, nbytes: int) -> None:
+        """Reserve ``nbytes`` for a new resident, or refuse before anything is allocated."""
+        if name in self.residents:
+            raise ValueError(f"an acquisition named {name!r} is already resident on {self.address}")
+        used = sum(r.nbytes for r in self.residents.values()) + self.reserved
+        free = self.budget - used
+        if nbytes > free:
+            raise ValueError(
+                f"acquisition {name!r} needs {format_bytes(nbytes)}, but the shard on {self.address} has "
+                f"{format_bytes(max(free, 0))} free of its {format_bytes(self.budget)} budget"
+            )
+        if self.device.kind == "cuda":
+            device_free = device_info().free_bytes
+            if nbytes > 0.95 * device_free:
+                raise ValueError(
+                    f"acquisition {name!r} needs {format_bytes(nbytes)}, but the GPU of {self.address} has only "
+                    f"{format_bytes(device_free)} free (shared with other processes?)"
+                )
+        self.reserved += nbytes
+
+    async def run_in(self, pool: ThreadPoolExecutor, fn: Callable, *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    # -- loading -----------------------------------------------------------
+
+    async def inspect(self, sources: list[Source]) -> list[dict]:
+        """Shape, dtype and bytes of each source as this worker sees the files."""
+        return await self.run_in(self.loads, lambda: [inspect(s) for s in sources])
+
+    async def load(self, name: str, source: Source) -> dict:
+        """Read ``source`` into a new dense resident named ``name``."""
+        meta = await self.run_in(self.loads, inspect, source)
+
+        def read() -> Resident:
+            reader = open_reader(source)
+            try:
+                resident = read_dense(name, reader)
+            finally:
+                reader.close()
+            synchronize()
+            return resident
+
+        return await self.add(name, meta["raw_bytes"], read, source.describe())
+
+    async def put(self, name: str, array: np.ndarray) -> dict:
+        """Hold an array sent by a client as a new dense resident named ``name``."""
+        array = np.asarray(array)
+        shape = check_shape(array.shape)
+        check_dtype(array.dtype)
+
+        def place() -> Resident:
+            resident = DenseCounts.empty(name, shape, array.dtype)
+            resident.write(0, array.reshape(-1, shape[2], shape[3]))
+            synchronize()
+            return resident
+
+        return await self.add(name, array.nbytes, place, None)
+
+    async def add(self, name: str, nbytes: int, build: Callable[[], Resident], source: dict | None) -> dict:
+        """Admit, claim the name in the catalog, build the resident, commit; undo everything on failure."""
+        self.admit(name, nbytes)
+        try:
+            await self.worker.scheduler.qgpu_claim(name=name, owner=self.address, nbytes=nbytes)
+        except BaseException:
+            self.reserved -= nbytes
+            raise
+        try:
+            resident = await self.run_in(self.loads, build)
+            self.residents[name] = resident
+            record = {**resident.describe(), "source": source}
+            await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record=record)
+            return record
+        except BaseException:
+            self.residents.pop(name, None)
+            await self.worker.scheduler.qgpu_drop(name=name, owner=self.address)
+            self.free_device_memory()
+            raise
+        finally:
+            self.reserved -= nbytes
+
+    async def release(self, name: str) -> None:
+        """Drop ``name`` from this shard and the catalog, returning its device memory."""
+        self.resident(name)
+        del self.residents[name]
+        await self.worker.scheduler.qgpu_drop(name=name, owner=self.address)
+        await self.run_in(self.queries, self.free_device_memory)
+
+    def free_device_memory(self) -> None:
+        """Hand CuPy's cached blocks back to the device, so freed residents show as free memory."""
+        cp = cupy_or_none()
+        if cp is not None:
+            cp.get_default_memory_pool().free_all_blocks()
+
+    # -- queries -----------------------------------------------------------
+
+    async def virtual_images(self, names: list[str], masks: np.ndarray) -> np.ndarray:
+        """(len(names), n_masks, scan_rows, scan_cols) exact virtual images of these residents."""
+        residents = [self.resident(n) for n in names]
+
+        def compute() -> np.ndarray:
+            prepared: dict[tuple, Any] = {}
+            images = []
+            for r in residents:
+                key = (r.det_shape, r.dtype)
+                if key not in prepared:
+                    prepared[key] = mask_weights(masks, r.det_shape, r.dtype)
+                images.append(r.virtual_images(prepared[key]))
+            return np.stack(images)
+
+        return await self.run_in(self.queries, compute)
+
+    async def reduce(self, names: list[str], roi, op: str, total: bool) -> list[tuple[np.ndarray, int]]:
+        """Exact partials (pattern, frame count) per resident, or one combined partial with ``total``."""
+        residents = [self.resident(n) for n in names]
+
+        def compute() -> list[tuple[np.ndarray, int]]:
+            parts = [r.reduce_parts(roi, op) for r in residents]
+            return [combine_parts(parts, op)] if total else parts
+
+        return await self.run_in(self.queries, compute)
+
+    async def frame(self, name: str, row: int, col: int) -> np.ndarray:
+        """One diffraction pattern, native dtype."""
+        resident = self.resident(name)
+        return await self.run_in(self.queries, resident.frame, row, col)
+
+    async def run(self, name: str, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """``fn(resident, *args, **kwargs)`` next to the data; CuPy results come back as NumPy."""
+        resident = self.resident(name)
+        return await self.run_in(self.queries, lambda: to_host(fn(resident, *args, **kwargs)))
