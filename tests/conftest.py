@@ -1,0 +1,70 @@
+"""Shared fixtures: real Dask clusters of worker processes (so every call is serialized).
+
+``svc`` runs each test on CPU workers and, where CuPy sees a GPU, again on GPU
+workers (three worker processes sharing the one GPU); GPU runs carry the
+``gpu`` marker.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import qgpu_dask as qd
+
+
+def cupy_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def make_service(backend: str, n_workers: int = 3, budget: str | None = "256 MiB") -> qd.Service:
+    env = {"QGPU_DASK_CPU": "1"} if backend == "cpu" else {}
+    cluster = LocalCluster(
+        n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0", env=env
+    )
+    client = Client(cluster, direct_to_workers=True)
+    return qd.Service(client, budget=budget, cluster=cluster)
+
+
+BACKENDS = [
+    "cpu",
+    pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")]),
+]
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def svc(request):
+    service = make_service(request.param)
+    service.backend = request.param
+    yield service
+    service.close()
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's name: fresh inputs per test, repeatable runs."""
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+@pytest.fixture
+def names(request, svc):
+    """Unique acquisition names for a test, released afterwards."""
+    made: list[str] = []
+
+    def make(prefix: str = "t") -> str:
+        name = f"{request.node.name}-{prefix}-{len(made)}"
+        made.append(name)
+        return name
+
+    yield make
+    for n in made:
+        if n in svc:
+            svc[n].release()

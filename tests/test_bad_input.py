@@ -1,0 +1,156 @@
+"""Bad input: a clear error naming what is wrong, no partial result, and the shard stays usable."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+
+DET = (8, 10)
+
+
+@pytest.fixture
+def acq(svc, names, rng):
+    data = rng.integers(0, 100, (4, 5) + DET, dtype=np.uint16)
+    acq = svc.put(data, name=names())
+    acq.data = data
+    return acq
+
+
+def still_usable(acq):
+    mask = qd.masks.disk(DET, (4, 5), 3)
+    assert (acq.virtual_image(mask) == (acq.data.astype(np.uint32) * mask).sum(axis=(2, 3))).all()
+
+
+@pytest.mark.parametrize(
+    "mask, match",
+    [
+        (np.ones((8, 11), bool), r"mask has shape \(8, 11\), but the detector is \(8, 10\)"),
+        (np.zeros(DET, bool), "mask 0 is all zero"),
+        (np.ones((2, 3, 8, 10), bool), "takes one 2-D mask, got shape"),
+        (np.full(DET, np.nan), "NaN or infinite"),
+        (np.full(DET, "x"), "not bool, integer or float"),
+    ],
+)
+def test_bad_masks(acq, mask, match):
+    with pytest.raises(ValueError, match=match):
+        acq.virtual_image(mask)
+    still_usable(acq)
+
+
+def test_bad_mask_in_a_stack(acq):
+    good = np.ones(DET, bool)
+    with pytest.raises(ValueError, match="mask 1 has shape"):
+        acq.virtual_images([good, np.ones((3, 3), bool)])
+    with pytest.raises(ValueError, match="mask 1 is all zero"):
+        acq.virtual_images([good, np.zeros(DET, bool)])
+    still_usable(acq)
+
+
+def test_weights_too_large(acq):
+    with pytest.raises(ValueError, match="too large"):
+        acq.virtual_image(np.full(DET, 2**62, np.int64))
+    still_usable(acq)
+
+
+@pytest.mark.parametrize(
+    "roi, op, error, match",
+    [
+        (np.ones((4, 6), bool), "sum", ValueError, r"roi has shape \(4, 6\), but the scan is \(4, 5\)"),
+        (np.zeros((4, 5), bool), "mean", ValueError, "selects no scan position: mean"),
+        (np.zeros((4, 5), bool), "max", ValueError, "selects no scan position: max"),
+        (np.ones((4, 5), np.uint8), "sum", ValueError, "roi must be a bool array"),
+        (None, "median", ValueError, "unknown reduce op 'median'"),
+    ],
+)
+def test_bad_reductions(acq, roi, op, error, match):
+    with pytest.raises(error, match=match):
+        acq.reduce(roi, op)
+    still_usable(acq)
+
+
+@pytest.mark.parametrize("row, col", [(4, 0), (0, 5), (-5, 0), (0, -6), (1.5, 0), (True, 0)])
+def test_frame_out_of_range(acq, row, col):
+    with pytest.raises(IndexError):
+        acq.frame(row, col)
+    still_usable(acq)
+
+
+def test_unknown_and_released(svc, acq, names, rng):
+    with pytest.raises(KeyError, match="no acquisition named 'nope'"):
+        svc["nope"]
+    other = svc.put(rng.integers(0, 5, (2, 2) + DET, dtype=np.uint8), name=names())
+    other.release()
+    with pytest.raises(KeyError, match="not resident"):
+        other.virtual_image(np.ones(DET, bool))
+    with pytest.raises(KeyError, match="not resident"):
+        other.release()
+    with pytest.raises(KeyError):
+        svc[other.name]
+    still_usable(acq)
+
+
+def test_bad_files(svc, acq, tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.h5"):
+        svc.load(tmp_path / "missing.h5", dataset="/data")
+    with h5py.File(tmp_path / "flat.h5", "w") as f:
+        f["data"] = np.zeros((10, 10), np.uint16)
+        f["stack"] = np.zeros((6, 4, 4), np.uint16)
+        f["cplx"] = np.zeros((2, 2, 4, 4), np.complex64)
+    with pytest.raises(ValueError, match="2-D"):
+        svc.load(tmp_path / "flat.h5", dataset="/data")
+    with pytest.raises(KeyError, match="no dataset '/other'"):
+        svc.load(tmp_path / "flat.h5", dataset="/other")
+    with pytest.raises(ValueError, match="give scan_shape"):
+        svc.load(tmp_path / "flat.h5", dataset="/stack")
+    with pytest.raises(ValueError, match=r"scan_shape \(4, 4\) has 16 positions"):
+        svc.load(tmp_path / "flat.h5", dataset="/stack", scan_shape=(4, 4))
+    with pytest.raises(ValueError, match="complex64 is not supported"):
+        svc.load(tmp_path / "flat.h5", dataset="/cplx")
+    (tmp_path / "junk.h5").write_bytes(b"not an hdf5 file at all")
+    with pytest.raises(ValueError, match="not an HDF5 file"):
+        svc.load(tmp_path / "junk.h5")
+    assert not [a for a in svc.state()["acquisitions"] if a in ("flat", "junk", "missing")]
+    still_usable(acq)
+
+
+def test_failed_series_leaves_nothing(svc, acq, tmp_path, rng):
+    good = tmp_path / "good.h5"
+    with h5py.File(good, "w") as f:
+        f["data"] = rng.integers(0, 9, (2, 2, 4, 4), dtype=np.uint16)
+    with pytest.raises(FileNotFoundError):
+        svc.load([good, tmp_path / "absent.h5"], dataset="/data", name=["g1", "g2"], progress=False)
+    assert "g1" not in svc and "g2" not in svc
+    still_usable(acq)
+
+
+def test_names_in_use(svc, acq):
+    with pytest.raises(ValueError, match="already in use"):
+        svc.put(acq.data, name=acq.name)
+    still_usable(acq)
+
+
+def test_put_bad_arrays(svc, acq):
+    with pytest.raises(ValueError, match="4-D"):
+        svc.put(np.zeros((3, 4, 5), np.uint16), name="three-d")
+    with pytest.raises(ValueError, match="empty axis"):
+        svc.put(np.zeros((0, 4, 5, 5), np.uint16), name="empty")
+    with pytest.raises(ValueError, match="not supported"):
+        svc.put(np.zeros((2, 2, 2, 2), np.complex128), name="complex")
+    assert "empty" not in svc and "complex" not in svc
+    still_usable(acq)
+
+
+def test_load_beyond_budget_refused(svc, acq):
+    """Budget is 256 MiB per shard: 300 MiB fits nowhere, refused before any allocation."""
+    big = np.zeros((300, 1, 1024, 512), np.uint16)
+    with pytest.raises(ValueError, match="more than fits on any shard"):
+        svc.put(big, name="too-big")
+    with pytest.raises(ValueError, match=r"needs 300\.00 MiB.*256\.00 MiB budget"):
+        svc.call(acq.owner, "put", "too-big", big).result()
+    assert "too-big" not in svc
+    info = {s["worker"]: s for s in svc.info()["shards"]}
+    assert info[acq.owner]["reserved_bytes"] == 0
+    still_usable(acq)
