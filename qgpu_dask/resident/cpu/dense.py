@@ -21,8 +21,7 @@ import numba
 import numpy as np
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _mask_sums(data, span_start, weights, out):
+def mask_sums_loop(data, span_start, weights, out):
     n_frames = data.shape[0]
     n_masks, span_len = weights.shape
     for f in numba.prange(n_frames):
@@ -35,8 +34,7 @@ def _mask_sums(data, span_start, weights, out):
             out[m, f] = acc
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _roi_sum(data, indices, partial):
+def roi_sum_loop(data, indices, partial):
     n_chunks, frame_len = partial.shape
     n = indices.shape[0]
     for c in numba.prange(n_chunks):
@@ -49,8 +47,7 @@ def _roi_sum(data, indices, partial):
                 acc[p] += row[p]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _roi_max(data, indices, partial):
+def roi_max_loop(data, indices, partial):
     n_chunks, frame_len = partial.shape
     n = indices.shape[0]
     for c in numba.prange(n_chunks):
@@ -66,6 +63,20 @@ def _roi_max(data, indices, partial):
                     acc[p] = v
 
 
+# Each loop compiled twice: threaded for real work, serial for small inputs,
+# where starting threads costs more than the work (and, with several worker
+# processes sharing few cores, much more).
+PARALLEL_BYTES = 2**20
+mask_sums_kernels = (numba.njit(cache=True, nogil=True)(mask_sums_loop), numba.njit(parallel=True, cache=True, nogil=True)(mask_sums_loop))
+roi_sum_kernels = (numba.njit(cache=True, nogil=True)(roi_sum_loop), numba.njit(parallel=True, cache=True, nogil=True)(roi_sum_loop))
+roi_max_kernels = (numba.njit(cache=True, nogil=True)(roi_max_loop), numba.njit(parallel=True, cache=True, nogil=True)(roi_max_loop))
+
+
+def threaded(nbytes: int) -> int:
+    """1 (use the threaded kernel) when ``nbytes`` of input is worth spreading over threads, else 0."""
+    return int(nbytes >= PARALLEL_BYTES)
+
+
 def sum_dtype(dtype: np.dtype) -> np.dtype:
     """Exact sum dtype of a pattern: uint64 for unsigned, int64 for signed, float64 for floats."""
     dtype = np.dtype(dtype)
@@ -79,23 +90,24 @@ def sum_dtype(dtype: np.dtype) -> np.dtype:
 def mask_sums(data: np.ndarray, span_start: int, weights: np.ndarray) -> np.ndarray:
     out = np.empty((weights.shape[0], data.shape[0]), dtype=weights.dtype)
     if data.shape[0]:
-        _mask_sums(data, span_start, weights, out)
+        mask_sums_kernels[threaded(data.shape[0] * weights.shape[1] * data.itemsize)](data, span_start, weights, out)
     return out
 
 
-def chunk_count(n_selected: int) -> int:
+def chunk_count(n_selected: int, parallel: int) -> int:
     """How many partial patterns a reduction over ``n_selected`` frames is split into."""
-    return max(1, min(n_selected, 4 * numba.get_num_threads()))
+    return max(1, min(n_selected, 4 * numba.get_num_threads())) if parallel else 1
 
 
 def roi_reduce(data: np.ndarray, indices: np.ndarray, op: str) -> np.ndarray:
-    n_chunks = chunk_count(len(indices))
+    parallel = threaded(len(indices) * data.shape[1] * data.itemsize)
+    n_chunks = chunk_count(len(indices), parallel)
     if op == "sum":
         partial = np.zeros((n_chunks, data.shape[1]), dtype=sum_dtype(data.dtype))
-        _roi_sum(data, indices, partial)
+        roi_sum_kernels[parallel](data, indices, partial)
         return partial.sum(axis=0, dtype=partial.dtype)
     if op == "max":
         partial = np.empty((n_chunks, data.shape[1]), dtype=data.dtype)
-        _roi_max(data, indices, partial)
+        roi_max_kernels[parallel](data, indices, partial)
         return partial.max(axis=0)
     raise ValueError(f"unknown reduction op {op!r}")

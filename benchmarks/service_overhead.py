@@ -1,0 +1,121 @@
+"""Client round trip of tiny queries, and a series query on 2 shards against 1.
+
+Baselines measured in the same run: a plain ``client.submit`` round trip and a
+call of the same shard actor through Dask's public ``Actor`` handle (which
+goes through the scheduler's proxy unless the client is direct).
+
+    python benchmarks/service_overhead.py              # CPU workers (or GPU: shards share GPU 0)
+    python benchmarks/service_overhead.py --scan 256 256 --det 128 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+from distributed import Client, LocalCluster
+from distributed.actor import Actor
+
+import qgpu_dask as qd
+from qgpu_dask.service.service import shard_key
+from qgpu_dask.service.shard import Shard
+
+import record
+
+
+def latencies(fn, n: int) -> dict:
+    """p50 / p95 / p99 in ms of ``n`` calls of ``fn`` after 20 warm-up calls."""
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return {"p50_ms": times[n // 2], "p95_ms": times[int(n * 0.95)], "p99_ms": times[int(n * 0.99)], "calls": n}
+
+
+def service(n_workers: int) -> qd.Service:
+    """Plain worker processes: on a GPU machine they all share GPU 0 (multi-GPU code on one card)."""
+    cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0")
+    return qd.Service(Client(cluster, direct_to_workers=True), cluster=cluster)
+
+
+def round_trips(n: int) -> dict:
+    with service(1) as svc:
+        owner = next(iter(svc.state()["shards"]))
+        tiny = svc.put(np.ones((4, 4, 16, 16), np.uint16), name="tiny")
+        mask = qd.masks.disk((16, 16), (8, 8), 4)
+        proxied = Client(svc.client.scheduler.address, direct_to_workers=False)
+        actor = Actor(Shard, owner, shard_key(owner))
+        actor._client, actor._future = proxied, None
+        result = {
+            "noop_shard_call": latencies(lambda: svc.call(owner, "ping").result(), n),
+            "tiny_virtual_image": latencies(lambda: tiny.virtual_image(mask), n),
+            "tiny_frame": latencies(lambda: tiny.frame(1, 2), n),
+            "baseline_actor_via_scheduler_proxy": latencies(lambda: actor.ping().result(), n),
+            "baseline_client_submit": latencies(lambda: svc.client.submit(int, 1, pure=False).result(), n // 4),
+        }
+        proxied.close()
+    return result
+
+
+def series_scaling(scan: tuple[int, int], det: tuple[int, int], n_acq: int, repeat: int) -> dict:
+    """One series query over ``n_acq`` acquisitions on 1 shard and on 2 shards: median times and ratio."""
+    rng = np.random.default_rng(0)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "acq.h5"
+        with h5py.File(path, "w") as f:
+            d = f.create_dataset("data", shape=scan + det, dtype=np.uint16)
+            for r in range(scan[0]):
+                d[r] = rng.poisson(3.0, (scan[1],) + det).astype(np.uint16)
+        mask = qd.masks.disk(det, (det[0] / 2, det[1] / 2), det[0] / 6)
+        for workers in (1, 2):
+            with service(workers) as svc:
+                series = svc.load([path] * n_acq, dataset="/data", name=[f"s{i}" for i in range(n_acq)], progress=False)
+                first = series.virtual_images(mask)
+                times = []
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    images = series.virtual_images(mask)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                assert (images == first).all()
+                out[f"{workers}_shards_ms"] = statistics.median(times)
+                out[f"{workers}_shards_owners"] = len({a.owner for a in series})
+    out["ratio_1_over_2"] = out["1_shards_ms"] / out["2_shards_ms"]
+    out["acquisition_shape"] = scan + det
+    out["acquisitions"] = n_acq
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--scan", type=int, nargs=2, default=(64, 64))
+    parser.add_argument("--det", type=int, nargs=2, default=(64, 64))
+    parser.add_argument("--series", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+    results = {
+        "device": "cuda" if qd.device.has_gpu() else "cpu",
+        "round_trip": round_trips(args.calls),
+        "series": series_scaling(tuple(args.scan), tuple(args.det), args.series, args.repeat),
+    }
+    path = record.write("service_overhead", results)
+    rt = results["round_trip"]
+    for k, v in rt.items():
+        print(f"{k:<38} p50 {v['p50_ms']:7.3f} ms   p95 {v['p95_ms']:7.3f} ms")
+    s = results["series"]
+    print(f"series of {s['acquisitions']} {s['acquisition_shape']}: 1 shard {s['1_shards_ms']:.2f} ms, 2 shards {s['2_shards_ms']:.2f} ms, ratio {s['ratio_1_over_2']:.2f}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

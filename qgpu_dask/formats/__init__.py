@@ -1,0 +1,1 @@
+"""GPU-free file formats: codec tables, container headers, checksums, images."""

@@ -1,0 +1,1 @@
+"""Readers and sources of acquisitions."""
