@@ -6,9 +6,10 @@
     bf = acq.virtual_image(qd.masks.disk(acq.det_shape, (32, 32), 8))
 """
 
+from . import device
 from .detector import masks
 from .formats.png import save_png
 from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
 
-__all__ = ["Acquisition", "QueryFuture", "Series", "Service", "ServiceInfo", "masks", "save_png"]
+__all__ = ["Acquisition", "QueryFuture", "Series", "Service", "ServiceInfo", "device", "masks", "save_png"]
 __version__ = "0.1.0"

@@ -59,6 +59,15 @@ def count_bound(dtype: np.dtype) -> int:
     return max(int(info.max), -int(info.min))
 
 
+def largest_abs_sum(span: np.ndarray) -> int:
+    """max over masks of sum |w|, exactly (int64 where it cannot overflow, Python ints otherwise)."""
+    if span.dtype == np.bool_:
+        return int(span.sum(axis=1).max())
+    if int(span.min()) > -INT64_MAX and int(np.abs(span).max()) <= INT64_MAX // span.shape[1]:
+        return int(np.abs(span.astype(np.int64)).sum(axis=1).max())
+    return max(int(np.abs(row[row != 0].astype(object)).sum()) for row in span)
+
+
 def mask_weights(masks, det_shape: tuple[int, int], data_dtype) -> MaskWeights:
     """Validate ``masks`` against the detector and choose the exact accumulator for ``data_dtype``."""
     data_dtype = np.dtype(data_dtype)
@@ -82,7 +91,7 @@ def mask_weights(masks, det_shape: tuple[int, int], data_dtype) -> MaskWeights:
         if stack.dtype == np.uint64 and int(span.max()) > INT64_MAX:
             raise ValueError("mask weights above 2**63 - 1 are not supported")
         signed = data_dtype.kind == "i" or (stack.dtype.kind == "i" and int(span.min()) < 0)
-        weight_total = max(int(np.abs(row[row != 0].astype(object)).sum()) for row in span)
+        weight_total = largest_abs_sum(span)
         bound = count_bound(data_dtype) * weight_total
         if signed:
             if bound > INT64_MAX:
