@@ -95,7 +95,7 @@ class Resident(ABC):
 
     @abstractmethod
     def roi_sum(self, indices):
-        """(frame_len,) exact sum over the frames ``indices`` selects, on the device."""
+        """(frame_len,) exact sum over the frames host int64 ``indices`` selects, on the device."""
 
     @abstractmethod
     def roi_max(self, indices):
@@ -127,8 +127,7 @@ class Resident(ABC):
             from .cpu.dense import sum_dtype
 
             return np.zeros(self.det_shape, dtype=sum_dtype(self.dtype)), 0
-        device_indices = self.xp.asarray(indices)
-        out = self.roi_max(device_indices) if op == "max" else self.roi_sum(device_indices)
+        out = self.roi_max(indices) if op == "max" else self.roi_sum(indices)
         return to_host(out).reshape(self.det_shape), int(indices.size)
 
     def frame(self, row: int, col: int) -> np.ndarray:

@@ -59,8 +59,7 @@ class DenseCounts(Resident):
         return int(self.flat.nbytes)
 
     def mask_sums(self, masks: MaskWeights):
-        weights = masks.weights if self.xp is np else self.xp.asarray(masks.weights)
-        return self.kernels.mask_sums(self.flat, masks.span_start, weights)
+        return self.kernels.mask_sums(self.flat, masks.span_start, masks.weights)
 
     def roi_sum(self, indices):
         return self.kernels.roi_reduce(self.flat, indices, "sum")

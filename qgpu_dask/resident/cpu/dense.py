@@ -8,9 +8,9 @@ bits for integer results):
   span_len) C-contiguous in the accumulator dtype (uint32, uint64, int64 or
   float64); ``out[m, f] = sum_j weights[m, j] * data[f, span_start + j]``,
   (n_masks, n_frames) in the accumulator dtype. The caller has proven that no
-  partial sum can overflow it.
+  partial sum can overflow it. The CUDA twin also takes NumPy weights.
 - ``roi_reduce(data, indices, op) -> out``: ``indices`` is a non-empty int64
-  array of frame indices; ``op`` "sum" gives (frame_len,) uint64 for unsigned
+  NumPy array of frame indices; ``op`` "sum" gives (frame_len,) uint64 for unsigned
   data, int64 for signed, float64 for floats; "max" gives the native dtype,
   starting from the first selected frame.
 """
