@@ -22,6 +22,7 @@ from distributed import Client, LocalCluster
 from distributed.actor import Actor
 
 import qgpu_dask as qd
+from qgpu_dask.device import has_gpu
 from qgpu_dask.service.service import shard_key
 from qgpu_dask.service.shard import Shard
 
@@ -104,11 +105,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
     results = {
-        "device": "cuda" if qd.device.has_gpu() else "cpu",
+        "device": "cuda" if has_gpu() else "cpu",
         "round_trip": round_trips(args.calls),
         "series": series_scaling(tuple(args.scan), tuple(args.det), args.series, args.repeat),
     }
-    path = record.write("service_overhead", results)
+    path = record.write(f"service_overhead_{results['device']}", results)
     rt = results["round_trip"]
     for k, v in rt.items():
         print(f"{k:<38} p50 {v['p50_ms']:7.3f} ms   p95 {v['p95_ms']:7.3f} ms")
