@@ -252,6 +252,20 @@ def test_float_data(rng, dtype, det):
     assert np.max(np.abs(got - ref)) <= 1e-13 * scale
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int16])
+def test_float_weights_on_integer_data(rng, dtype):
+    """Float masks on counts: float64 results, as on the CPU."""
+    det = (24, 40)
+    data = random_data(rng, dtype, (150,) + det).reshape(150, -1)
+    masks = [rng.random(det) * disk(rng, det), disk(rng, det) * 0.5]
+    start, w = span_weights(masks, np.float64)
+    got, ref = both_mask_sums(data, start, w)
+    exact = (w[:, None, :] * data[None, :, start : start + w.shape[1]].astype(np.float64)).sum(axis=2)
+    scale = np.abs(w).max() * np.abs(data).max() * w.shape[1]
+    assert np.max(np.abs(got - exact)) <= 1e-13 * scale
+    assert np.max(np.abs(got - ref)) <= 1e-13 * scale
+
+
 # ---------------------------------------------------------------- roi_reduce
 
 

@@ -16,13 +16,27 @@ from distributed import Client
 from distributed.protocol import to_serialize
 
 
+PLAIN = (str, int, float, bool, type(None))
+
+
+def wrap(value: Any) -> Any:
+    """Scalars and lists of strings travel in the message itself (msgpack); the rest is serialized by Dask.
+
+    Serializing each small argument separately costs more than the query it
+    carries; arrays, callables and records still go through Dask's serializers.
+    """
+    if isinstance(value, PLAIN) or (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        return value
+    return to_serialize(value)
+
+
 async def call_async(client: Client, address: str, key: str, method: str, *args, **kwargs) -> Any:
     """Run ``method`` of the actor ``key`` on worker ``address``; raise its exception if it failed."""
     reply = await client.rpc(address).actor_execute(
         function=method,
         actor=key,
-        args=[to_serialize(a) for a in args],
-        kwargs={k: to_serialize(v) for k, v in kwargs.items()},
+        args=[wrap(a) for a in args],
+        kwargs={k: wrap(v) for k, v in kwargs.items()},
     )
     if reply["status"] == "OK":
         return reply["result"]

@@ -3,7 +3,9 @@
 Every method is ``async``: Dask runs it on the worker's event loop, and the
 shard hands real work to its own threads (one for queries, two for loads, each
 with its own CUDA stream on a GPU), so a long load never blocks a short query
-and the event loop stays free to receive the next call.
+and the event loop stays free to receive the next call. Queries that read at
+most a MiB (a frame, a tiny acquisition) run on the loop itself: the hop to a
+thread and back would cost more than they do.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ def synchronize() -> None:
     cp = cupy_or_none()
     if cp is not None:
         cp.cuda.get_current_stream().synchronize()
+
+
+# Queries reading at most this many bytes run on the event loop itself: they
+# take microseconds, less than handing them to the query thread and back.
+INLINE_BYTES = 1 << 20
 
 
 class Shard:
@@ -104,6 +111,12 @@ class Shard:
 
     async def run_in(self, pool: ThreadPoolExecutor, fn: Callable, *args) -> Any:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    async def query(self, nbytes: int, fn: Callable, *args) -> Any:
+        """Run a query: inline when it reads at most INLINE_BYTES (a thread hop would cost more), else on the query thread."""
+        if nbytes <= INLINE_BYTES:
+            return fn(*args)
+        return await self.run_in(self.queries, fn, *args)
 
     # -- loading -----------------------------------------------------------
 
@@ -191,7 +204,7 @@ class Shard:
                 images.append(r.virtual_images(prepared[key]))
             return np.stack(images)
 
-        return await self.run_in(self.queries, compute)
+        return await self.query(sum(r.raw_bytes for r in residents), compute)
 
     async def reduce(self, names: list[str], roi, op: str, total: bool) -> list[tuple[np.ndarray, int]]:
         """Exact partials (pattern, frame count) per resident, or one combined partial with ``total``."""
@@ -201,12 +214,12 @@ class Shard:
             parts = [r.reduce_parts(roi, op) for r in residents]
             return [combine_parts(parts, op)] if total else parts
 
-        return await self.run_in(self.queries, compute)
+        return await self.query(sum(r.raw_bytes for r in residents), compute)
 
     async def frame(self, name: str, row: int, col: int) -> np.ndarray:
         """One diffraction pattern, native dtype."""
         resident = self.resident(name)
-        return await self.run_in(self.queries, resident.frame, row, col)
+        return await self.query(resident.frame_len * resident.dtype.itemsize, resident.frame, row, col)
 
     async def run(self, name: str, fn: Callable, args: tuple, kwargs: dict) -> Any:
         """``fn(resident, *args, **kwargs)`` next to the data; CuPy results come back as NumPy."""

@@ -200,8 +200,8 @@ def prepare_mask_sums(data: cupy.ndarray, span_start: int, weights: cupy.ndarray
     if data.dtype.kind == "f":
         if acc != F64:
             raise ValueError(f"weights for float data must be float64, got {acc}")
-    elif acc not in INT_ACC:
-        raise ValueError(f"weights for integer data must be uint32, uint64 or int64, got {acc}")
+    elif acc not in INT_ACC and acc != F64:
+        raise ValueError(f"weights for integer data must be uint32, uint64, int64 or float64, got {acc}")
     n_frames, frame_len = data.shape
     n_masks, span_len = weights.shape
     span_start = int(span_start)
