@@ -17,19 +17,22 @@ bits for integer results):
 
 from __future__ import annotations
 
+import types
+
 import numba
 import numpy as np
 
 
-def mask_sums_loop(data, span_start, weights, out):
+def mask_sums_loop(data, span_start, weights, starts, stops, out):
     n_frames = data.shape[0]
-    n_masks, span_len = weights.shape
+    n_masks = weights.shape[0]
     for f in numba.prange(n_frames):
-        row = data[f, span_start : span_start + span_len]
         for m in range(n_masks):
-            w = weights[m]
-            acc = w[0] * 0
-            for j in range(span_len):
+            a, b = starts[m], stops[m]  # this mask's own nonzero range inside the span
+            w = weights[m, a:b]
+            row = data[f, span_start + a : span_start + b]
+            acc = weights[m, 0] * 0
+            for j in range(b - a):
                 acc += w[j] * row[j]
             out[m, f] = acc
 
@@ -63,13 +66,25 @@ def roi_max_loop(data, indices, partial):
                     acc[p] = v
 
 
-# Each loop compiled twice: threaded for real work, serial for small inputs,
-# where starting threads costs more than the work (and, with several worker
-# processes sharing few cores, much more).
 PARALLEL_BYTES = 2**20
-mask_sums_kernels = (numba.njit(cache=True, nogil=True)(mask_sums_loop), numba.njit(parallel=True, cache=True, nogil=True)(mask_sums_loop))
-roi_sum_kernels = (numba.njit(cache=True, nogil=True)(roi_sum_loop), numba.njit(parallel=True, cache=True, nogil=True)(roi_sum_loop))
-roi_max_kernels = (numba.njit(cache=True, nogil=True)(roi_max_loop), numba.njit(parallel=True, cache=True, nogil=True)(roi_max_loop))
+
+
+def serial_and_threaded(loop):
+    """``loop`` compiled twice: serial for small inputs (starting threads costs more than
+    the work, much more with several worker processes on few cores) and threaded.
+
+    The threaded copy gets its own name: Numba's on-disk cache is keyed by the
+    function's name, not by ``parallel``, so two compilations under one name
+    would load each other's machine code.
+    """
+    copy = types.FunctionType(loop.__code__, loop.__globals__, loop.__name__ + "_threaded", loop.__defaults__, loop.__closure__)
+    copy.__qualname__ = loop.__qualname__ + "_threaded"
+    return numba.njit(cache=True, nogil=True)(loop), numba.njit(parallel=True, cache=True, nogil=True)(copy)
+
+
+mask_sums_kernels = serial_and_threaded(mask_sums_loop)
+roi_sum_kernels = serial_and_threaded(roi_sum_loop)
+roi_max_kernels = serial_and_threaded(roi_max_loop)
 
 
 def threaded(nbytes: int) -> int:
@@ -89,8 +104,12 @@ def sum_dtype(dtype: np.dtype) -> np.dtype:
 
 def mask_sums(data: np.ndarray, span_start: int, weights: np.ndarray) -> np.ndarray:
     out = np.empty((weights.shape[0], data.shape[0]), dtype=weights.dtype)
+    nonzero = weights != 0
+    starts = np.where(nonzero.any(axis=1), nonzero.argmax(axis=1), 0).astype(np.int64)
+    stops = np.where(nonzero.any(axis=1), weights.shape[1] - nonzero[:, ::-1].argmax(axis=1), 0).astype(np.int64)
     if data.shape[0]:
-        mask_sums_kernels[threaded(data.shape[0] * weights.shape[1] * data.itemsize)](data, span_start, weights, out)
+        read = int((stops - starts).sum()) * data.itemsize
+        mask_sums_kernels[threaded(data.shape[0] * read)](data, span_start, weights, starts, stops, out)
     return out
 
 
