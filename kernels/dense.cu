@@ -106,47 +106,24 @@ __device__ __forceinline__ I term(W w, T x) {
 // dp2a/dp4a: packed 16x8 / 8x8 dot products accumulated in 32 bits, for
 // 8/16-bit data with 8-bit weights (the common bool-mask case). Same bits as
 // the scalar terms: 32-bit wrapping arithmetic.
-template <class T, class W>
-__device__ __forceinline__ u32 dp2a_lo(u32 a, u32 b, u32 c) {
-    u32 d;
-    if constexpr (IsSigned<T>::value && IsSigned<W>::value)
-        asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    else if constexpr (IsSigned<T>::value)
-        asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    else if constexpr (IsSigned<W>::value)
-        asm("dp2a.lo.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    else
-        asm("dp2a.lo.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
-template <class T, class W>
-__device__ __forceinline__ u32 dp2a_hi(u32 a, u32 b, u32 c) {
-    u32 d;
-    if constexpr (IsSigned<T>::value && IsSigned<W>::value)
-        asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    else if constexpr (IsSigned<T>::value)
-        asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    else if constexpr (IsSigned<W>::value)
-        asm("dp2a.hi.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    else
-        asm("dp2a.hi.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
-template <class T, class W>
-__device__ __forceinline__ u32 dp4a(u32 a, u32 b, u32 c) {
-    u32 d;
-    if constexpr (IsSigned<T>::value && IsSigned<W>::value)
-        asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    else if constexpr (IsSigned<T>::value)
-        asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    else if constexpr (IsSigned<W>::value)
-        asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    else
-        asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
+#define QGPU_PACKED_DOT(NAME, OP)                                                         \
+    template <class T, class W>                                                           \
+    __device__ __forceinline__ u32 NAME(u32 a, u32 b, u32 c) {                            \
+        u32 d;                                                                            \
+        if constexpr (IsSigned<T>::value && IsSigned<W>::value)                           \
+            asm(OP ".s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));        \
+        else if constexpr (IsSigned<T>::value)                                            \
+            asm(OP ".s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));        \
+        else if constexpr (IsSigned<W>::value)                                            \
+            asm(OP ".u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));        \
+        else                                                                              \
+            asm(OP ".u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));        \
+        return d;                                                                         \
+    }
+QGPU_PACKED_DOT(dp2a_lo, "dp2a.lo")
+QGPU_PACKED_DOT(dp2a_hi, "dp2a.hi")
+QGPU_PACKED_DOT(dp4a, "dp4a")
+#undef QGPU_PACKED_DOT
 
 // acc += sum_i w[i] * x[i] over one 16-byte vector of data.
 template <class T, class W, class I>
@@ -276,119 +253,81 @@ mask_sums(const T* __restrict__ data, long long n_frames, long long frame_len, l
     }
 }
 
-// ---------------------------------------------------------------- roi_sum / roi_max
+// ---------------------------------------------------------------- roi_reduce (sum, max)
 //
 // Per detector pixel over the frames idx[lo:hi] of chunk blockIdx.y (lo, hi as
 // in the CPU twin). Threads own 16 / sizeof(T) consecutive pixels (VECTOR) or
-// one pixel; a warp reads 512 contiguous bytes of a frame per load. Results go
-// to partial[chunk, pixel]; the host reduces the partials exactly.
+// one pixel; a warp reads 512 contiguous bytes of a frame per load. Each chunk
+// starts from its first frame (a max never starts from 0) and folds the rest
+// in with Op; results go to partial[chunk, pixel] and the host reduces the
+// partials exactly. The host never makes more chunks than selected frames.
 
 constexpr int ROI_THREADS = 256;
 constexpr int ROI_UNROLL = 4;
 
-template <class T, class I, class Acc, bool VECTOR>
+struct SumOp {
+    template <class I>
+    static __device__ __forceinline__ I step(I a, I v) { return a + v; }
+};
+
+struct MaxOp {
+    // v != v: a NaN sample wins and then stays (v > NaN is false), as in NumPy.
+    template <class I>
+    static __device__ __forceinline__ I step(I a, I v) { return (v > a || v != v) ? v : a; }
+};
+
+// The VEC values (or one) of one frame at pixel vector p.
+template <class T, bool VECTOR>
+struct Pixels {
+    static constexpr int VEC = VECTOR ? 16 / sizeof(T) : 1;
+    Vec16<T> v;
+    T s;
+    __device__ __forceinline__ void load(const T* row, long long p) {
+        if constexpr (VECTOR) v.raw = load16(row + p * VEC);
+        else s = load1(row + p);
+    }
+    __device__ __forceinline__ T operator[](int k) const {
+        if constexpr (VECTOR) return v.e[k];
+        else return s;
+    }
+};
+
+template <class T, class I, class Acc, class Op, bool VECTOR>
 __global__ void __launch_bounds__(ROI_THREADS, 4)
-roi_sum(const T* __restrict__ data, long long frame_len, const long long* __restrict__ idx,
-        long long n_sel, long long n_chunks, Acc* __restrict__ partial) {
-    constexpr int VEC = VECTOR ? 16 / sizeof(T) : 1;
+roi_reduce(const T* __restrict__ data, long long frame_len, const long long* __restrict__ idx,
+           long long n_sel, long long n_chunks, Acc* __restrict__ partial) {
+    typedef Pixels<T, VECTOR> Px;
+    constexpr int VEC = Px::VEC;
     const long long c = blockIdx.y;
     const long long lo = n_sel * c / n_chunks, hi = n_sel * (c + 1) / n_chunks;
     const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // vector (or pixel) index
-    if (p * VEC >= frame_len) return;
+    if (p * VEC >= frame_len || lo >= hi) return;
     I acc[VEC];
+    {
+        Px x;
+        x.load(data + __ldg(idx + lo) * frame_len, p);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) acc[k] = I(0);
-
-    long long i = lo;
+        for (int k = 0; k < VEC; ++k) acc[k] = I(x[k]);
+    }
+    long long i = lo + 1;
     for (; i + ROI_UNROLL <= hi; i += ROI_UNROLL) {
-        Vec16<T> x[ROI_UNROLL];
-        T s[ROI_UNROLL];
+        Px x[ROI_UNROLL];
 #pragma unroll
-        for (int u = 0; u < ROI_UNROLL; ++u) {
-            const T* row = data + __ldg(idx + i + u) * frame_len;
-            if constexpr (VECTOR) x[u].raw = load16(row + p * VEC);
-            else s[u] = load1(row + p);
-        }
+        for (int u = 0; u < ROI_UNROLL; ++u) x[u].load(data + __ldg(idx + i + u) * frame_len, p);
 #pragma unroll
         for (int u = 0; u < ROI_UNROLL; ++u)
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                if constexpr (VECTOR) acc[k] += I(x[u].e[k]);
-                else acc[k] += I(s[u]);
-            }
+            for (int k = 0; k < VEC; ++k) acc[k] = Op::step(acc[k], I(x[u][k]));
     }
     for (; i < hi; ++i) {
-        const T* row = data + __ldg(idx + i) * frame_len;
-        if constexpr (VECTOR) {
-            Vec16<T> x;
-            x.raw = load16(row + p * VEC);
+        Px x;
+        x.load(data + __ldg(idx + i) * frame_len, p);
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) acc[k] += I(x.e[k]);
-        } else {
-            acc[0] += I(load1(row + p));
-        }
+        for (int k = 0; k < VEC; ++k) acc[k] = Op::step(acc[k], I(x[k]));
     }
     Acc* dst = partial + c * frame_len + p * VEC;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dst[k] = Acc(typename Arith<Acc>::type(acc[k]));
-}
-
-template <class T>
-__device__ __forceinline__ T max_nan(T a, T v) {
-    // v != v: a NaN sample wins and then stays (v > NaN is false), as in NumPy.
-    return (v > a || v != v) ? v : a;
-}
-
-template <class T, bool VECTOR>
-__global__ void __launch_bounds__(ROI_THREADS, 4)
-roi_max(const T* __restrict__ data, long long frame_len, const long long* __restrict__ idx,
-        long long n_sel, long long n_chunks, T* __restrict__ partial) {
-    constexpr int VEC = VECTOR ? 16 / sizeof(T) : 1;
-    const long long c = blockIdx.y;
-    const long long lo = n_sel * c / n_chunks, hi = n_sel * (c + 1) / n_chunks;
-    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p * VEC >= frame_len || lo >= hi) return;
-    Vec16<T> acc;
-    T acc1;
-    {
-        const T* row = data + __ldg(idx + lo) * frame_len;
-        if constexpr (VECTOR) acc.raw = load16(row + p * VEC);
-        else acc1 = load1(row + p);
-    }
-    long long i = lo + 1;
-    for (; i + ROI_UNROLL <= hi; i += ROI_UNROLL) {
-        Vec16<T> x[ROI_UNROLL];
-        T s[ROI_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ROI_UNROLL; ++u) {
-            const T* row = data + __ldg(idx + i + u) * frame_len;
-            if constexpr (VECTOR) x[u].raw = load16(row + p * VEC);
-            else s[u] = load1(row + p);
-        }
-#pragma unroll
-        for (int u = 0; u < ROI_UNROLL; ++u) {
-            if constexpr (VECTOR) {
-#pragma unroll
-                for (int k = 0; k < VEC; ++k) acc.e[k] = max_nan(acc.e[k], x[u].e[k]);
-            } else {
-                acc1 = max_nan(acc1, s[u]);
-            }
-        }
-    }
-    for (; i < hi; ++i) {
-        const T* row = data + __ldg(idx + i) * frame_len;
-        if constexpr (VECTOR) {
-            Vec16<T> x;
-            x.raw = load16(row + p * VEC);
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) acc.e[k] = max_nan(acc.e[k], x.e[k]);
-        } else {
-            acc1 = max_nan(acc1, load1(row + p));
-        }
-    }
-    T* dst = partial + c * frame_len + p * VEC;
-    if constexpr (VECTOR) *reinterpret_cast<uint4*>(dst) = acc.raw;
-    else *dst = acc1;
 }
 
 // ---------------------------------------------------------------- read_sum

@@ -52,7 +52,29 @@ def roi_indices(roi, scan_shape: tuple[int, int]) -> np.ndarray:
     return np.flatnonzero(roi).astype(np.int64)
 
 
-class Resident(ABC):
+class AcquisitionShape:
+    """Named views of a 4-D ``shape`` (scan_rows, scan_cols, det_rows, det_cols), for residents and handles."""
+
+    shape: tuple[int, int, int, int]
+
+    @property
+    def scan_shape(self) -> tuple[int, int]:
+        return tuple(self.shape[:2])
+
+    @property
+    def det_shape(self) -> tuple[int, int]:
+        return tuple(self.shape[2:])
+
+    @property
+    def n_frames(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def frame_len(self) -> int:
+        return self.shape[2] * self.shape[3]
+
+
+class Resident(AcquisitionShape, ABC):
     """One acquisition held in a worker's device memory in a query-ready layout."""
 
     layout: str = ""
@@ -62,22 +84,6 @@ class Resident(ABC):
         self.shape = check_shape(shape)
         self.dtype = check_dtype(dtype)
         self.xp = xp
-
-    @property
-    def scan_shape(self) -> tuple[int, int]:
-        return self.shape[:2]
-
-    @property
-    def det_shape(self) -> tuple[int, int]:
-        return self.shape[2:]
-
-    @property
-    def n_frames(self) -> int:
-        return self.shape[0] * self.shape[1]
-
-    @property
-    def frame_len(self) -> int:
-        return self.shape[2] * self.shape[3]
 
     @property
     def raw_bytes(self) -> int:

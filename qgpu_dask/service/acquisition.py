@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..resident import combine_parts, finish_reduce
+from ..resident.base import AcquisitionShape
 from ..resident.masks import as_mask_stack
 from .calls import QueryFuture
 
@@ -32,7 +33,7 @@ def finish(future: QueryFuture, wait: bool):
     return future.result() if wait else future
 
 
-class Acquisition:
+class Acquisition(AcquisitionShape):
     """One resident acquisition: metadata and exact queries answered by its owning shard."""
 
     def __init__(self, service: "Service", record: dict):
@@ -55,14 +56,6 @@ class Acquisition:
     def owner(self) -> str:
         """Address of the worker whose shard holds this acquisition."""
         return self.record["owner"]
-
-    @property
-    def scan_shape(self) -> tuple[int, int]:
-        return self.shape[:2]
-
-    @property
-    def det_shape(self) -> tuple[int, int]:
-        return self.shape[2:]
 
     @property
     def nbytes(self) -> int:

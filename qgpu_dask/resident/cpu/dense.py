@@ -37,12 +37,17 @@ def mask_sums_loop(data, span_start, weights, starts, stops, out):
             out[m, f] = acc
 
 
+@numba.njit(cache=True, inline="always")
+def chunk_bounds(n, c, n_chunks):
+    """[lo, hi) of chunk ``c`` when ``n`` selected frames are split into ``n_chunks`` nearly equal chunks."""
+    return n * c // n_chunks, n * (c + 1) // n_chunks
+
+
 def roi_sum_loop(data, indices, partial):
     n_chunks, frame_len = partial.shape
     n = indices.shape[0]
     for c in numba.prange(n_chunks):
-        lo = n * c // n_chunks
-        hi = n * (c + 1) // n_chunks
+        lo, hi = chunk_bounds(n, c, n_chunks)
         acc = partial[c]
         for i in range(lo, hi):
             row = data[indices[i]]
@@ -54,8 +59,7 @@ def roi_max_loop(data, indices, partial):
     n_chunks, frame_len = partial.shape
     n = indices.shape[0]
     for c in numba.prange(n_chunks):
-        lo = n * c // n_chunks
-        hi = n * (c + 1) // n_chunks
+        lo, hi = chunk_bounds(n, c, n_chunks)
         acc = partial[c]
         acc[:] = data[indices[lo]]
         for i in range(lo + 1, hi):

@@ -316,9 +316,10 @@ def prepare_roi_reduce(data: cupy.ndarray, indices, op: str) -> Callable[[], cup
         chunk = -(-n_sel // n_chunks)
         xmax = 0 if data.dtype.kind == "f" else value_bound(data.dtype)
         inner = inner_type(acc, data.dtype.kind == "i", xmax * chunk)
-        kern = kernel(f"roi_sum<{ctype(data.dtype)}, {inner}, {ctype(acc)}, {flag}>")
+        kern = kernel(f"roi_reduce<{ctype(data.dtype)}, {inner}, {ctype(acc)}, SumOp, {flag}>")
     else:
-        kern = kernel(f"roi_max<{ctype(data.dtype)}, {flag}>")
+        native = ctype(data.dtype)
+        kern = kernel(f"roi_reduce<{native}, {native}, {native}, MaxOp, {flag}>")
 
     def run() -> cupy.ndarray:
         partial = cupy.empty((n_chunks, frame_len), dtype=acc)
