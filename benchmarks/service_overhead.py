@@ -67,6 +67,68 @@ def round_trips(n: int) -> dict:
     return result
 
 
+def in_worker_ms(resident, what: str, mask, repeat: int) -> float:
+    """Median ms of a full read (``read``) or the mask kernel (``mask``) timed next to the data.
+
+    On a GPU: CUDA events around the kernel alone (the bandwidth reference); on
+    a CPU worker: the wall time of the Numba kernel.
+    """
+    from qgpu_dask.resident.masks import mask_weights
+
+    weights = mask_weights(mask, resident.det_shape, resident.dtype)
+    if resident.xp is np:
+        if what == "read":
+            run = lambda: resident.flat.sum(dtype=np.uint64)  # noqa: E731
+        else:
+            run = lambda: resident.mask_sums(weights)  # noqa: E731
+        run()
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    import cupy
+
+    from qgpu_dask.resident.cuda import dense
+
+    run = (lambda: dense.read_sum(resident.flat)) if what == "read" else dense.prepare_mask_sums(resident.flat, weights.span_start, weights.weights)
+    run()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(repeat):
+        start.record()
+        run()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def query_vs_read(svc: qd.Service, acq, mask, repeat: int) -> dict:
+    """One virtual image through the service against a full read of the same resident, in the same run."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        acq.virtual_image(mask)
+        times.append((time.perf_counter() - t0) * 1e3)
+    query = statistics.median(times)
+    read = svc.submit(in_worker_ms, acq, "read", mask, repeat).result()
+    kernel = svc.submit(in_worker_ms, acq, "mask", mask, repeat).result()
+    gb = acq.nbytes / 1e9
+    return {
+        "acquisition_bytes": acq.nbytes,
+        "service_query_ms": query,
+        "mask_kernel_ms": kernel,
+        "full_read_ms": read,
+        "full_read_GBps": gb / read * 1e3,
+        "effective_GBps_service": gb / query * 1e3,
+        "effective_GBps_kernel": gb / kernel * 1e3,
+        "kernel_over_read_bandwidth": read / kernel,
+        "service_over_read_bandwidth": read / query,
+    }
+
+
 def series_scaling(scan: tuple[int, int], det: tuple[int, int], n_acq: int, repeat: int) -> dict:
     """One series query over ``n_acq`` acquisitions on 1 shard and on 2 shards: median times and ratio."""
     rng = np.random.default_rng(0)
@@ -88,6 +150,8 @@ def series_scaling(scan: tuple[int, int], det: tuple[int, int], n_acq: int, repe
                     images = series.virtual_images(mask)
                     times.append((time.perf_counter() - t0) * 1e3)
                 assert (images == first).all()
+                if workers == 1:
+                    out["one_query"] = query_vs_read(svc, series[0], mask, repeat)
                 out[f"{workers}_shards_ms"] = statistics.median(times)
                 out[f"{workers}_shards_owners"] = len({a.owner for a in series})
     out["ratio_1_over_2"] = out["1_shards_ms"] / out["2_shards_ms"]
@@ -114,6 +178,12 @@ def main() -> None:
     for k, v in rt.items():
         print(f"{k:<38} p50 {v['p50_ms']:7.3f} ms   p95 {v['p95_ms']:7.3f} ms")
     s = results["series"]
+    q = s["one_query"]
+    print(
+        f"one disk virtual image of {q['acquisition_bytes'] / 1e9:.2f} GB: service {q['service_query_ms']:.3f} ms, "
+        f"kernel {q['mask_kernel_ms']:.3f} ms, full read {q['full_read_ms']:.3f} ms "
+        f"(kernel {q['kernel_over_read_bandwidth']:.2f}x, service {q['service_over_read_bandwidth']:.2f}x the read bandwidth)"
+    )
     print(f"series of {s['acquisitions']} {s['acquisition_shape']}: 1 shard {s['1_shards_ms']:.2f} ms, 2 shards {s['2_shards_ms']:.2f} ms, ratio {s['ratio_1_over_2']:.2f}")
     print(f"wrote {path}")
 
