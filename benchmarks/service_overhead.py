@@ -77,10 +77,7 @@ def in_worker_ms(resident, what: str, mask, repeat: int) -> float:
 
     weights = mask_weights(mask, resident.det_shape, resident.dtype)
     if resident.xp is np:
-        if what == "read":
-            run = lambda: resident.flat.sum(dtype=np.uint64)  # noqa: E731
-        else:
-            run = lambda: resident.mask_sums(weights)  # noqa: E731
+        run = (lambda: resident.flat.sum(dtype=np.uint64)) if what == "read" else resident.prepare_mask_sums(weights)
         run()
         times = []
         for _ in range(repeat):
@@ -92,7 +89,7 @@ def in_worker_ms(resident, what: str, mask, repeat: int) -> float:
 
     from qgpu_dask.resident.cuda import dense
 
-    run = (lambda: dense.read_sum(resident.flat)) if what == "read" else dense.prepare_mask_sums(resident.flat, weights.span_start, weights.weights)
+    run = (lambda: dense.read_sum(resident.flat)) if what == "read" else resident.prepare_mask_sums(weights)
     run()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     times = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from types import ModuleType
+from typing import Any, Callable
 
 import numpy as np
 
@@ -96,8 +97,9 @@ class Resident(AcquisitionShape, ABC):
         """Device bytes this resident holds."""
 
     @abstractmethod
-    def mask_sums(self, masks: MaskWeights):
-        """(n_masks, n_frames) exact sums in ``masks.acc_dtype``, on the device."""
+    def prepare_mask_sums(self, masks: MaskWeights) -> Callable[[], Any]:
+        """``run()`` giving (n_masks, n_frames) exact sums in ``masks.acc_dtype`` on the device; the
+        preparation (weights on the device, kernel choice) is done here, once."""
 
     @abstractmethod
     def roi_sum(self, indices):
@@ -112,10 +114,19 @@ class Resident(AcquisitionShape, ABC):
         """One frame, (frame_len,) native dtype, on the device."""
 
     def virtual_images(self, masks) -> np.ndarray:
-        """(n_masks, scan_rows, scan_cols) exact sums of each mask (raw masks or prepared weights); NumPy."""
+        """(n_masks, scan_rows, scan_cols) exact sums of each mask; NumPy."""
+        return self.plan_virtual_images(masks)()
+
+    def plan_virtual_images(self, masks) -> Callable[[], np.ndarray]:
+        """A ready query: ``plan()`` returns the virtual images of ``masks`` (raw or prepared weights).
+
+        Checking the masks, choosing the accumulator and preparing the kernel
+        happen here once; a shard keeps plans for masks users repeat.
+        """
         weights = masks if isinstance(masks, MaskWeights) else mask_weights(masks, self.det_shape, self.dtype)
-        out = self.mask_sums(weights)
-        return to_host(out).reshape(weights.n_masks, *self.scan_shape)
+        run = self.prepare_mask_sums(weights)
+        shape = (weights.n_masks, *self.scan_shape)
+        return lambda: to_host(run()).reshape(shape)
 
     def reduce(self, roi=None, op: str = "sum") -> np.ndarray:
         """Per-pixel sum (uint64 / int64 / float64), mean (float64) or max (native) over a scan ROI; NumPy."""

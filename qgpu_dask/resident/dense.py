@@ -58,8 +58,8 @@ class DenseCounts(Resident):
     def nbytes(self) -> int:
         return int(self.flat.nbytes)
 
-    def mask_sums(self, masks: MaskWeights):
-        return self.kernels.mask_sums(self.flat, masks.span_start, masks.weights)
+    def prepare_mask_sums(self, masks: MaskWeights):
+        return self.kernels.prepare_mask_sums(self.flat, masks.span_start, masks.weights)
 
     def roi_sum(self, indices):
         return self.kernels.roi_reduce(self.flat, indices, "sum")

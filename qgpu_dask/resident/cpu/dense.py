@@ -3,7 +3,8 @@
 Contract shared with ``qgpu_dask.resident.cuda.dense`` (same arguments, same
 bits for integer results):
 
-- ``mask_sums(data, span_start, weights) -> out``: ``data`` is (n_frames,
+- ``mask_sums(data, span_start, weights) -> out`` (and
+  ``prepare_mask_sums(...) -> run``, the same with the per-mask work done once): ``data`` is (n_frames,
   frame_len) C-contiguous in the native dtype; ``weights`` is (n_masks,
   span_len) C-contiguous in the accumulator dtype (uint32, uint64, int64 or
   float64); ``out[m, f] = sum_j weights[m, j] * data[f, span_start + j]``,
@@ -18,6 +19,7 @@ bits for integer results):
 from __future__ import annotations
 
 import types
+from typing import Callable
 
 import numba
 import numpy as np
@@ -107,14 +109,24 @@ def sum_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def mask_sums(data: np.ndarray, span_start: int, weights: np.ndarray) -> np.ndarray:
-    out = np.empty((weights.shape[0], data.shape[0]), dtype=weights.dtype)
+    return prepare_mask_sums(data, span_start, weights)()
+
+
+def prepare_mask_sums(data: np.ndarray, span_start: int, weights: np.ndarray) -> Callable[[], np.ndarray]:
+    """Everything ``mask_sums`` works out from the weights, done once; ``run()`` computes ``out``."""
     nonzero = weights != 0
-    starts = np.where(nonzero.any(axis=1), nonzero.argmax(axis=1), 0).astype(np.int64)
-    stops = np.where(nonzero.any(axis=1), weights.shape[1] - nonzero[:, ::-1].argmax(axis=1), 0).astype(np.int64)
-    if data.shape[0]:
-        read = int((stops - starts).sum()) * data.itemsize
-        mask_sums_kernels[threaded(data.shape[0] * read)](data, span_start, weights, starts, stops, out)
-    return out
+    any_nonzero = nonzero.any(axis=1)
+    starts = np.where(any_nonzero, nonzero.argmax(axis=1), 0).astype(np.int64)
+    stops = np.where(any_nonzero, weights.shape[1] - nonzero[:, ::-1].argmax(axis=1), 0).astype(np.int64)
+    kernel = mask_sums_kernels[threaded(data.shape[0] * int((stops - starts).sum()) * data.itemsize)]
+
+    def run() -> np.ndarray:
+        out = np.empty((weights.shape[0], data.shape[0]), dtype=weights.dtype)
+        if data.shape[0]:
+            kernel(data, span_start, weights, starts, stops, out)
+        return out
+
+    return run
 
 
 def chunk_count(n_selected: int, parallel: int) -> int:
