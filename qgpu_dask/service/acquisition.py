@@ -68,12 +68,14 @@ class Acquisition(AcquisitionShape):
     def virtual_image(self, mask, wait: bool = True):
         """Exact virtual image (scan_rows, scan_cols) of one mask (bool, integer or float weights)."""
         stack = single_mask(mask, self.det_shape)
-        return finish(self.query("virtual_images", [self.name], stack, assemble=lambda r: r[0, 0]), wait)
+        part = self.service.call_virtual_images(self.owner, [self.name], stack)
+        return finish(QueryFuture([part], lambda replies: replies[0][0, 0]), wait)
 
     def virtual_images(self, masks, wait: bool = True):
         """(n_masks, scan_rows, scan_cols) exact virtual images, all masks in one pass over the data."""
         stack = as_mask_stack(masks, self.det_shape)
-        return finish(self.query("virtual_images", [self.name], stack, assemble=lambda r: r[0]), wait)
+        part = self.service.call_virtual_images(self.owner, [self.name], stack)
+        return finish(QueryFuture([part], lambda replies: replies[0][0]), wait)
 
     def frame(self, row: int, col: int, wait: bool = True):
         """The diffraction pattern at scan position (row, col), native dtype."""
@@ -123,14 +125,14 @@ class Series(Sequence):
             raise ValueError(f"the acquisitions of this series differ in {what} ({sorted(map(str, values))}): query them one by one")
         return values.pop()
 
-    def per_shard(self, method: str, *args, assemble: Callable[[list[list[Any]], list[list[int]]], Any]) -> QueryFuture:
-        """Call ``method(names, *args)`` once per owning shard; ``assemble`` gets each shard's reply and positions."""
+    def per_shard(self, call: Callable[[str, list[str]], Any], assemble: Callable[[list[Any], list[list[int]]], Any]) -> QueryFuture:
+        """``call(owner, names)`` once per owning shard; ``assemble`` gets each shard's reply and positions."""
         groups: dict[str, list[int]] = {}
         for i, acq in enumerate(self.acquisitions):
             groups.setdefault(acq.owner, []).append(i)
         owners = list(groups)
         positions = [groups[o] for o in owners]
-        parts = [self.service.call(o, method, [self.acquisitions[i].name for i in groups[o]], *args) for o in owners]
+        parts = [call(o, [self.acquisitions[i].name for i in groups[o]]) for o in owners]
         return QueryFuture(parts, lambda replies: assemble(replies, positions))
 
     def virtual_images(self, masks, wait: bool = True):
@@ -148,7 +150,7 @@ class Series(Sequence):
                 out[where] = reply
             return out[:, 0] if one else out
 
-        return finish(self.per_shard("virtual_images", stack, assemble=assemble), wait)
+        return finish(self.per_shard(lambda o, names: self.service.call_virtual_images(o, names, stack), assemble), wait)
 
     def reduce(self, roi=None, op: str = "sum", total: bool = False, wait: bool = True):
         """One pattern per acquisition (n, det_rows, det_cols); ``total=True``: the exact reduction over the whole series."""
@@ -166,7 +168,7 @@ class Series(Sequence):
                     patterns[i] = finish_reduce(*part, op)
             return np.stack(patterns)
 
-        return finish(self.per_shard("reduce", roi, op, total, assemble=assemble), wait)
+        return finish(self.per_shard(lambda o, names: self.service.call(o, "reduce", names, roi, op, total), assemble), wait)
 
     def release(self) -> None:
         """Release every acquisition of the series."""

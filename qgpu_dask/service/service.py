@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import os
 import uuid
@@ -16,12 +17,14 @@ from tqdm.auto import tqdm
 from ..device import has_gpu, parse_bytes
 from ..io.source import Source
 from .acquisition import Acquisition, Series
-from .calls import QueryFuture, call
+from .calls import QueryFuture, call, call_async
 from .catalog import PLUGIN_NAME, Catalog
+from .maskcache import MaskNotCached, mask_digest
 from .placement import place
 from .shard import Shard
 
 PathLike = str | os.PathLike
+MASKS_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
 
 
 def shard_key(address: str) -> str:
@@ -36,6 +39,7 @@ class Service:
         self.client = client
         self.cluster = cluster
         self.budget = parse_bytes(budget)
+        self.masks_sent: set[tuple[str, str]] = set()
         client.register_plugin(Catalog(), name=PLUGIN_NAME)
         self.ensure_shards()
 
@@ -117,6 +121,26 @@ class Service:
     def call(self, address: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
         """A direct call of a shard method on worker ``address``."""
         return call(self.client, address, shard_key(address), method, *args, **kwargs)
+
+    def call_virtual_images(self, address: str, names: list[str], stack: np.ndarray) -> concurrent.futures.Future:
+        """``virtual_images`` on a shard, sending the mask stack only if that shard has not got it."""
+        digest = mask_digest(stack)
+        sent = (address, digest)
+
+        async def run() -> np.ndarray:
+            args = (self.client, address, shard_key(address), "virtual_images", names, digest)
+            if sent in self.masks_sent:
+                try:
+                    return await call_async(*args)
+                except MaskNotCached:
+                    pass
+            result = await call_async(*args, stack)
+            if len(self.masks_sent) > MASKS_REMEMBERED:
+                self.masks_sent.clear()
+            self.masks_sent.add(sent)
+            return result
+
+        return asyncio.run_coroutine_threadsafe(run(), self.client.loop.asyncio_loop)
 
     # -- loading ------------------------------------------------------------------
 

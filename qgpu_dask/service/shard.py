@@ -24,6 +24,7 @@ from ..io.load import inspect, read_dense
 from ..io.source import Source, open_reader
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import check_dtype, check_shape
+from .maskcache import MaskCache
 
 
 def use_own_stream() -> None:
@@ -56,6 +57,7 @@ class Shard:
         self.reserved = 0
         self.device = device_info()
         self.budget = int(budget) if budget else default_budget(self.worker.memory_manager.memory_limit)
+        self.masks = MaskCache()
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="qgpu-query", initializer=use_own_stream)
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
 
@@ -163,6 +165,7 @@ class Shard:
             raise
         try:
             resident = await self.run_in(self.loads, build)
+            self.masks.forget(name)
             self.residents[name] = resident
             record = {**resident.describe(), "source": source}
             await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record=record)
@@ -179,6 +182,7 @@ class Shard:
         """Drop ``name`` from this shard and the catalog, returning its device memory."""
         self.resident(name)
         del self.residents[name]
+        self.masks.forget(name)
         await self.worker.scheduler.qgpu_drop(name=name, owner=self.address)
         await self.run_in(self.queries, self.free_device_memory)
 
@@ -190,19 +194,25 @@ class Shard:
 
     # -- queries -----------------------------------------------------------
 
-    async def virtual_images(self, names: list[str], masks: np.ndarray) -> np.ndarray:
-        """(len(names), n_masks, scan_rows, scan_cols) exact virtual images of these residents."""
+    async def virtual_images(self, names: list[str], digest: str, masks: np.ndarray | None = None) -> np.ndarray:
+        """(len(names), n_masks, scan_rows, scan_cols) exact virtual images of these residents.
+
+        ``masks`` comes with its ``digest`` the first time; later calls send the
+        digest alone (MaskNotCached if this shard no longer holds the stack).
+        """
         residents = [self.resident(n) for n in names]
+        stack = self.masks.stack(digest, masks)
 
         def compute() -> np.ndarray:
-            prepared: dict[tuple, Any] = {}
-            images = []
-            for r in residents:
+            weights: dict[tuple, Any] = {}
+
+            def make(r: Resident) -> Callable:
                 key = (r.det_shape, r.dtype)
-                if key not in prepared:
-                    prepared[key] = mask_weights(masks, r.det_shape, r.dtype)
-                images.append(r.virtual_images(prepared[key]))
-            return np.stack(images)
+                if key not in weights:
+                    weights[key] = mask_weights(stack, r.det_shape, r.dtype)
+                return r.plan_virtual_images(weights[key])
+
+            return np.stack([self.masks.plan(r.name, digest, lambda r=r: make(r))() for r in residents])
 
         return await self.query(sum(r.raw_bytes for r in residents), compute)
 

@@ -256,6 +256,9 @@ def prepare_mask_sums(data: cupy.ndarray, span_start: int, weights: cupy.ndarray
             launches.append((kern, grid, smem, g0, nm, s if n_seg > 1 else -1, a0 + lo, ln, w))
         if n_seg > 1:
             reductions.append((g0, nm, n_seg))
+    # The weights were uploaded on this thread's stream; a kept plan may run on
+    # another thread's stream, so wait for the uploads once, here.
+    cupy.cuda.get_current_stream().synchronize()
 
     def run() -> cupy.ndarray:
         out = cupy.empty((n_masks, n_frames), dtype=acc)
