@@ -48,6 +48,14 @@ def svc(request):
     service.close()
 
 
+@pytest.fixture(scope="session")
+def scheduler_file(svc, tmp_path_factory):
+    """A scheduler file for ``svc``'s cluster (a client writes one only once)."""
+    path = tmp_path_factory.mktemp("scheduler") / "scheduler.json"
+    svc.client.write_scheduler_file(str(path))
+    return path
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test's name: fresh inputs per test, repeatable runs."""

@@ -7,11 +7,9 @@ import numpy as np
 from qgpu_dask.cli import main
 
 
-def test_info_prints_shards_and_acquisitions(svc, names, tmp_path, capsys):
+def test_info_prints_shards_and_acquisitions(svc, names, scheduler_file, capsys):
     acq = svc.put(np.ones((2, 3, 4, 4), np.uint8), name=names())
-    path = tmp_path / "scheduler.json"
-    svc.client.write_scheduler_file(str(path))
-    assert main(["info", "--scheduler-file", str(path)]) == 0
+    assert main(["info", "--scheduler-file", str(scheduler_file)]) == 0
     out = capsys.readouterr().out
     assert out.count("tcp://") >= 3 + 1  # three shards and the acquisition's owner
     assert acq.name in out and "2x3x4x4" in out

@@ -176,12 +176,10 @@ def test_second_client_sees_the_same_acquisitions(svc, names, rng):
         assert acq.name in attached
 
 
-def test_connect_by_scheduler_file(svc, names, rng, tmp_path):
+def test_connect_by_scheduler_file(svc, names, rng, scheduler_file):
     data = counts(rng)
     acq = svc.put(data, name=names())
-    path = tmp_path / "scheduler.json"
-    svc.client.write_scheduler_file(str(path))
-    with qd.Service.connect(scheduler_file=path) as other:
+    with qd.Service.connect(scheduler_file=scheduler_file) as other:
         assert (other[acq.name].frame(0, 0) == data[0, 0]).all()
     assert (acq.frame(0, 0) == data[0, 0]).all()
 
