@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record
+from timing import timed
 
 import qgpu_dask as qd
 from qgpu_dask.io.synthetic import crystal, crystal_geometry
@@ -93,19 +94,6 @@ def make_masks() -> dict[str, np.ndarray]:
 
 
 # -- timing ------------------------------------------------------------------
-
-
-def timed(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[list[float], Any]:
-    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times; the seconds of each and the last result."""
-    result = None
-    for _ in range(warmup):
-        result = fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return times, result
 
 
 def others_cpu() -> dict[int, float]:

@@ -12,19 +12,18 @@ of every shard. Without GPUs it runs the same on CPU workers (a dry run).
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import h5py
-import numpy as np
 from distributed import Client, LocalCluster
 
 import qgpu_dask as qd
 from qgpu_dask.device import cupy_or_none
 
 import record
+from timing import median_ms, write_counts
 
 
 def cluster_of(gpus: int):
@@ -34,16 +33,6 @@ def cluster_of(gpus: int):
 
         return LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(gpus)), dashboard_address=":0")
     return LocalCluster(n_workers=gpus, threads_per_worker=1, dashboard_address=":0")
-
-
-def median_ms(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def file_read_gbps(path: Path) -> float:
@@ -67,14 +56,9 @@ def main() -> None:
     cp = cupy_or_none()
     max_g = args.gpus or (cp.cuda.runtime.getDeviceCount() if cp is not None else 2)
     scan, det = tuple(args.scan), tuple(args.det)
-    rng = np.random.default_rng(0)
     results: dict = {"device": "cuda" if cp is not None else "cpu", "acquisition_shape": scan + det, "per_gpu": args.per_gpu, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "acq.h5"
-        with h5py.File(path, "w") as f:
-            d = f.create_dataset("data", shape=scan + det, dtype=np.uint16)
-            for r in range(scan[0]):
-                d[r] = rng.integers(0, 8, (scan[1],) + det, dtype=np.uint16)
+        path = write_counts(Path(tmp) / "acq.h5", scan, det)
         results["file_read_GBps"] = file_read_gbps(path)
         mask = qd.masks.disk(det, (det[0] / 2, det[1] / 2), det[0] / 6)
         reference = None

@@ -16,7 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import h5py
 import numpy as np
 from distributed import Client, LocalCluster
 from distributed.actor import Actor
@@ -27,19 +26,7 @@ from qgpu_dask.service.service import shard_key
 from qgpu_dask.service.shard import Shard
 
 import record
-
-
-def latencies(fn, n: int) -> dict:
-    """p50 / p95 / p99 in ms of ``n`` calls of ``fn`` after 20 warm-up calls."""
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return {"p50_ms": times[n // 2], "p95_ms": times[int(n * 0.95)], "p99_ms": times[int(n * 0.99)], "calls": n}
+from timing import latencies, median_ms, write_counts
 
 
 def service(n_workers: int) -> qd.Service:
@@ -104,12 +91,7 @@ def in_worker_ms(resident, what: str, mask, repeat: int) -> float:
 
 def query_vs_read(svc: qd.Service, acq, mask, repeat: int) -> dict:
     """One virtual image through the service against a full read of the same resident, in the same run."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        acq.virtual_image(mask)
-        times.append((time.perf_counter() - t0) * 1e3)
-    query = statistics.median(times)
+    query = median_ms(lambda: acq.virtual_image(mask), repeat, warmup=0)
     read = svc.submit(in_worker_ms, acq, "read", mask, repeat).result()
     kernel = svc.submit(in_worker_ms, acq, "mask", mask, repeat).result()
     gb = acq.nbytes / 1e9
@@ -128,28 +110,18 @@ def query_vs_read(svc: qd.Service, acq, mask, repeat: int) -> dict:
 
 def series_scaling(scan: tuple[int, int], det: tuple[int, int], n_acq: int, repeat: int) -> dict:
     """One series query over ``n_acq`` acquisitions on 1 shard and on 2 shards: median times and ratio."""
-    rng = np.random.default_rng(0)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "acq.h5"
-        with h5py.File(path, "w") as f:
-            d = f.create_dataset("data", shape=scan + det, dtype=np.uint16)
-            for r in range(scan[0]):
-                d[r] = rng.integers(0, 8, (scan[1],) + det, dtype=np.uint16)
+        path = write_counts(Path(tmp) / "acq.h5", scan, det)
         mask = qd.masks.disk(det, (det[0] / 2, det[1] / 2), det[0] / 6)
         for workers in (1, 2):
             with service(workers) as svc:
                 series = svc.load([path] * n_acq, dataset="/data", name=[f"s{i}" for i in range(n_acq)], progress=False)
                 first = series.virtual_images(mask)
-                times = []
-                for _ in range(repeat):
-                    t0 = time.perf_counter()
-                    images = series.virtual_images(mask)
-                    times.append((time.perf_counter() - t0) * 1e3)
-                assert (images == first).all()
+                out[f"{workers}_shards_ms"] = median_ms(lambda: series.virtual_images(mask), repeat, warmup=0)
+                assert (series.virtual_images(mask) == first).all()
                 if workers == 1:
                     out["one_query"] = query_vs_read(svc, series[0], mask, repeat)
-                out[f"{workers}_shards_ms"] = statistics.median(times)
                 out[f"{workers}_shards_owners"] = len({a.owner for a in series})
     out["ratio_1_over_2"] = out["1_shards_ms"] / out["2_shards_ms"]
     out["acquisition_shape"] = scan + det

@@ -6,7 +6,6 @@ import threading
 
 import h5py
 import numpy as np
-import pytest
 import zarr
 from distributed import Client
 
