@@ -9,16 +9,21 @@ from ..resident.dense import DenseCounts
 from .source import BLOCK_BYTES, Reader, Source, open_reader
 
 
-def inspect(source: Source) -> dict:
-    """Shape, dtype and raw bytes of a source, checked, without reading its counts."""
-    reader = open_reader(source)
-    try:
-        dtype = check_dtype(reader.dtype)
-        shape = reader.shape
-    finally:
-        reader.close()
+def describe(reader: Reader) -> dict:
+    """Shape, dtype (checked) and raw bytes of an open source, without reading its counts."""
+    dtype = check_dtype(reader.dtype)
+    shape = reader.shape
     n = shape[0] * shape[1] * shape[2] * shape[3]
     return {"shape": shape, "dtype": str(dtype), "raw_bytes": n * dtype.itemsize}
+
+
+def inspect(source: Source) -> dict:
+    """:func:`describe` of a source, opened and closed again."""
+    reader = open_reader(source)
+    try:
+        return describe(reader)
+    finally:
+        reader.close()
 
 
 def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_bytes: int = BLOCK_BYTES) -> DenseCounts:

@@ -20,7 +20,7 @@ from dask.utils import format_bytes
 from distributed import get_worker
 
 from ..device import cupy_or_none, default_budget, device_info, to_host
-from ..io.load import inspect, read_dense
+from ..io.load import describe, inspect, read_dense
 from ..io.source import Source, open_reader
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import check_dtype, check_shape
@@ -127,19 +127,19 @@ class Shard:
         return await self.run_in(self.loads, lambda: [inspect(s) for s in sources])
 
     async def load(self, name: str, source: Source) -> dict:
-        """Read ``source`` into a new dense resident named ``name``."""
-        meta = await self.run_in(self.loads, inspect, source)
+        """Read ``source`` into a new dense resident named ``name`` (the file is opened once)."""
+        reader = await self.run_in(self.loads, open_reader, source)
+        try:
+            meta = describe(reader)
 
-        def read() -> Resident:
-            reader = open_reader(source)
-            try:
+            def read() -> Resident:
                 resident = read_dense(name, reader)
-            finally:
-                reader.close()
-            synchronize()
-            return resident
+                synchronize()
+                return resident
 
-        return await self.add(name, meta["raw_bytes"], read, source.describe())
+            return await self.add(name, meta["raw_bytes"], read, source.describe())
+        finally:
+            reader.close()
 
     async def put(self, name: str, array: np.ndarray) -> dict:
         """Hold an array sent by a client as a new dense resident named ``name``."""
