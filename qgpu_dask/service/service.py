@@ -21,7 +21,7 @@ from .calls import QueryFuture, call, call_async
 from .catalog import PLUGIN_NAME, Catalog
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
-from .shard import Shard
+from .shard import Shard, wants_compressed
 
 PathLike = str | os.PathLike
 MASKS_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
@@ -152,12 +152,15 @@ class Service:
         scan_shape: tuple[int, int] | None = None,
         worker: str | None = None,
         progress: bool = True,
+        representation: str = "auto",
     ) -> Acquisition | Series:
         """Load an HDF5 dataset, a .npy or a Zarr array (or a list of them: a Series) onto the shards.
 
         Each file is read by the worker that will hold it. ``name`` defaults to
         the file stem; 3-D stacks need ``scan_shape``; ``worker`` pins the owner.
-        Nothing stays resident from a series load that fails part-way.
+        ``representation``: "compressed" (entropy-coded, exact), "dense", or
+        "auto" (compressed for unsigned integer counts). Nothing stays resident
+        from a series load that fails part-way.
         """
         one = isinstance(path, (str, os.PathLike))
         paths = [path] if one else list(path)
@@ -170,23 +173,26 @@ class Service:
         self.check_new_names(names, state)
         inspector = worker or next(iter(state["shards"]))
         metas = self.call(inspector, "inspect", sources).result()
+        for meta in metas:
+            wants_compressed(representation, meta["dtype"])
         owners = place([m["raw_bytes"] for m in metas], state, pinned=worker)
-        loads = [self.call(o, "load", n, s) for o, n, s in zip(owners, names, sources)]
+        loads = [self.call(o, "load", n, s, representation) for o, n, s in zip(owners, names, sources)]
         records = self.gather(loads, names, progress and not one, "loading")
         acqs = [Acquisition(self, r | {"name": n, "owner": o}) for r, n, o in zip(records, names, owners)]
         return acqs[0] if one else Series(self, acqs)
 
-    def put(self, array: np.ndarray, name: str | None = None, worker: str | None = None) -> Acquisition:
-        """Send an in-memory 4-D array to a shard as a new acquisition."""
+    def put(self, array: np.ndarray, name: str | None = None, worker: str | None = None, representation: str = "auto") -> Acquisition:
+        """Send an in-memory 4-D array to a shard as a new acquisition (``representation`` as in :meth:`load`)."""
         array = np.asarray(array)
         if array.ndim != 4:
             raise ValueError(f"an acquisition is 4-D (scan_rows, scan_cols, det_rows, det_cols), got shape {array.shape}")
+        wants_compressed(representation, array.dtype)
         name = name or f"array-{uuid.uuid4().hex[:8]}"
         self.ensure_shards()
         state = self.state()
         self.check_new_names([name], state)
         owner = place([array.nbytes], state, pinned=worker)[0]
-        record = self.call(owner, "put", name, np.ascontiguousarray(array)).result()
+        record = self.call(owner, "put", name, np.ascontiguousarray(array), representation).result()
         return Acquisition(self, record | {"name": name, "owner": owner})
 
     def gather(self, futures: list, names: list[str], progress: bool, verb: str) -> list:

@@ -24,6 +24,7 @@ from ..io.load import describe, inspect, read_dense
 from ..io.source import Source, open_reader
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import check_dtype, check_shape
+from ..resident.compressed import CompressedCounts, compressible
 from .maskcache import MaskCache
 
 
@@ -39,6 +40,25 @@ def synchronize() -> None:
     cp = cupy_or_none()
     if cp is not None:
         cp.cuda.get_current_stream().synchronize()
+
+
+REPRESENTATIONS = ("auto", "dense", "compressed")
+
+
+def wants_compressed(representation: str, dtype) -> bool:
+    """Whether a new resident is held compressed: "auto" compresses unsigned integer counts."""
+    if representation not in REPRESENTATIONS:
+        raise ValueError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
+    if representation == "compressed" and not compressible(dtype):
+        raise ValueError(f"representation='compressed' holds unsigned integer counts; this acquisition is {np.dtype(dtype)}")
+    return representation == "compressed" or (representation == "auto" and compressible(dtype))
+
+
+def held_as(dense: DenseCounts, compress: bool) -> Resident:
+    """``dense`` itself, or its compressed encoding (the dense staging copy is then dropped)."""
+    if not compress:
+        return dense
+    return CompressedCounts.encode(dense.name, dense.flat, dense.shape)
 
 
 # Queries reading at most this many bytes run on the event loop itself: they
@@ -126,14 +146,15 @@ class Shard:
         """Shape, dtype and bytes of each source as this worker sees the files."""
         return await self.run_in(self.loads, lambda: [inspect(s) for s in sources])
 
-    async def load(self, name: str, source: Source) -> dict:
-        """Read ``source`` into a new dense resident named ``name`` (the file is opened once)."""
+    async def load(self, name: str, source: Source, representation: str = "auto") -> dict:
+        """Read ``source`` into a new resident named ``name`` (the file is opened once)."""
         reader = await self.run_in(self.loads, open_reader, source)
         try:
             meta = describe(reader)
+            compress = wants_compressed(representation, meta["dtype"])
 
             def read() -> Resident:
-                resident = read_dense(name, reader)
+                resident = held_as(read_dense(name, reader), compress)
                 synchronize()
                 return resident
 
@@ -141,15 +162,17 @@ class Shard:
         finally:
             reader.close()
 
-    async def put(self, name: str, array: np.ndarray) -> dict:
-        """Hold an array sent by a client as a new dense resident named ``name``."""
+    async def put(self, name: str, array: np.ndarray, representation: str = "auto") -> dict:
+        """Hold an array sent by a client as a new resident named ``name``."""
         array = np.asarray(array)
         shape = check_shape(array.shape)
         check_dtype(array.dtype)
+        compress = wants_compressed(representation, array.dtype)
 
         def place() -> Resident:
             resident = DenseCounts.empty(name, shape, array.dtype)
             resident.write(0, array.reshape(-1, shape[2], shape[3]))
+            resident = held_as(resident, compress)
             synchronize()
             return resident
 

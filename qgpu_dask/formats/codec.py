@@ -1,0 +1,169 @@
+"""The qgpu-ans-1 codec: constants, per-pixel model choice and rANS tables (GPU-free, NumPy).
+
+Both encoders (Numba and CUDA) take their tables from here, so they write the
+same bytes; the byte layout is documented in docs/compressed-format.md.
+
+Each detector pixel's counts over consecutive scan positions are cut into
+streams of ``block`` scans. A pixel is coded in one of two modes, chosen from
+its value histogram over the whole acquisition:
+
+- value mode (``run == 0``): one token per count, from the pixel's value table
+  (symbols 0..V-1 are the values, symbol V escapes to ``V + excess``);
+- run mode (``run = R > 0``, for mostly-zero pixels): a run token (symbol r < R:
+  r zeros then a nonzero count; R: R zeros, go on; R + 1: the rest are zeros),
+  then for a nonzero count a value token (symbols 0..V-1 are 1..V, symbol V
+  escapes to ``V + 1 + excess``).
+
+Escaped excesses follow as raw 16-bit chunks (two for 32-bit data, low first).
+rANS: 32-bit state in [2**16, 2**32), 12-bit probabilities, 16-bit words.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FORMAT = "qgpu-ans-1"
+PROB_BITS = 12
+PROB_SCALE = 1 << PROB_BITS
+STATE_LOW = 1 << 16
+
+# Stream forms: the top 3 bits of a stream's index entry; the low 29 bits are
+# its byte offset inside its scan block.
+EMPTY, CONSTANT, SPARSE, ANS, RAW = 0, 1, 2, 3, 4
+FORM_NAMES = ("empty", "constant", "sparse", "ans", "raw")
+FORM_SHIFT = 29
+OFFSET_MASK = (1 << FORM_SHIFT) - 1
+
+HIST_BINS = 256  # value histogram: counts of 0..254 exactly, bin 255 counts every value >= 255
+MAX_V = 61  # value alphabet: V + 1 <= 62 symbols
+MAX_RUN = 64
+RUN_SLOT = 64  # token histogram row: value symbols at [0, V], run symbols at [RUN_SLOT, RUN_SLOT + R + 1]
+TOKEN_SLOTS = RUN_SLOT + MAX_RUN + 2
+MIN_BLOCK, MAX_BLOCK = 256, 4096
+STREAM_BITS = 1024  # a stream should carry about this many bits, so its fixed costs stay small
+
+
+def raw_chunks(dtype) -> int:
+    """16-bit chunks that carry an escaped excess of ``dtype``."""
+    return 2 if np.dtype(dtype).itemsize == 4 else 1
+
+
+def choose_models(hist: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """(run, V) per pixel from value histograms (frame_len, HIST_BINS).
+
+    Run mode when more than half of a pixel's counts are zero, with R about
+    twice the mean run of zeros; V is the smallest alphabet whose escapes are
+    rarer than 1 in 2**12 (at most MAX_V).
+    """
+    hist = np.asarray(hist, dtype=np.int64)
+    zeros = hist[:, 0]
+    nonzero = n_frames - zeros
+    run_mode = zeros * 2 > n_frames
+    mean_run = zeros / np.maximum(nonzero, 1)
+    run = np.where(run_mode, np.clip(2 ** np.ceil(np.log2(np.maximum(2 * mean_run, 1))), 4, MAX_RUN), 0).astype(np.uint8)
+
+    # tail[p, v] = number of counts >= v
+    tail = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]
+    v = np.arange(HIST_BINS)
+    # value mode: escape when count >= V; run mode: escape when count >= V + 1
+    base = run_mode.astype(np.int64)[:, None]
+    population = np.where(run_mode, nonzero, n_frames)[:, None]
+    shifted = np.take_along_axis(tail, np.minimum(v[None, :] + base, HIST_BINS - 1), axis=1)
+    rare = (shifted * PROB_SCALE <= population) & (v[None, :] >= 1)
+    first = np.where(rare.any(axis=1), rare.argmax(axis=1), MAX_V)
+    values = np.clip(first, 1, MAX_V).astype(np.uint8)
+    return run, values
+
+
+def choose_block(hist: np.ndarray, n_frames: int) -> int:
+    """Scan positions per stream: a power of two giving about STREAM_BITS bits per stream."""
+    bits = entropy_bits(hist, n_frames).sum() / max(1, hist.shape[0] * n_frames)
+    want = STREAM_BITS / max(bits, 1e-3)
+    block = int(2 ** np.ceil(np.log2(want)))
+    return int(np.clip(block, MIN_BLOCK, MAX_BLOCK))
+
+
+def entropy_bits(hist: np.ndarray, n_frames: int) -> np.ndarray:
+    """Order-0 entropy (bits) of each pixel's whole stream, from its value histogram (frame_len,)."""
+    hist = np.asarray(hist, dtype=np.float64)
+    p = hist / max(n_frames, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -np.where(p > 0, p * np.log2(p), 0.0).sum(axis=1)
+    return h * n_frames
+
+
+def quantize(counts: np.ndarray) -> np.ndarray:
+    """Frequencies summing to PROB_SCALE, >= 1 for every symbol that occurs, 0 for the others.
+
+    Proportional rounding, then the difference taken from or given to the most
+    frequent symbol (it changes that symbol's cost least).
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    freq = np.zeros(counts.shape, dtype=np.int64)
+    if total == 0:
+        freq[0] = PROB_SCALE  # a table never used; kept valid
+        return freq
+    used = counts > 0
+    freq[used] = np.maximum(1, (counts[used] * PROB_SCALE + total // 2) // total)
+    diff = PROB_SCALE - int(freq.sum())
+    while diff != 0:
+        top = int(np.argmax(np.where(freq > 1, freq, 0) if diff < 0 else freq))
+        step = diff if diff > 0 else max(diff, 1 - int(freq[top]))
+        freq[top] += step
+        diff -= step
+    return freq
+
+
+def build_tables(tokens: np.ndarray, run: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(table_start (frame_len,) uint32, cum uint16) from token histograms (frame_len, TOKEN_SLOTS).
+
+    A pixel's tables sit at ``cum[table_start[p]:]``: the value table's V + 2
+    cumulative frequencies, then (run mode) the run table's R + 3.
+    """
+    frame_len = tokens.shape[0]
+    sizes = values.astype(np.int64) + 2 + np.where(run > 0, run.astype(np.int64) + 3, 0)
+    start = np.zeros(frame_len + 1, dtype=np.int64)
+    np.cumsum(sizes, out=start[1:])
+    cum = np.zeros(int(start[-1]), dtype=np.uint16)
+    for p in range(frame_len):
+        v, r, at = int(values[p]), int(run[p]), int(start[p])
+        cum[at + 1 : at + v + 2] = np.cumsum(quantize(tokens[p, : v + 1]))
+        if r:
+            at += v + 2
+            cum[at + 1 : at + r + 3] = np.cumsum(quantize(tokens[p, RUN_SLOT : RUN_SLOT + r + 2]))
+    return start[:-1].astype(np.uint32), cum
+
+
+def check_tables(run: np.ndarray, values: np.ndarray, table_start: np.ndarray, cum: np.ndarray) -> None:
+    """ValueError unless every pixel's tables lie inside ``cum`` and are valid cumulative frequencies."""
+    run = np.asarray(run, dtype=np.int64)
+    values = np.asarray(values, dtype=np.int64)
+    start = np.asarray(table_start, dtype=np.int64)
+    if (run > MAX_RUN).any() or ((run > 0) & (run < 1)).any():
+        raise ValueError("compressed tables: a run limit is out of range")
+    if (values < 1).any() or (values > MAX_V).any():
+        raise ValueError("compressed tables: a value alphabet size is out of range")
+    ends = start + values + 2 + np.where(run > 0, run + 3, 0)
+    if (start < 0).any() or (ends > cum.size).any():
+        raise ValueError("compressed tables: a pixel's table lies outside the table array")
+    cum = cum.astype(np.int64)
+    for s, n in ((start, values + 2), (start + values + 2, np.where(run > 0, run + 3, 0))):
+        has = n > 0
+        if (cum[s[has]] != 0).any() or (cum[(s + n - 1)[has]] != PROB_SCALE).any():
+            raise ValueError("compressed tables: a table does not run from 0 to 2**12")
+    if cum.size > 1:
+        steps = np.diff(cum)
+        # decreasing steps may only occur between tables
+        starts = np.zeros(cum.size, dtype=bool)
+        starts[start] = True
+        starts[(start + values + 2)[run > 0]] = True
+        if (steps[~starts[1:]] < 0).any():
+            raise ValueError("compressed tables: cumulative frequencies decrease")
+
+
+def pack_index(forms: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Index entries (uint32) from stream forms and byte offsets inside their scan block."""
+    if offsets.size and int(offsets.max()) > OFFSET_MASK:
+        raise ValueError("a scan block of compressed streams exceeds 512 MiB: use a smaller block")
+    return (forms.astype(np.uint32) << FORM_SHIFT) | offsets.astype(np.uint32)

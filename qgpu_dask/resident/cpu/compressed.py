@@ -1,0 +1,602 @@
+"""CPU codec and query kernels (Numba) for compressed counts: the twins of kernels/compressed.cu.
+
+Shared contract with ``qgpu_dask.resident.cuda.compressed`` (same arguments,
+same bytes, same bits):
+
+- ``value_histogram(flat) -> (frame_len, HIST_BINS) uint64``;
+- ``token_histogram(flat, block, run, values) -> (frame_len, TOKEN_SLOTS) uint64``;
+- ``encode(flat, block, run, values, table_start, cum) -> Streams`` (index, block_base, payload);
+- ``mask_sums(streams, model, pixels, weights) -> (n_masks, n_frames)`` in uint64
+  (wrapping: the caller casts) or float64, from the streams of ``pixels`` only;
+- ``roi_reduce(streams, model, mult, op)``: per-pixel sum (uint64) or max over
+  the frames with multiplicity ``mult > 0``;
+- ``frame(streams, model, index)``: one frame, uint32;
+- any malformed stream raises ValueError naming the scan block and pixel.
+
+``flat`` is (n_frames, frame_len) unsigned integer counts; the stream of pixel
+``p`` in scan block ``b`` holds ``flat[b * block : (b + 1) * block, p]``.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ...formats.codec import (
+    ANS,
+    CONSTANT,
+    EMPTY,
+    FORM_SHIFT,
+    HIST_BINS,
+    OFFSET_MASK,
+    PROB_BITS,
+    PROB_SCALE,
+    RAW,
+    RUN_SLOT,
+    SPARSE,
+    STATE_LOW,
+    TOKEN_SLOTS,
+    pack_index,
+)
+
+SLOT_MASK = PROB_SCALE - 1
+ERRORS = {
+    -1: "a stream's length does not fit its form",
+    -2: "a stream is truncated (its coder reads past its end)",
+    -3: "a stream's coder does not end in its initial state (corrupted bytes)",
+    -4: "a stream decodes past its block of scan positions",
+    -5: "a stream decodes a count beyond the data type",
+    -6: "a sparse stream's positions are not increasing",
+    -7: "a stream has an unknown form",
+}
+jit = numba.njit(cache=True, nogil=True)
+pjit = numba.njit(cache=True, nogil=True, parallel=True)
+
+
+# ---------------------------------------------------------------- histograms
+
+
+@pjit
+def value_histogram_loop(flat, hist):
+    n_frames, frame_len = flat.shape
+    for p in numba.prange(frame_len):
+        for f in range(n_frames):
+            v = np.int64(flat[f, p])
+            hist[p, min(v, HIST_BINS - 1)] += 1
+
+
+def value_histogram(flat: np.ndarray) -> np.ndarray:
+    """(frame_len, HIST_BINS): how often each pixel holds 0..254, and >= 255 in the last bin."""
+    hist = np.zeros((flat.shape[1], HIST_BINS), dtype=np.uint64)
+    value_histogram_loop(flat, hist)
+    return hist
+
+
+@jit
+def value_symbol(v, run, nv):
+    """The value-table symbol of count ``v`` (nonzero in run mode)."""
+    base = 1 if run > 0 else 0
+    return min(v - base, nv)
+
+
+@pjit
+def token_histogram_loop(flat, block, run, values, hist):
+    n_frames, frame_len = flat.shape
+    n_blocks = (n_frames + block - 1) // block
+    for p in numba.prange(frame_len):
+        r = np.int64(run[p])
+        nv = np.int64(values[p])
+        for b in range(n_blocks):
+            lo = b * block
+            hi = min(n_frames, lo + block)
+            if r == 0:
+                for f in range(lo, hi):
+                    hist[p, value_symbol(np.int64(flat[f, p]), r, nv)] += 1
+                continue
+            zeros = 0
+            for f in range(lo, hi):
+                v = np.int64(flat[f, p])
+                if v == 0:
+                    zeros += 1
+                    continue
+                hist[p, RUN_SLOT + r] += zeros // r
+                hist[p, RUN_SLOT + zeros % r] += 1
+                hist[p, value_symbol(v, r, nv)] += 1
+                zeros = 0
+            if zeros:
+                hist[p, RUN_SLOT + r + 1] += 1
+
+
+def token_histogram(flat: np.ndarray, block: int, run: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """(frame_len, TOKEN_SLOTS): value symbols at [0, V], run symbols at [RUN_SLOT, RUN_SLOT + R + 1]."""
+    hist = np.zeros((flat.shape[1], TOKEN_SLOTS), dtype=np.uint64)
+    token_histogram_loop(flat, block, run, values, hist)
+    return hist
+
+
+# ---------------------------------------------------------------- rANS encoder
+
+
+@jit
+def emit(payload, at, k, ktot, word, write):
+    """Emitted word ``k`` lands at word ``2 + ktot - 1 - k`` of the stream (the decoder reads forward)."""
+    if write:
+        w = at + 2 * (2 + ktot - 1 - k)
+        payload[w] = word & 0xFF
+        payload[w + 1] = (word >> 8) & 0xFF
+    return k + 1
+
+
+@jit
+def put_symbol(x, c, f, payload, at, k, ktot, write):
+    if x >= (f << (32 - PROB_BITS)):
+        k = emit(payload, at, k, ktot, x & 0xFFFF, write)
+        x >>= 16
+    x = ((x // f) << PROB_BITS) + x % f + c
+    return x, k
+
+
+@jit
+def put_raw(x, chunk, payload, at, k, ktot, write):
+    k = emit(payload, at, k, ktot, x & 0xFFFF, write)
+    return ((x >> 16) << 16) | chunk, k
+
+
+@jit
+def put_value(x, v, run, nv, vt, cum, chunks, payload, at, k, ktot, write):
+    """Encode count ``v`` (reversed order: escape chunks first, then its symbol)."""
+    s = value_symbol(v, run, nv)
+    if s == nv:
+        excess = v - nv - (1 if run > 0 else 0)
+        if chunks == 2:
+            x, k = put_raw(x, (excess >> 16) & 0xFFFF, payload, at, k, ktot, write)
+        x, k = put_raw(x, excess & 0xFFFF, payload, at, k, ktot, write)
+    c = np.int64(cum[vt + s])
+    return put_symbol(x, c, np.int64(cum[vt + s + 1]) - c, payload, at, k, ktot, write)
+
+
+@jit
+def put_run(x, s, rt, cum, payload, at, k, ktot, write):
+    c = np.int64(cum[rt + s])
+    return put_symbol(x, c, np.int64(cum[rt + s + 1]) - c, payload, at, k, ktot, write)
+
+
+@jit
+def encode_ans(col, run, nv, vt, cum, chunks, payload, at, ktot, write):
+    """rANS-code one stream backwards; returns (words emitted, final state)."""
+    n = col.shape[0]
+    x = np.int64(STATE_LOW)
+    k = 0
+    if run == 0:
+        for i in range(n - 1, -1, -1):
+            x, k = put_value(x, np.int64(col[i]), run, nv, vt, cum, chunks, payload, at, k, ktot, write)
+        return k, x
+    rt = vt + nv + 2
+    i = n - 1
+    while i >= 0 and col[i] == 0:
+        i -= 1
+    if i < n - 1:
+        x, k = put_run(x, run + 1, rt, cum, payload, at, k, ktot, write)
+    while i >= 0:
+        x, k = put_value(x, np.int64(col[i]), run, nv, vt, cum, chunks, payload, at, k, ktot, write)
+        j = i - 1
+        while j >= 0 and col[j] == 0:
+            j -= 1
+        zeros = i - j - 1
+        x, k = put_run(x, zeros % run, rt, cum, payload, at, k, ktot, write)
+        for _ in range(zeros // run):
+            x, k = put_run(x, run, rt, cum, payload, at, k, ktot, write)
+        i = j
+    return k, x
+
+
+@jit
+def even(n):
+    return n + (n & 1)
+
+
+@jit
+def choose_form(col, itemsize, ans_words):
+    """(form, bytes) of one stream: the smallest exact form (ties: ans, sparse, raw)."""
+    n = col.shape[0]
+    nnz = 0
+    lo = np.int64(col[0])
+    hi = lo
+    for i in range(n):
+        v = np.int64(col[i])
+        nnz += v != 0
+        lo = min(lo, v)
+        hi = max(hi, v)
+    if nnz == 0:
+        return EMPTY, 0
+    if lo == hi:
+        return CONSTANT, 4
+    ans = 4 + 2 * ans_words
+    sparse = even(nnz * (2 + itemsize))
+    raw = even(n * itemsize)
+    if ans <= sparse and ans <= raw:
+        return ANS, ans
+    if sparse <= raw:
+        return SPARSE, sparse
+    return RAW, raw
+
+
+@jit
+def put_le(payload, at, v, nbytes):
+    for i in range(nbytes):
+        payload[at + i] = (v >> (8 * i)) & 0xFF
+
+
+@pjit
+def encode_sizes_loop(flat, block, run, values, table_start, cum, chunks, itemsize, forms, sizes):
+    n_frames, frame_len = flat.shape
+    n_blocks = forms.shape[0]
+    dummy = np.zeros(1, dtype=np.uint8)
+    for s in numba.prange(n_blocks * frame_len):
+        b, p = s // frame_len, s % frame_len
+        col = flat[b * block : min(n_frames, (b + 1) * block), p]
+        k, _ = encode_ans(col, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, dummy, 0, 0, False)
+        form, size = choose_form(col, itemsize, k)
+        forms[b, p] = form
+        sizes[b, p] = size
+
+
+@pjit
+def encode_write_loop(flat, block, run, values, table_start, cum, chunks, itemsize, index, block_base, payload):
+    n_frames, frame_len = flat.shape
+    n_blocks = index.shape[0]
+    for s in numba.prange(n_blocks * frame_len):
+        b, p = s // frame_len, s % frame_len
+        col = flat[b * block : min(n_frames, (b + 1) * block), p]
+        start, end, form = stream_bounds(index, block_base, b, p)
+        if form == CONSTANT:
+            put_le(payload, start, np.int64(col[0]), 4)
+        elif form == SPARSE:
+            nnz = 0
+            for i in range(col.shape[0]):
+                nnz += col[i] != 0
+            j = 0
+            for i in range(col.shape[0]):
+                if col[i] != 0:
+                    put_le(payload, start + 2 * j, i, 2)
+                    put_le(payload, start + 2 * nnz + itemsize * j, np.int64(col[i]), itemsize)
+                    j += 1
+        elif form == RAW:
+            for i in range(col.shape[0]):
+                put_le(payload, start + itemsize * i, np.int64(col[i]), itemsize)
+        elif form == ANS:
+            ktot = (end - start - 4) // 2
+            _, x = encode_ans(col, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, payload, start, ktot, True)
+            put_le(payload, start, x, 4)
+
+
+class Streams:
+    """Encoded streams: ``index`` (n_blocks, frame_len) uint32, ``block_base`` (n_blocks + 1) uint64, ``payload`` uint8."""
+
+    def __init__(self, index, block_base, payload):
+        self.index = index
+        self.block_base = block_base
+        self.payload = payload
+
+
+def block_offsets(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Byte offsets of streams inside their scan block, and each block's base in the payload."""
+    offsets = np.zeros_like(sizes, dtype=np.int64)
+    np.cumsum(sizes[:, :-1], axis=1, out=offsets[:, 1:])
+    base = np.zeros(sizes.shape[0] + 1, dtype=np.uint64)
+    np.cumsum(sizes.sum(axis=1), out=base[1:])
+    return offsets, base
+
+
+def encode(flat, block, run, values, table_start, cum) -> Streams:
+    """Encode every stream: a sizing pass (form and bytes of each), offsets, then a writing pass."""
+    n_frames, frame_len = flat.shape
+    n_blocks = -(-n_frames // block)
+    itemsize = flat.dtype.itemsize
+    chunks = 2 if itemsize == 4 else 1
+    forms = np.zeros((n_blocks, frame_len), dtype=np.uint8)
+    sizes = np.zeros((n_blocks, frame_len), dtype=np.int64)
+    encode_sizes_loop(flat, block, run, values, table_start, cum, chunks, itemsize, forms, sizes)
+    offsets, base = block_offsets(sizes)
+    index = pack_index(forms, offsets)
+    payload = np.zeros(int(base[-1]), dtype=np.uint8)
+    encode_write_loop(flat, block, run, values, table_start, cum, chunks, itemsize, index, base, payload)
+    return Streams(index, base, payload)
+
+
+# ---------------------------------------------------------------- decoder
+
+
+@jit
+def stream_bounds(index, block_base, b, p):
+    """(start, end, form) of stream (b, p) in the payload."""
+    base = np.int64(block_base[b])
+    entry = np.int64(index[b, p])
+    start = base + (entry & OFFSET_MASK)
+    if p + 1 < index.shape[1]:
+        end = base + (np.int64(index[b, p + 1]) & OFFSET_MASK)
+    else:
+        end = np.int64(block_base[b + 1])
+    return start, end, entry >> FORM_SHIFT
+
+
+@jit
+def get_le(payload, at, nbytes):
+    v = np.int64(0)
+    for i in range(nbytes):
+        v |= np.int64(payload[at + i]) << (8 * i)
+    return v
+
+
+@jit
+def get_symbol(x, t, nsym, cum):
+    """Decode one symbol of the table at ``cum[t:]``; returns (symbol, state before renormalisation)."""
+    slot = x & SLOT_MASK
+    lo, hi = 0, nsym - 1
+    while lo < hi:  # the last symbol s with cum[t + s] <= slot
+        mid = (lo + hi + 1) >> 1
+        if np.int64(cum[t + mid]) <= slot:
+            lo = mid
+        else:
+            hi = mid - 1
+    c = np.int64(cum[t + lo])
+    f = np.int64(cum[t + lo + 1]) - c
+    return lo, f * (x >> PROB_BITS) + slot - c
+
+
+@numba.njit(cache=True, nogil=True)
+def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsize, maxval, pos, val):
+    """Nonzero counts of one stream into (pos, val); returns their number, or a negative ERRORS code."""
+    length = end - start
+    if length < 0:
+        return -1
+    if form == EMPTY:
+        return 0 if length == 0 else -1
+    if form == CONSTANT:
+        if length != 4:
+            return -1
+        v = get_le(payload, start, 4)
+        if v == 0 or v > maxval:
+            return -5
+        for i in range(n):
+            pos[i] = i
+            val[i] = v
+        return n
+    if form == RAW:
+        if length != even(n * itemsize):
+            return -1
+        cnt = 0
+        for i in range(n):
+            v = get_le(payload, start + itemsize * i, itemsize)
+            if v:
+                pos[cnt] = i
+                val[cnt] = v
+                cnt += 1
+        return cnt
+    if form == SPARSE:
+        nnz = length // (2 + itemsize)
+        if length != even(nnz * (2 + itemsize)) or nnz > n:
+            return -1
+        last = -1
+        for j in range(nnz):
+            i = get_le(payload, start + 2 * j, 2)
+            if i <= last or i >= n:
+                return -6
+            last = i
+            pos[j] = i
+            val[j] = get_le(payload, start + 2 * nnz + itemsize * j, itemsize)
+        return nnz
+    if form != ANS:
+        return -7
+    n_words = length // 2
+    if length % 2 or n_words < 2:
+        return -1
+    x = get_le(payload, start, 4)
+    if x < STATE_LOW:
+        return -3
+    w = 2
+    cnt = 0
+    i = 0
+    rt = vt + nv + 2
+    while i < n:
+        if run > 0:
+            r, x = get_symbol(x, rt, run + 2, cum)
+            if x < STATE_LOW:
+                if w >= n_words:
+                    return -2
+                x = (x << 16) | get_le(payload, start + 2 * w, 2)
+                w += 1
+            if r == run + 1:
+                break
+            i += r
+            if r == run:
+                if i >= n:
+                    return -4
+                continue
+            if i >= n:
+                return -4
+        s, x = get_symbol(x, vt, nv + 1, cum)
+        if x < STATE_LOW:
+            if w >= n_words:
+                return -2
+            x = (x << 16) | get_le(payload, start + 2 * w, 2)
+            w += 1
+        v = s + (1 if run > 0 else 0)
+        if s == nv:
+            excess = np.int64(0)
+            for c in range(chunks):
+                excess |= (x & 0xFFFF) << (16 * c)
+                x >>= 16
+                if w >= n_words:
+                    return -2
+                x = (x << 16) | get_le(payload, start + 2 * w, 2)
+                w += 1
+            v += excess
+        if v > maxval:
+            return -5
+        if v:
+            pos[cnt] = i
+            val[cnt] = v
+            cnt += 1
+        i += 1
+    if x != STATE_LOW or w != n_words:
+        return -3
+    return cnt
+
+
+class Model:
+    """A resident's per-pixel coding model, as the decoders take it."""
+
+    def __init__(self, n_frames, block, run, values, table_start, cum, dtype):
+        self.n_frames = int(n_frames)
+        self.block = int(block)
+        self.run = run
+        self.values = values
+        self.table_start = table_start
+        self.cum = cum
+        dtype = np.dtype(dtype)
+        self.itemsize = dtype.itemsize
+        self.chunks = 2 if dtype.itemsize == 4 else 1
+        self.maxval = int(np.iinfo(dtype).max)
+
+
+@jit
+def decode_at(streams_index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val):
+    start, end, form = stream_bounds(streams_index, block_base, b, p)
+    n = min(block, n_frames - b * block)
+    if start < 0 or end > payload.shape[0]:
+        return -1
+    return decode_stream(payload, start, end, form, n, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, itemsize, maxval, pos, val)
+
+
+@pjit
+def mask_sums_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pixels, weights, out, errors):
+    n_blocks = index.shape[0]
+    n_masks = weights.shape[0]
+    for b in numba.prange(n_blocks):
+        n = min(block, n_frames - b * block)
+        pos = np.empty(n, dtype=np.int64)
+        val = np.empty(n, dtype=weights.dtype)
+        acc = np.zeros((n_masks, n), dtype=weights.dtype)
+        for k in range(pixels.shape[0]):
+            p = pixels[k]
+            cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
+            if cnt < 0:
+                errors[b, 0] = cnt
+                errors[b, 1] = p
+                break
+            for m in range(n_masks):
+                w = weights[m, k]
+                if w == 0:
+                    continue
+                for j in range(cnt):
+                    acc[m, pos[j]] += w * val[j]
+        out[:, b * block : b * block + n] = acc
+
+
+def raise_errors(errors: np.ndarray) -> None:
+    """ValueError for the first malformed stream a kernel met (errors: (n_blocks, 2) code, pixel)."""
+    bad = np.flatnonzero(errors[:, 0] < 0)
+    if bad.size:
+        b = int(bad[0])
+        code, p = int(errors[b, 0]), int(errors[b, 1])
+        raise ValueError(f"malformed compressed stream (scan block {b}, detector pixel {p}): {ERRORS.get(code, 'unknown error')}")
+
+
+def model_args(streams: Streams, model: Model) -> tuple:
+    return (
+        streams.index, streams.block_base, streams.payload, model.n_frames, model.block, model.run,
+        model.values, model.table_start, model.cum, model.chunks, model.itemsize, model.maxval,
+    )
+
+
+def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``out[m, f] = sum_k weights[m, k] * count[f, pixels[k]]`` in weights.dtype (uint64 wraps; float64)."""
+    out = np.empty((weights.shape[0], model.n_frames), dtype=weights.dtype)
+    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
+    mask_sums_loop(*model_args(streams, model), pixels.astype(np.int64), weights, out, errors)
+    raise_errors(errors)
+    return out
+
+
+@pjit
+def roi_reduce_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, blocks, mult, is_max, out, errors):
+    frame_len = index.shape[1]
+    for p in numba.prange(frame_len):
+        pos = np.empty(block, dtype=np.int64)
+        val = np.empty(block, dtype=np.uint64)
+        total = np.uint64(0)
+        for k in range(blocks.shape[0]):
+            b = blocks[k]
+            cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
+            if cnt < 0:
+                errors[b, 0] = cnt
+                errors[b, 1] = p
+                break
+            for j in range(cnt):
+                m = mult[b * block + pos[j]]
+                if m:
+                    if is_max:
+                        total = max(total, val[j])
+                    else:
+                        total += val[j] * m
+        out[p] = total
+
+
+def roi_reduce(streams: Streams, model: Model, mult: np.ndarray, op: str) -> np.ndarray:
+    """Per-pixel sum (uint64, each frame counted ``mult`` times) or max (uint64) over frames with ``mult > 0``."""
+    frame_len = streams.index.shape[1]
+    blocks = np.flatnonzero(np.add.reduceat(mult, np.arange(0, model.n_frames, model.block)) > 0).astype(np.int64)
+    out = np.zeros(frame_len, dtype=np.uint64)
+    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
+    roi_reduce_loop(*model_args(streams, model), blocks, mult.astype(np.uint64), op == "max", out, errors)
+    raise_errors(errors)
+    return out
+
+
+@pjit
+def frame_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, f, out, errors):
+    b, i = f // block, f % block
+    for p in numba.prange(index.shape[1]):
+        pos = np.empty(block, dtype=np.int64)
+        val = np.empty(block, dtype=np.uint32)
+        cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
+        if cnt < 0:
+            errors[b, 0] = cnt
+            errors[b, 1] = p
+            continue
+        v = np.uint32(0)
+        for j in range(cnt):
+            if pos[j] == i:
+                v = val[j]
+        out[p] = v
+
+
+def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
+    """The counts of frame ``index`` (frame_len,) as uint32."""
+    out = np.zeros(streams.index.shape[1], dtype=np.uint32)
+    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
+    frame_loop(*model_args(streams, model), int(index), out, errors)
+    raise_errors(errors)
+    return out
+
+
+@pjit
+def check_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, errors):
+    n_blocks, frame_len = index.shape
+    for b in numba.prange(n_blocks):
+        pos = np.empty(block, dtype=np.int64)
+        val = np.empty(block, dtype=np.uint32)
+        for p in range(frame_len):
+            cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
+            if cnt < 0:
+                errors[b, 0] = cnt
+                errors[b, 1] = p
+                break
+
+
+def check(streams: Streams, model: Model) -> None:
+    """Decode every stream; ValueError at the first malformed one."""
+    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
+    check_loop(*model_args(streams, model), errors)
+    raise_errors(errors)
