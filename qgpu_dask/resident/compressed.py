@@ -129,6 +129,7 @@ class CompressedCounts(Resident):
                     self.last = (remembered, acc, sums)
             return cast_wrapped(sums, acc)
 
+        run.decoded_pixels = int(pixels.size)
         return run
 
     def roi_sum(self, indices):

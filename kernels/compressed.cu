@@ -1,0 +1,479 @@
+// The qgpu-ans-1 codec and exact queries over compressed counts, on the GPU.
+//
+// The twins of qgpu_dask/resident/cpu/compressed.py (same bytes, same bits);
+// compiled at run time by qgpu_dask/resident/cuda/compressed.py (CuPy
+// RawModule, NVRTC), which instantiates the templates by name. The byte layout
+// is documented in docs/compressed-format.md; the per-pixel tables come from
+// qgpu_dask/formats/codec.py.
+//
+// Counts are (n_frames, frame_len), C-contiguous, unsigned (T = u8, u16, u32).
+// The stream of pixel p in scan block b holds counts[b * block .. , p].
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define PROB_BITS 12
+#define SLOT_MASK 4095u
+#define STATE_LOW 65536u
+#define HIST_BINS 256
+#define RUN_SLOT 64
+#define TOKEN_SLOTS 130
+#define FORM_SHIFT 29
+#define OFFSET_MASK ((1u << FORM_SHIFT) - 1u)
+#define EMPTY 0
+#define CONSTANT 1
+#define SPARSE 2
+#define ANS 3
+#define RAW 4
+
+// Errors, as ERRORS in the CPU twin (negated there).
+#define E_LENGTH 1
+#define E_TRUNCATED 2
+#define E_STATE 3
+#define E_POSITION 4
+#define E_VALUE 5
+#define E_SPARSE 6
+#define E_FORM 7
+
+struct Model {
+    const u8* run;
+    const u8* values;
+    const u32* table_start;
+    const u16* cum;
+    int chunks;
+    int itemsize;
+    u32 maxval;
+};
+
+struct Streams {
+    const u32* index;
+    const u64* block_base;
+    const u8* payload;
+    i64 payload_bytes;
+    int frame_len;
+};
+
+// Kernel parameters carrying a Model and Streams (CuPy passes scalars and pointers, not structs).
+#define MODEL_PARAMS const u8 *run_of, const u8 *values_of, const u32 *table_start, const u16 *cum, int chunks, int itemsize, u32 maxval
+#define MAKE_MODEL Model model{run_of, values_of, table_start, cum, chunks, itemsize, maxval};
+#define STREAM_PARAMS const u32 *index, const u64 *block_base, const u8 *payload, i64 payload_bytes, int frame_len, MODEL_PARAMS
+#define MAKE_STREAMS Streams st{index, block_base, payload, payload_bytes, frame_len}; MAKE_MODEL
+
+// ---------------------------------------------------------------- histograms
+
+template <class T>
+__global__ void value_histogram(const T* __restrict__ flat, i64 n_frames, int frame_len, i64 frames_per_chunk, u64* hist) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= frame_len) return;
+    i64 lo = (i64)blockIdx.y * frames_per_chunk;
+    i64 hi = min(n_frames, lo + frames_per_chunk);
+    u64 zeros = 0;
+    for (i64 f = lo; f < hi; ++f) {
+        u32 v = flat[f * frame_len + p];
+        if (v == 0) ++zeros;
+        else atomicAdd(&hist[(i64)p * HIST_BINS + min(v, (u32)(HIST_BINS - 1))], 1ull);
+    }
+    if (zeros) atomicAdd(&hist[(i64)p * HIST_BINS], zeros);
+}
+
+__device__ __forceinline__ int value_symbol(u32 v, int run, int nv) {
+    int base = run > 0 ? 1 : 0;
+    return (int)min((u64)v - base, (u64)nv);
+}
+
+template <class T>
+__global__ void token_histogram(const T* __restrict__ flat, i64 n_frames, int frame_len, int block, int n_blocks,
+                                const u8* run_of, const u8* values_of, u64* hist) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    int b = blockIdx.y;
+    if (p >= frame_len || b >= n_blocks) return;
+    int r = run_of[p], nv = values_of[p];
+    u64* h = hist + (i64)p * TOKEN_SLOTS;
+    i64 lo = (i64)b * block, hi = min(n_frames, lo + block);
+    if (r == 0) {
+        for (i64 f = lo; f < hi; ++f) atomicAdd(&h[value_symbol(flat[f * frame_len + p], r, nv)], 1ull);
+        return;
+    }
+    i64 zeros = 0;
+    for (i64 f = lo; f < hi; ++f) {
+        u32 v = flat[f * frame_len + p];
+        if (v == 0) { ++zeros; continue; }
+        if (zeros >= r) atomicAdd(&h[RUN_SLOT + r], (u64)(zeros / r));
+        atomicAdd(&h[RUN_SLOT + zeros % r], 1ull);
+        atomicAdd(&h[value_symbol(v, r, nv)], 1ull);
+        zeros = 0;
+    }
+    if (zeros) atomicAdd(&h[RUN_SLOT + r + 1], 1ull);
+}
+
+// ---------------------------------------------------------------- encoder
+
+// Emitted word k lands at word 2 + ktot - 1 - k of the stream (the decoder reads forward).
+template <bool WRITE>
+struct Writer {
+    u8* payload;
+    i64 at;
+    i64 ktot;
+    i64 k;
+    __device__ void emit(u32 word) {
+        if (WRITE) *reinterpret_cast<u16*>(payload + at + 2 * (2 + ktot - 1 - k)) = (u16)word;
+        ++k;
+    }
+    __device__ void put_symbol(u32& x, u32 c, u32 f) {
+        if ((u64)x >= ((u64)f << (32 - PROB_BITS))) {
+            emit(x & 0xFFFFu);
+            x >>= 16;
+        }
+        x = ((x / f) << PROB_BITS) + x % f + c;
+    }
+    __device__ void put_raw(u32& x, u32 chunk) {
+        emit(x & 0xFFFFu);
+        x = ((x >> 16) << 16) | chunk;
+    }
+};
+
+template <bool WRITE>
+__device__ void put_value(Writer<WRITE>& w, u32& x, u32 v, int run, int nv, const u16* vt, int chunks) {
+    int s = value_symbol(v, run, nv);
+    if (s == nv) {
+        u32 excess = v - nv - (run > 0 ? 1 : 0);
+        if (chunks == 2) w.put_raw(x, (excess >> 16) & 0xFFFFu);
+        w.put_raw(x, excess & 0xFFFFu);
+    }
+    w.put_symbol(x, vt[s], vt[s + 1] - vt[s]);
+}
+
+// rANS-code one stream backwards (col[i * stride], i < n); returns the final state.
+template <class T, bool WRITE>
+__device__ u32 encode_ans(const T* col, i64 stride, int n, int run, int nv, const u16* vt, int chunks, Writer<WRITE>& w) {
+    u32 x = STATE_LOW;
+    if (run == 0) {
+        for (int i = n - 1; i >= 0; --i) put_value(w, x, (u32)col[i * stride], run, nv, vt, chunks);
+        return x;
+    }
+    const u16* rt = vt + nv + 2;
+    int i = n - 1;
+    while (i >= 0 && col[i * stride] == 0) --i;
+    if (i < n - 1) w.put_symbol(x, rt[run + 1], rt[run + 2] - rt[run + 1]);
+    while (i >= 0) {
+        put_value(w, x, (u32)col[i * stride], run, nv, vt, chunks);
+        int j = i - 1;
+        while (j >= 0 && col[j * stride] == 0) --j;
+        int zeros = i - j - 1;
+        int s = zeros % run;
+        w.put_symbol(x, rt[s], rt[s + 1] - rt[s]);
+        for (int q = zeros / run; q > 0; --q) w.put_symbol(x, rt[run], rt[run + 1] - rt[run]);
+        i = j;
+    }
+    return x;
+}
+
+__device__ __forceinline__ i64 even(i64 n) { return n + (n & 1); }
+
+template <class T>
+__global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame_len, int block, int n_blocks, MODEL_PARAMS,
+                             u8* forms, i64* sizes) {
+    MAKE_MODEL
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    int b = blockIdx.y;
+    if (p >= frame_len || b >= n_blocks) return;
+    i64 lo = (i64)b * block;
+    int n = (int)min((i64)block, n_frames - lo);
+    const T* col = flat + lo * frame_len + p;
+    i64 nnz = 0;
+    u32 vmin = col[0], vmax = vmin;
+    for (int i = 0; i < n; ++i) {
+        u32 v = col[(i64)i * frame_len];
+        nnz += v != 0;
+        vmin = min(vmin, v);
+        vmax = max(vmax, v);
+    }
+    i64 s = (i64)b * frame_len + p;
+    if (nnz == 0) { forms[s] = EMPTY; sizes[s] = 0; return; }
+    if (vmin == vmax) { forms[s] = CONSTANT; sizes[s] = 4; return; }
+    Writer<false> w{nullptr, 0, 0, 0};
+    encode_ans<T, false>(col, frame_len, n, model.run[p], model.values[p], model.cum + model.table_start[p], model.chunks, w);
+    i64 ans = 4 + 2 * w.k;
+    i64 sparse = even(nnz * (2 + (i64)sizeof(T)));
+    i64 raw = even((i64)n * sizeof(T));
+    if (ans <= sparse && ans <= raw) { forms[s] = ANS; sizes[s] = ans; }
+    else if (sparse <= raw) { forms[s] = SPARSE; sizes[s] = sparse; }
+    else { forms[s] = RAW; sizes[s] = raw; }
+}
+
+__device__ __forceinline__ void stream_bounds(const Streams& st, int b, int p, i64& start, i64& end, int& form) {
+    i64 base = (i64)st.block_base[b];
+    u32 entry = st.index[(i64)b * st.frame_len + p];
+    start = base + (entry & OFFSET_MASK);
+    end = p + 1 < st.frame_len ? base + (st.index[(i64)b * st.frame_len + p + 1] & OFFSET_MASK) : (i64)st.block_base[b + 1];
+    form = (int)(entry >> FORM_SHIFT);
+}
+
+__device__ __forceinline__ void put_le(u8* payload, i64 at, u32 v, int nbytes) {
+    for (int i = 0; i < nbytes; ++i) payload[at + i] = (u8)(v >> (8 * i));
+}
+
+template <class T>
+__global__ void encode_write(const T* __restrict__ flat, i64 n_frames, int block, int n_blocks, STREAM_PARAMS, u8* out) {
+    MAKE_STREAMS
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    int b = blockIdx.y;
+    if (p >= frame_len || b >= n_blocks) return;
+    i64 lo = (i64)b * block;
+    int n = (int)min((i64)block, n_frames - lo);
+    const T* col = flat + lo * frame_len + p;
+    i64 start, end;
+    int form;
+    stream_bounds(st, b, p, start, end, form);
+    if (form == CONSTANT) {
+        put_le(out, start, col[0], 4);
+    } else if (form == SPARSE) {
+        i64 nnz = 0;
+        for (int i = 0; i < n; ++i) nnz += col[(i64)i * frame_len] != 0;
+        i64 j = 0;
+        for (int i = 0; i < n; ++i) {
+            u32 v = col[(i64)i * frame_len];
+            if (v) {
+                put_le(out, start + 2 * j, i, 2);
+                put_le(out, start + 2 * nnz + sizeof(T) * j, v, sizeof(T));
+                ++j;
+            }
+        }
+    } else if (form == RAW) {
+        for (int i = 0; i < n; ++i) put_le(out, start + sizeof(T) * i, col[(i64)i * frame_len], sizeof(T));
+    } else if (form == ANS) {
+        Writer<true> w{out, start, (end - start - 4) / 2, 0};
+        u32 x = encode_ans<T, true>(col, frame_len, n, model.run[p], model.values[p], model.cum + model.table_start[p], model.chunks, w);
+        put_le(out, start, x, 4);
+    }
+}
+
+// ---------------------------------------------------------------- decoder
+
+__device__ __forceinline__ u32 get_le(const u8* payload, i64 at, int nbytes) {
+    u32 v = 0;
+    for (int i = 0; i < nbytes; ++i) v |= (u32)payload[at + i] << (8 * i);
+    return v;
+}
+
+__device__ __forceinline__ u32 word(const u8* payload, i64 at) { return *reinterpret_cast<const u16*>(payload + at); }
+
+// Decode one symbol of the table t (nsym symbols); x is left before renormalisation.
+__device__ __forceinline__ int get_symbol(u32& x, const u16* t, int nsym) {
+    u32 slot = x & SLOT_MASK;
+    int lo = 0, hi = nsym - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (t[mid] <= slot) lo = mid;
+        else hi = mid - 1;
+    }
+    u32 c = t[lo], f = t[lo + 1] - c;
+    x = f * (x >> PROB_BITS) + slot - c;
+    return lo;
+}
+
+// Nonzero counts of stream (b, p), each handed to emit(position, count). Returns 0 or an error code.
+template <class Emit>
+__device__ int decode_stream(const Streams& st, const Model& m, int b, int p, int n, Emit& emit) {
+    i64 start, end;
+    int form;
+    stream_bounds(st, b, p, start, end, form);
+    i64 length = end - start;
+    if (length < 0 || start < 0 || end > st.payload_bytes) return E_LENGTH;
+    const u8* pl = st.payload;
+    int isz = m.itemsize;
+    if (form == EMPTY) return length == 0 ? 0 : E_LENGTH;
+    if (form == CONSTANT) {
+        if (length != 4) return E_LENGTH;
+        u32 v = get_le(pl, start, 4);
+        if (v == 0 || v > m.maxval) return E_VALUE;
+        for (int i = 0; i < n; ++i) emit(i, v);
+        return 0;
+    }
+    if (form == RAW) {
+        if (length != even((i64)n * isz)) return E_LENGTH;
+        for (int i = 0; i < n; ++i) {
+            u32 v = get_le(pl, start + (i64)isz * i, isz);
+            if (v) emit(i, v);
+        }
+        return 0;
+    }
+    if (form == SPARSE) {
+        i64 nnz = length / (2 + isz);
+        if (length != even(nnz * (2 + isz)) || nnz > n) return E_LENGTH;
+        int last = -1;
+        for (i64 j = 0; j < nnz; ++j) {
+            int i = (int)get_le(pl, start + 2 * j, 2);
+            if (i <= last || i >= n) return E_SPARSE;
+            last = i;
+            emit(i, get_le(pl, start + 2 * nnz + isz * j, isz));
+        }
+        return 0;
+    }
+    if (form != ANS) return E_FORM;
+    i64 n_words = length / 2;
+    if ((length & 1) || n_words < 2) return E_LENGTH;
+    u32 x = word(pl, start) | (word(pl, start + 2) << 16);
+    if (x < STATE_LOW) return E_STATE;
+    i64 w = 2;
+    int run = m.run[p], nv = m.values[p];
+    const u16* vt = m.cum + m.table_start[p];
+    const u16* rt = vt + nv + 2;
+    int i = 0;
+    while (i < n) {
+        if (run > 0) {
+            int r = get_symbol(x, rt, run + 2);
+            if (x < STATE_LOW) {
+                if (w >= n_words) return E_TRUNCATED;
+                x = (x << 16) | word(pl, start + 2 * w);
+                ++w;
+            }
+            if (r == run + 1) break;
+            i += r;
+            if (i >= n) return E_POSITION;
+            if (r == run) continue;
+        }
+        int s = get_symbol(x, vt, nv + 1);
+        if (x < STATE_LOW) {
+            if (w >= n_words) return E_TRUNCATED;
+            x = (x << 16) | word(pl, start + 2 * w);
+            ++w;
+        }
+        u64 v = (u64)s + (run > 0 ? 1 : 0);
+        if (s == nv) {
+            u64 excess = 0;
+            for (int c = 0; c < m.chunks; ++c) {
+                excess |= (u64)(x & 0xFFFFu) << (16 * c);
+                x >>= 16;
+                if (w >= n_words) return E_TRUNCATED;
+                x = (x << 16) | word(pl, start + 2 * w);
+                ++w;
+            }
+            v += excess;
+        }
+        if (v > m.maxval) return E_VALUE;
+        if (v) emit(i, (u32)v);
+        ++i;
+    }
+    if (x != STATE_LOW || w != n_words) return E_STATE;
+    return 0;
+}
+
+// First error by stream: err holds (stream << 8) | code, ~0 when none.
+__device__ __forceinline__ void report(u64* err, int b, int p, int frame_len, int code) {
+    atomicMin(err, (((u64)b * frame_len + p) << 8) | (u64)code);
+}
+
+__device__ __forceinline__ void atomic_add(u64* a, u64 v) { atomicAdd(a, v); }
+__device__ __forceinline__ void atomic_add(double* a, double v) { atomicAdd(a, v); }
+
+// Sums of weights[m, k] * count[f, pixels[k]]: one block per (scan block, pixel chunk), accumulated in
+// shared memory over the block's scan positions, then added into out (zeroed; wrapping u64 or double).
+template <class W>
+struct MaskEmit {
+    W* acc;
+    const W* w;
+    int n_masks;
+    int block;
+    i64 n_pix;
+    __device__ void operator()(int pos, u32 v) {
+        for (int m = 0; m < n_masks; ++m) {
+            W wm = w[m * n_pix];
+            if (wm != W(0)) atomic_add(&acc[m * block + pos], wm * (W)v);
+        }
+    }
+};
+
+template <class W>
+__global__ void mask_sums(STREAM_PARAMS, i64 n_frames, int block, const i64* pixels, i64 n_pix, i64 per_chunk,
+                          const W* weights, int n_masks, W* out, u64* err) {
+    MAKE_STREAMS
+    extern __shared__ unsigned char smem[];
+    W* acc = reinterpret_cast<W*>(smem);
+    int b = blockIdx.x;
+    i64 lo = (i64)b * block;
+    int n = (int)min((i64)block, n_frames - lo);
+    for (int j = threadIdx.x; j < n_masks * block; j += blockDim.x) acc[j] = W(0);
+    __syncthreads();
+    i64 k0 = (i64)blockIdx.y * per_chunk, k1 = min(n_pix, k0 + per_chunk);
+    for (i64 k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+        int p = (int)pixels[k];
+        MaskEmit<W> emit{acc, weights + k, n_masks, block, n_pix};
+        int code = decode_stream(st, model, b, p, n, emit);
+        if (code) report(err, b, p, st.frame_len, code);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n_masks * n; j += blockDim.x) {
+        int m = j / n, i = j % n;
+        W v = acc[m * block + i];
+        if (v != W(0)) atomic_add(&out[m * n_frames + lo + i], v);
+    }
+}
+
+// Per-pixel sum (counted mult times) or max over frames with mult > 0, from the scan blocks listed.
+struct RoiEmit {
+    const u32* mult;
+    i64 first;
+    bool is_max;
+    u64 total;
+    __device__ void operator()(int pos, u32 v) {
+        u32 k = mult[first + pos];
+        if (k) total = is_max ? max(total, (u64)v) : total + (u64)v * k;
+    }
+};
+
+__global__ void roi_reduce(STREAM_PARAMS, i64 n_frames, int block, const i64* blocks, i64 n_sel_blocks, i64 per_chunk,
+                           const u32* mult, int is_max, u64* out, u64* err) {
+    MAKE_STREAMS
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= st.frame_len) return;
+    i64 k0 = (i64)blockIdx.y * per_chunk, k1 = min(n_sel_blocks, k0 + per_chunk);
+    RoiEmit emit{mult, 0, is_max != 0, 0};
+    for (i64 k = k0; k < k1; ++k) {
+        int b = (int)blocks[k];
+        i64 lo = (i64)b * block;
+        emit.first = lo;
+        int code = decode_stream(st, model, b, p, (int)min((i64)block, n_frames - lo), emit);
+        if (code) { report(err, b, p, st.frame_len, code); return; }
+    }
+    if (emit.total) {
+        if (is_max) atomicMax(&out[p], emit.total);
+        else atomicAdd(&out[p], emit.total);
+    }
+}
+
+struct FrameEmit {
+    int at;
+    u32 value;
+    __device__ void operator()(int pos, u32 v) { if (pos == at) value = v; }
+};
+
+__global__ void frame(STREAM_PARAMS, i64 n_frames, int block, i64 f, u32* out, u64* err) {
+    MAKE_STREAMS
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= st.frame_len) return;
+    int b = (int)(f / block);
+    i64 lo = (i64)b * block;
+    FrameEmit emit{(int)(f - lo), 0};
+    int code = decode_stream(st, model, b, p, (int)min((i64)block, n_frames - lo), emit);
+    if (code) report(err, b, p, st.frame_len, code);
+    out[p] = emit.value;
+}
+
+struct NoEmit {
+    __device__ void operator()(int, u32) {}
+};
+
+__global__ void check(STREAM_PARAMS, i64 n_frames, int block, int n_blocks, u64* err) {
+    MAKE_STREAMS
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    int b = blockIdx.y;
+    if (p >= st.frame_len || b >= n_blocks) return;
+    i64 lo = (i64)b * block;
+    NoEmit emit;
+    int code = decode_stream(st, model, b, p, (int)min((i64)block, n_frames - lo), emit);
+    if (code) report(err, b, p, st.frame_len, code);
+}

@@ -1,0 +1,211 @@
+"""CUDA codec and query kernels (kernels/compressed.cu through CuPy) for compressed counts.
+
+The twins of ``qgpu_dask.resident.cpu.compressed``: same functions, same
+arguments, same bytes and bits (see its docstring). Arrays are CuPy arrays on
+the current device; launches go to the current stream. Every decoding kernel
+reports the first malformed stream it meets; the host turns that into a
+ValueError, so no partial result leaves.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cupy
+import numpy as np
+
+from ...formats.codec import HIST_BINS, TOKEN_SLOTS, pack_index
+from ..cpu.compressed import ERRORS, Model, Streams
+from .dense import kernel_dir, limits
+
+__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "roi_reduce", "frame", "check"]
+
+THREADS = 256
+HIST_FRAMES = 1024  # frames per histogram block
+MASK_SMEM = 96 * 1024  # shared accumulator bytes per mask_sums block (two blocks fit a multiprocessor)
+NO_ERROR = 2**64 - 1
+CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
+
+
+@functools.cache
+def source() -> str:
+    return (kernel_dir() / "compressed.cu").read_text()
+
+
+@functools.cache
+def compiled(name_expr: str, device_id: int) -> cupy.RawKernel:
+    """One kernel (template instantiation), compiled once per device."""
+    module = cupy.RawModule(code=source(), options=("-std=c++17",), name_expressions=[name_expr])
+    kern = module.get_function(name_expr)
+    optin = limits(device_id)[1]
+    if optin > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = optin - kern.shared_size_bytes
+    return kern
+
+
+def kernel(name_expr: str) -> cupy.RawKernel:
+    return compiled(name_expr, cupy.cuda.Device().id)
+
+
+def counts_type(flat: cupy.ndarray) -> str:
+    if flat.dtype not in CTYPES:
+        raise ValueError(f"compressed counts are uint8, uint16 or uint32, got {flat.dtype}")
+    if not flat.flags.c_contiguous or flat.ndim != 2:
+        raise ValueError("counts must be a C-contiguous (n_frames, frame_len) array")
+    return CTYPES[flat.dtype]
+
+
+def grid(n: int, threads: int = THREADS) -> int:
+    return max(1, -(-n // threads))
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def value_histogram(flat: cupy.ndarray) -> cupy.ndarray:
+    """(frame_len, HIST_BINS) uint64: how often each pixel holds 0..254, and >= 255 in the last bin."""
+    t = counts_type(flat)
+    n_frames, frame_len = flat.shape
+    hist = cupy.zeros((frame_len, HIST_BINS), dtype=np.uint64)
+    chunks = grid(n_frames, HIST_FRAMES)
+    kernel(f"value_histogram<{t}>")(
+        (grid(frame_len), chunks), (THREADS,), (flat, np.int64(n_frames), np.int32(frame_len), np.int64(HIST_FRAMES), hist)
+    )
+    return hist
+
+
+def token_histogram(flat: cupy.ndarray, block: int, run, values) -> cupy.ndarray:
+    """(frame_len, TOKEN_SLOTS) uint64 token counts under the per-pixel models (run, values)."""
+    t = counts_type(flat)
+    n_frames, frame_len = flat.shape
+    n_blocks = grid(n_frames, block)
+    hist = cupy.zeros((frame_len, TOKEN_SLOTS), dtype=np.uint64)
+    kernel(f"token_histogram<{t}>")(
+        (grid(frame_len), n_blocks),
+        (THREADS,),
+        (flat, np.int64(n_frames), np.int32(frame_len), np.int32(block), np.int32(n_blocks), cupy.asarray(run), cupy.asarray(values), hist),
+    )
+    return hist
+
+
+def model_params(run, values, table_start, cum, dtype) -> tuple:
+    dtype = np.dtype(dtype)
+    return (run, values, table_start, cum, np.int32(2 if dtype.itemsize == 4 else 1), np.int32(dtype.itemsize), np.uint32(np.iinfo(dtype).max))
+
+
+def encode(flat: cupy.ndarray, block: int, run, values, table_start, cum) -> Streams:
+    """Encode every stream: a sizing pass (form and bytes), offsets by prefix sums, then a writing pass."""
+    t = counts_type(flat)
+    n_frames, frame_len = flat.shape
+    n_blocks = grid(n_frames, block)
+    model = model_params(run, values, table_start, cum, flat.dtype)
+    forms = cupy.empty((n_blocks, frame_len), dtype=np.uint8)
+    sizes = cupy.empty((n_blocks, frame_len), dtype=np.int64)
+    launch = (grid(frame_len), n_blocks)
+    common = (flat, np.int64(n_frames))
+    kernel(f"encode_sizes<{t}>")(launch, (THREADS,), (*common, np.int32(frame_len), np.int32(block), np.int32(n_blocks), *model, forms, sizes))
+    offsets = cupy.zeros_like(sizes)
+    cupy.cumsum(sizes[:, :-1], axis=1, out=offsets[:, 1:])
+    base = cupy.zeros(n_blocks + 1, dtype=np.uint64)
+    cupy.cumsum(sizes.sum(axis=1), out=base[1:])
+    index = pack_index(forms, offsets)
+    payload = cupy.zeros(int(base[-1]), dtype=np.uint8)
+    kernel(f"encode_write<{t}>")(
+        launch,
+        (THREADS,),
+        (*common, np.int32(block), np.int32(n_blocks), index, base, payload, np.int64(payload.size), np.int32(frame_len), *model, payload),
+    )
+    return Streams(index, base, payload)
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def stream_params(streams: Streams, model: Model) -> tuple:
+    frame_len = streams.index.shape[1]
+    dtype = np.dtype(f"u{model.itemsize}")
+    return (
+        streams.index, streams.block_base, streams.payload, np.int64(streams.payload.size), np.int32(frame_len),
+        *model_params(model.run, model.values, model.table_start, model.cum, dtype),
+    )
+
+
+def raise_error(err: cupy.ndarray, frame_len: int) -> None:
+    """ValueError for the first malformed stream a kernel reported."""
+    value = int(err.get()[0])
+    if value != NO_ERROR:
+        stream, code = value >> 8, value & 0xFF
+        b, p = divmod(stream, frame_len)
+        raise ValueError(f"malformed compressed stream (scan block {b}, detector pixel {p}): {ERRORS.get(-code, 'unknown error')}")
+
+
+def mask_sums(streams: Streams, model: Model, pixels: cupy.ndarray, weights: cupy.ndarray) -> cupy.ndarray:
+    """``out[m, f] = sum_k weights[m, k] * count[f, pixels[k]]`` in weights.dtype (uint64 wraps; float64)."""
+    n_blocks, frame_len = streams.index.shape
+    n_masks, n_pix = weights.shape
+    wtype = {np.dtype(np.uint64): "unsigned long long", np.dtype(np.float64): "double"}[weights.dtype]
+    block = model.block
+    out = cupy.zeros((n_masks, model.n_frames), dtype=weights.dtype)
+    err = cupy.full(1, NO_ERROR, dtype=np.uint64)
+    sms = limits(cupy.cuda.Device().id)[0]
+    chunks = max(1, min(grid(n_pix), -(-8 * sms // n_blocks)))
+    per_chunk = -(-n_pix // chunks)
+    group = max(1, min(n_masks, MASK_SMEM // (block * weights.itemsize)))
+    kern = kernel(f"mask_sums<{wtype}>")
+    params = stream_params(streams, model)
+    pixels = cupy.ascontiguousarray(pixels, dtype=np.int64)
+    for m0 in range(0, n_masks, group):
+        nm = min(group, n_masks - m0)
+        w = cupy.ascontiguousarray(weights[m0 : m0 + nm])
+        kern(
+            (n_blocks, chunks),
+            (THREADS,),
+            (*params, np.int64(model.n_frames), np.int32(block), pixels, np.int64(n_pix), np.int64(per_chunk), w, np.int32(nm), out[m0:], err),
+            shared_mem=nm * block * weights.itemsize,
+        )
+    raise_error(err, frame_len)
+    return out
+
+
+def roi_reduce(streams: Streams, model: Model, mult: cupy.ndarray, op: str) -> cupy.ndarray:
+    """Per-pixel sum (uint64, each frame counted ``mult`` times) or max (uint64) over frames with ``mult > 0``."""
+    frame_len = streams.index.shape[1]
+    host = cupy.asnumpy(mult)
+    blocks = np.flatnonzero(np.add.reduceat(host.astype(np.int64), np.arange(0, model.n_frames, model.block)) > 0)
+    out = cupy.zeros(frame_len, dtype=np.uint64)
+    err = cupy.full(1, NO_ERROR, dtype=np.uint64)
+    sms = limits(cupy.cuda.Device().id)[0]
+    chunks = max(1, min(blocks.size, -(-sms * 2048 // frame_len)))
+    per_chunk = -(-blocks.size // chunks)
+    kernel("roi_reduce")(
+        (grid(frame_len, 128), chunks),
+        (128,),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), cupy.asarray(blocks.astype(np.int64)),
+         np.int64(blocks.size), np.int64(per_chunk), cupy.asarray(mult, dtype=np.uint32), np.int32(op == "max"), out, err),
+    )
+    raise_error(err, frame_len)
+    return out
+
+
+def frame(streams: Streams, model: Model, index: int) -> cupy.ndarray:
+    """The counts of frame ``index`` (frame_len,) as uint32."""
+    frame_len = streams.index.shape[1]
+    out = cupy.empty(frame_len, dtype=np.uint32)
+    err = cupy.full(1, NO_ERROR, dtype=np.uint64)
+    kernel("frame")(
+        (grid(frame_len, 128),), (128,),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int64(index), out, err),
+    )
+    raise_error(err, frame_len)
+    return out
+
+
+def check(streams: Streams, model: Model) -> None:
+    """Decode every stream; ValueError at the first malformed one."""
+    n_blocks, frame_len = streams.index.shape
+    err = cupy.full(1, NO_ERROR, dtype=np.uint64)
+    kernel("check")(
+        (grid(frame_len, 128), n_blocks), (128,),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(n_blocks), err),
+    )
+    raise_error(err, frame_len)

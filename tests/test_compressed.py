@@ -1,0 +1,180 @@
+"""The compressed layout (qgpu-ans-1): codec round trips, forms, twins, exact queries, corruption, increments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+from qgpu_dask.formats import codec
+from qgpu_dask.resident.compressed import CompressedCounts
+from qgpu_dask.resident.cpu import compressed as cpu
+from qgpu_dask.resident.dense import DenseCounts
+from qgpu_dask.resident.masks import mask_weights
+
+from conftest import cupy_available
+
+
+def encode(counts: np.ndarray, xp=np) -> CompressedCounts:
+    flat = xp.asarray(counts.reshape(counts.shape[0] * counts.shape[1], -1))
+    return CompressedCounts.encode("t", flat, counts.shape)
+
+
+def assert_same_queries(resident, counts: np.ndarray, rng) -> None:
+    """Every query of ``resident`` equals the NumPy answer on ``counts`` with ==."""
+    dense = DenseCounts("d", counts.reshape(counts.shape[0] * counts.shape[1], -1), counts.shape)
+    det = counts.shape[2:]
+    masks = [qd.masks.disk(det, (det[0] / 3, det[1] / 2), det[0] / 4), rng.integers(-3, 4, det), rng.random(det) < 0.3]
+    for mask in masks:
+        assert (resident.virtual_images(mask) == dense.virtual_images(mask)).all()
+    rows, cols = counts.shape[:2]
+    roi = rng.random((rows, cols)) < 0.5
+    roi[-1, -1] = True
+    for op in ("sum", "max", "mean"):
+        got, want = resident.reduce(roi, op), dense.reduce(roi, op)
+        assert got.dtype == want.dtype and (got == want).all()
+    for r, c in ((0, 0), (rows - 1, cols - 1), (rows // 2, cols // 3)):
+        got = resident.frame(r, c)
+        assert got.dtype == counts.dtype and (got == counts[r, c]).all()
+
+
+@pytest.mark.parametrize("dose", [0.05, 0.3, 1.0, 5.0])
+def test_poisson_round_trip_near_entropy(rng, dose):
+    counts = rng.poisson(dose, (37, 29, 17, 17)).astype(np.uint16)  # 1073 scans: not a multiple of any block
+    resident = encode(counts)
+    resident.check()
+    assert_same_queries(resident, counts, rng)
+    info = resident.describe()
+    assert info["layout"] == "compressed" and info["format"] == codec.FORMAT
+    assert resident.n_frames % resident.block != 0
+    # payload against the order-0 bound of each pixel's counts (tables and index are fixed costs at this size)
+    assert resident.streams.payload.nbytes <= 1.05 * info["entropy_bytes"]
+    assert info["ratio"] > 1
+
+
+def test_odd_detectors_and_scan_counts(rng):
+    big = rng.poisson(0.4, (3, 5, 257, 257)).astype(np.uint8)
+    assert_same_queries(encode(big), big, rng)
+    one = rng.poisson(2.0, (1, 1, 3, 4)).astype(np.uint32)
+    assert_same_queries(encode(one), one, rng)
+
+
+def test_every_form_is_exact(rng):
+    """Empty, constant, sparse, rANS and raw streams in one acquisition; saturated and 32-bit counts."""
+    counts = np.zeros((40, 40, 6, 6), dtype=np.uint16)
+    flat = counts.reshape(1600, 36)
+    flat[:, 6:] = rng.poisson(2.0, (1600, 30))  # typical pixels: streams of a few hundred scans
+    flat[:, 1] = 65535  # saturated everywhere: constant
+    flat[:, 2] = rng.poisson(1.0, 1600)  # rANS
+    flat[:, 3] = rng.integers(0, 65536, 1600)  # incompressible: raw
+    flat[:1000, 4] = rng.poisson(5.0, 1000)  # busy, then nearly empty: the later blocks are sparse
+    flat[[1200, 1500], 4] = 3
+    flat[:, 5] = np.where(rng.random(1600) < 0.9, 65535, rng.integers(0, 65535, 1600))  # mostly saturated
+    resident = encode(counts)
+    forms = resident.forms()
+    assert all(forms[name] > 0 for name in codec.FORM_NAMES), forms
+    assert_same_queries(resident, counts, rng)
+    wide = rng.integers(0, 2**32, (4, 9, 5, 3), dtype=np.uint32)
+    wide[0, 0, 0, 0] = 2**32 - 1
+    assert_same_queries(encode(wide), wide, rng)
+    escapes = rng.poisson(0.02, (30, 30, 4, 4)).astype(np.uint32)
+    escapes[::7, ::5, 1, 2] = 3_000_000_000  # escaped excesses of two 16-bit chunks in run mode
+    assert_same_queries(encode(escapes), escapes, rng)
+
+
+def corrupt(resident: CompressedCounts, kind: str) -> None:
+    """Damage the first rANS stream: flip a bit of its words, or shorten it by a word."""
+    index = resident.streams.index
+    host = np.asarray(index.get() if hasattr(index, "get") else index)
+    b, p = map(int, np.argwhere((host >> codec.FORM_SHIFT) == codec.ANS)[0])
+    start = int(resident.streams.block_base[b]) + int(host[b, p] & codec.OFFSET_MASK)
+    if kind == "flip":
+        resident.streams.payload[start + 5] ^= 0x10
+    else:
+        index[b, p + 1] -= 2  # the next stream starts earlier: this one is truncated
+
+
+@pytest.mark.parametrize("kind", ["flip", "shorten"])
+def test_corrupted_streams_raise(rng, kind):
+    counts = rng.poisson(0.5, (20, 20, 8, 8)).astype(np.uint16)
+    resident = encode(counts)
+    corrupt(resident, kind)
+    with pytest.raises(ValueError, match="malformed compressed stream"):
+        resident.check()
+    with pytest.raises(ValueError, match="malformed compressed stream"):
+        resident.virtual_images(np.ones((8, 8), bool))
+    with pytest.raises(ValueError, match="malformed compressed stream"):
+        resident.reduce(None, "sum")
+
+
+def test_moving_disk_is_incremental(rng):
+    counts = rng.poisson(0.3, (16, 16, 24, 24)).astype(np.uint16)
+    resident = encode(counts)
+    dense = DenseCounts("d", counts.reshape(256, -1), counts.shape)
+    for step in range(6):
+        disk = qd.masks.disk((24, 24), (10 + step * 0.5, 11), 6)
+        run = resident.prepare_mask_sums(mask_weights(disk, (24, 24), counts.dtype))
+        if step:
+            assert run.decoded_pixels < disk.sum() / 2
+        want = dense.virtual_images(disk).reshape(1, -1)
+        assert (run() == want).all()
+        assert (run() == want).all()  # a plan repeats the same answer
+
+
+def test_service_layouts_give_the_same_bits(svc, names, rng):
+    counts = rng.poisson(0.7, (9, 11, 16, 12)).astype(np.uint16)
+    comp = svc.put(counts, name=names(), representation="compressed")
+    dense = svc.put(counts, name=names(), representation="dense")
+    auto = svc.put(counts, name=names())
+    assert comp.info()["layout"] == auto.info()["layout"] == "compressed" and dense.info()["layout"] == "dense"
+    info = comp.info()
+    assert info["nbytes"] < info["raw_bytes"] and info["ratio"] > 1 and info["entropy_bytes"] > 0
+    masks = np.stack([qd.masks.disk((16, 12), (8, 6), 4), rng.integers(-2, 3, (16, 12))])
+    assert (comp.virtual_images(masks) == dense.virtual_images(masks)).all()
+    roi = rng.random((9, 11)) < 0.4
+    roi[0, 0] = True
+    for op in ("sum", "mean", "max"):
+        assert (comp.reduce(roi, op) == dense.reduce(roi, op)).all()
+    assert (comp.frame(3, 4) == counts[3, 4]).all()
+    series = qd.Series(svc, [comp, dense, auto])
+    images = series.virtual_images(masks[0])
+    assert (images[0] == images[1]).all() and (images[0] == images[2]).all()
+    assert (series.reduce(roi, "sum", total=True) == 3 * counts[roi].sum(axis=0, dtype=np.uint64)).all()
+    assert svc.submit(lambda r: r.layout, comp).result() == "compressed"
+
+
+def test_service_refuses_and_survives_bad_streams(svc, names, rng):
+    floats = rng.random((3, 3, 4, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match="unsigned integer"):
+        svc.put(floats, name=names(), representation="compressed")
+    with pytest.raises(ValueError, match="unknown representation"):
+        svc.put(floats, name=names(), representation="zip")
+    assert svc.put(floats, name=names()).info()["layout"] == "dense"  # auto keeps floats dense
+
+    counts = rng.poisson(0.5, (12, 10, 8, 8)).astype(np.uint16)
+    bad = svc.put(counts, name=names(), representation="compressed")
+    good = svc.put(counts, name=names(), representation="compressed", worker=bad.owner)
+    svc.submit(corrupt, bad, "flip").result()
+    with pytest.raises(ValueError, match="malformed compressed stream"):
+        bad.virtual_image(np.ones((8, 8), bool))
+    assert (good.virtual_image(np.ones((8, 8), bool)) == counts.sum(axis=(2, 3), dtype=np.uint32)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+@pytest.mark.parametrize("dose", [0.05, 1.0, 5.0], ids=lambda d: f"dose{d}")
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32"])
+def test_gpu_encoder_writes_the_cpu_bytes(rng, dose, dtype):
+    import cupy
+
+    counts = rng.poisson(dose, (23, 31, 19, 13)).astype(dtype)
+    counts.reshape(-1)[rng.integers(0, counts.size, 40)] = np.iinfo(dtype).max  # escapes
+    on_cpu, on_gpu = encode(counts), encode(counts, cupy)
+    for name in ("index", "block_base", "payload"):
+        assert (getattr(on_gpu.streams, name).get() == getattr(on_cpu.streams, name)).all(), name
+    assert on_gpu.block == on_cpu.block
+    assert_same_queries(on_gpu, counts, rng)
+    corrupt(on_gpu, "flip")
+    with pytest.raises(ValueError, match="malformed compressed stream"):
+        on_gpu.check()
+
