@@ -463,6 +463,26 @@ __global__ void frame(STREAM_PARAMS, i64 n_frames, int block, i64 f, u32* out, u
     out[p] = emit.value;
 }
 
+template <class T>
+struct DenseEmit {
+    T* out;
+    int frame_len;
+    __device__ void operator()(int pos, u32 v) { out[(i64)pos * frame_len] = (T)v; }
+};
+
+// Every count back into out (zeroed, n_frames x frame_len): one thread per stream.
+template <class T>
+__global__ void decode_all(STREAM_PARAMS, i64 n_frames, int block, int n_blocks, T* out, u64* err) {
+    MAKE_STREAMS
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    int b = blockIdx.y;
+    if (p >= st.frame_len || b >= n_blocks) return;
+    i64 lo = (i64)b * block;
+    DenseEmit<T> emit{out + lo * frame_len + p, frame_len};
+    int code = decode_stream(st, model, b, p, (int)min((i64)block, n_frames - lo), emit);
+    if (code) report(err, b, p, st.frame_len, code);
+}
+
 struct NoEmit {
     __device__ void operator()(int, u32) {}
 };

@@ -33,6 +33,8 @@ def assert_same_queries(resident, counts: np.ndarray, rng) -> None:
     for op in ("sum", "max", "mean"):
         got, want = resident.reduce(roi, op), dense.reduce(roi, op)
         assert got.dtype == want.dtype and (got == want).all()
+    data = resident.data
+    assert data.dtype == counts.dtype and (np.asarray(data.get() if hasattr(data, "get") else data) == counts).all()
     for r, c in ((0, 0), (rows - 1, cols - 1), (rows // 2, cols // 3)):
         got = resident.frame(r, c)
         assert got.dtype == counts.dtype and (got == counts[r, c]).all()

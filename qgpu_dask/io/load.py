@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 from ..resident.base import check_dtype
 from ..resident.dense import DenseCounts
-from .source import BLOCK_BYTES, Reader, Source, open_reader
+from .saved import describe_saved
+from .source import BLOCK_BYTES, Reader, Source, detect_format, open_reader
 
 
 def describe(reader: Reader) -> dict:
-    """Shape, dtype (checked) and raw bytes of an open source, without reading its counts."""
+    """Shape, dtype (checked), raw bytes and the bytes a load reserves (the dense counts) of an open source."""
     dtype = check_dtype(reader.dtype)
     shape = reader.shape
     n = shape[0] * shape[1] * shape[2] * shape[3]
-    return {"shape": shape, "dtype": str(dtype), "raw_bytes": n * dtype.itemsize}
+    return {"shape": shape, "dtype": str(dtype), "raw_bytes": n * dtype.itemsize, "load_bytes": n * dtype.itemsize}
 
 
 def inspect(source: Source) -> dict:
-    """:func:`describe` of a source, opened and closed again."""
+    """:func:`describe` of a source, opened and closed again; a saved resident is described from its header."""
+    if detect_format(Path(source.path).expanduser()) == "qgpu":
+        return describe_saved(source)
     reader = open_reader(source)
     try:
         return describe(reader)

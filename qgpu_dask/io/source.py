@@ -3,7 +3,9 @@
 A ``Source`` is a small picklable description (path, dataset, scan shape) that
 a shard opens itself, so counts go from the file straight to the owning worker
 and an acquisition can be read again from it later. The format is found from
-the file's content (HDF5 signature, NumPy magic, Zarr metadata), not its name.
+the file's content (HDF5 signature, NumPy magic, Zarr metadata, the saved
+resident magic), not its name. A saved resident ("qgpu") is opened whole by
+``io.saved``, not streamed by a reader.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 import numpy as np
+
+from ..formats.container import is_container
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 NPY_MAGIC = b"\x93NUMPY"
@@ -45,13 +49,15 @@ class Reader(Protocol):
 
 
 def detect_format(path: Path) -> str:
-    """'hdf5', 'npy' or 'zarr' from the content at ``path``; ValueError naming what was found otherwise."""
+    """'hdf5', 'npy', 'zarr' or 'qgpu' (a saved resident) from the content at ``path``; ValueError naming what was found otherwise."""
     if not path.exists():
         raise FileNotFoundError(f"no such file or directory: {str(path)!r}")
     if path.is_dir():
         if (path / "zarr.json").exists() or (path / ".zarray").exists() or (path / ".zgroup").exists():
             return "zarr"
         raise ValueError(f"{str(path)!r} is a directory but not a Zarr store (no zarr.json or .zarray)")
+    if is_container(path):
+        return "qgpu"
     with open(path, "rb") as f:
         head = f.read(8)
         if head.startswith(NPY_MAGIC):
@@ -66,7 +72,7 @@ def detect_format(path: Path) -> str:
             head = f.read(8)
             if len(head) < 8:
                 break
-    raise ValueError(f"{str(path)!r} is not an HDF5 file, a .npy array or a Zarr store (first bytes {head[:8]!r})")
+    raise ValueError(f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store or a saved resident (first bytes {head[:8]!r})")
 
 
 def as_4d(shape: tuple[int, ...], scan_shape: tuple[int, int] | None, what: str) -> tuple[int, int, int, int]:
@@ -100,6 +106,8 @@ def open_reader(source: Source) -> Reader:
     """Open ``source`` with the reader of its format; the shape and dtype are checked here."""
     path = Path(source.path).expanduser()
     fmt = detect_format(path)
+    if fmt == "qgpu":
+        raise ValueError(f"{str(path)!r} is a saved resident: it is opened whole (io.saved.open_resident), not read frame by frame")
     if fmt == "hdf5":
         from .hdf5 import HDF5Reader
 

@@ -148,6 +148,11 @@ class CompressedCounts(Resident):
             raise IndexError(f"frame index out of range [0, {self.n_frames})")
         return self.xp.asarray(np.bincount(indices, minlength=self.n_frames).astype(np.uint32))
 
+    @property
+    def data(self):
+        """The counts decoded into a new 4-D device array (``raw_bytes`` of memory), for user functions."""
+        return self.kernels.decode_all(self.streams, self.model, self.dtype).reshape(self.shape)
+
     def check(self) -> None:
         """Decode every stream once; ValueError naming the first malformed one."""
         self.kernels.check(self.streams, self.model)

@@ -7,6 +7,7 @@ and assembles the exact result on the client.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -88,6 +89,16 @@ class Acquisition(AcquisitionShape):
     def release(self) -> None:
         """Free this acquisition's memory on its shard and forget its name."""
         self.service.call(self.owner, "release", self.name).result()
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Write this acquisition as it is held (compressed streams as they are) to ``path``; returns the absolute path.
+
+        The owning worker writes the file, so ``path`` must be on a file system
+        it sees; :meth:`Service.load` reopens it without re-encoding.
+        """
+        path = os.path.abspath(os.fspath(path))
+        self.service.call(self.owner, "save", self.name, path).result()
+        return path
 
     def info(self) -> dict:
         """Shape, dtype, layout, owner, resident bytes and where it came from."""

@@ -21,7 +21,7 @@ from .calls import QueryFuture, call, call_async
 from .catalog import PLUGIN_NAME, Catalog
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
-from .shard import Shard, wants_compressed
+from .shard import Shard, check_saved_representation, wants_compressed
 
 PathLike = str | os.PathLike
 MASKS_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
@@ -154,13 +154,15 @@ class Service:
         progress: bool = True,
         representation: str = "auto",
     ) -> Acquisition | Series:
-        """Load an HDF5 dataset, a .npy or a Zarr array (or a list of them: a Series) onto the shards.
+        """Load an HDF5 dataset, a .npy or a Zarr array, or a saved resident (or a list of them: a Series) onto the shards.
 
         Each file is read by the worker that will hold it. ``name`` defaults to
         the file stem; 3-D stacks need ``scan_shape``; ``worker`` pins the owner.
         ``representation``: "compressed" (entropy-coded, exact), "dense", or
-        "auto" (compressed for unsigned integer counts). Nothing stays resident
-        from a series load that fails part-way.
+        "auto" (compressed for unsigned integer counts). A saved resident
+        (:meth:`Acquisition.save`) is reopened as it was held, without
+        re-encoding: "auto" or its own layout. Nothing stays resident from a
+        series load that fails part-way.
         """
         one = isinstance(path, (str, os.PathLike))
         paths = [path] if one else list(path)
@@ -174,8 +176,11 @@ class Service:
         inspector = worker or next(iter(state["shards"]))
         metas = self.call(inspector, "inspect", sources).result()
         for meta in metas:
-            wants_compressed(representation, meta["dtype"])
-        owners = place([m["raw_bytes"] for m in metas], state, pinned=worker)
+            if "layout" in meta:  # a saved resident
+                check_saved_representation(representation, meta["layout"])
+            else:
+                wants_compressed(representation, meta["dtype"])
+        owners = place([m["load_bytes"] for m in metas], state, pinned=worker)
         loads = [self.call(o, "load", n, s, representation) for o, n, s in zip(owners, names, sources)]
         records = self.gather(loads, names, progress and not one, "loading")
         acqs = [Acquisition(self, r | {"name": n, "owner": o}) for r, n, o in zip(records, names, owners)]

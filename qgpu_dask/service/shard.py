@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -21,7 +22,8 @@ from distributed import get_worker
 
 from ..device import cupy_or_none, default_budget, device_info, to_host
 from ..io.load import describe, inspect, read_dense
-from ..io.source import Source, open_reader
+from ..io.saved import describe_saved, open_resident, save_resident
+from ..io.source import Source, detect_format, open_reader
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import check_dtype, check_shape
 from ..resident.compressed import CompressedCounts, compressible
@@ -52,6 +54,16 @@ def wants_compressed(representation: str, dtype) -> bool:
     if representation == "compressed" and not compressible(dtype):
         raise ValueError(f"representation='compressed' holds unsigned integer counts; this acquisition is {np.dtype(dtype)}")
     return representation == "compressed" or (representation == "auto" and compressible(dtype))
+
+
+def check_saved_representation(representation: str, layout: str) -> None:
+    """ValueError unless a saved resident held ``layout`` may load as ``representation`` (it is never re-encoded)."""
+    if representation not in REPRESENTATIONS:
+        raise ValueError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
+    if representation not in ("auto", layout):
+        raise ValueError(
+            f"this saved resident is held {layout} and loads as it was saved: representation='auto' or {layout!r}, not {representation!r}"
+        )
 
 
 def held_as(dense: DenseCounts, compress: bool) -> Resident:
@@ -147,7 +159,9 @@ class Shard:
         return await self.run_in(self.loads, lambda: [inspect(s) for s in sources])
 
     async def load(self, name: str, source: Source, representation: str = "auto") -> dict:
-        """Read ``source`` into a new resident named ``name`` (the file is opened once)."""
+        """Read ``source`` into a new resident named ``name`` (the file is opened once; a saved resident is reopened as saved)."""
+        if await self.run_in(self.loads, detect_format, Path(source.path).expanduser()) == "qgpu":
+            return await self.load_saved(name, source, representation)
         reader = await self.run_in(self.loads, open_reader, source)
         try:
             meta = describe(reader)
@@ -158,9 +172,28 @@ class Shard:
                 synchronize()
                 return resident
 
-            return await self.add(name, meta["raw_bytes"], read, source.describe())
+            return await self.add(name, meta["load_bytes"], read, source.describe())
         finally:
             reader.close()
+
+    async def load_saved(self, name: str, source: Source, representation: str) -> dict:
+        """Reopen the resident saved at ``source.path`` as it was held, admitted by its resident bytes."""
+        meta = await self.run_in(self.loads, describe_saved, source)
+        check_saved_representation(representation, meta["layout"])
+
+        def reopen() -> Resident:
+            resident = open_resident(name, Path(source.path).expanduser())
+            synchronize()
+            if resident.nbytes != meta["load_bytes"]:
+                raise ValueError(f"{source.path!r} changed while it was loaded (its arrays no longer match the header read first)")
+            return resident
+
+        return await self.add(name, meta["load_bytes"], reopen, source.describe())
+
+    async def save(self, name: str, path: str) -> dict:
+        """Write resident ``name`` as it is held to ``path`` (on this worker's file system)."""
+        nbytes = await self.run_in(self.loads, save_resident, self.resident(name), path)
+        return {"path": path, "bytes": nbytes}
 
     async def put(self, name: str, array: np.ndarray, representation: str = "auto") -> dict:
         """Hold an array sent by a client as a new resident named ``name``."""

@@ -582,6 +582,31 @@ def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
 
 
 @pjit
+def decode_all_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, out, errors):
+    n_blocks, frame_len = index.shape
+    for s in numba.prange(n_blocks * frame_len):
+        b, p = s // frame_len, s % frame_len
+        pos = np.empty(block, dtype=np.int64)
+        val = np.empty(block, dtype=out.dtype)
+        cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
+        if cnt < 0:
+            errors[b, 0] = cnt
+            errors[b, 1] = p
+            continue
+        for j in range(cnt):
+            out[b * block + pos[j], p] = val[j]
+
+
+def decode_all(streams: Streams, model: Model, dtype) -> np.ndarray:
+    """Every count, (n_frames, frame_len) in ``dtype``: the dense counts back."""
+    out = np.zeros((model.n_frames, streams.index.shape[1]), dtype=dtype)
+    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
+    decode_all_loop(*model_args(streams, model), out, errors)
+    raise_errors(errors)
+    return out
+
+
+@pjit
 def check_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, errors):
     n_blocks, frame_len = index.shape
     for b in numba.prange(n_blocks):

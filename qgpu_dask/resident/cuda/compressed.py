@@ -18,7 +18,7 @@ from ...formats.codec import HIST_BINS, TOKEN_SLOTS, pack_index
 from ..cpu.compressed import ERRORS, Model, Streams
 from .dense import kernel_dir, limits
 
-__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "roi_reduce", "frame", "check"]
+__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "roi_reduce", "frame", "decode_all", "check"]
 
 THREADS = 256
 HIST_FRAMES = 1024  # frames per histogram block
@@ -195,6 +195,19 @@ def frame(streams: Streams, model: Model, index: int) -> cupy.ndarray:
     kernel("frame")(
         (grid(frame_len, 128),), (128,),
         (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int64(index), out, err),
+    )
+    raise_error(err, frame_len)
+    return out
+
+
+def decode_all(streams: Streams, model: Model, dtype) -> cupy.ndarray:
+    """Every count, (n_frames, frame_len) in ``dtype``: the dense counts back."""
+    n_blocks, frame_len = streams.index.shape
+    out = cupy.zeros((model.n_frames, frame_len), dtype=dtype)
+    err = cupy.full(1, NO_ERROR, dtype=np.uint64)
+    kernel(f"decode_all<{CTYPES[np.dtype(dtype)]}>")(
+        (grid(frame_len, 128), n_blocks), (128,),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(n_blocks), out, err),
     )
     raise_error(err, frame_len)
     return out

@@ -1,0 +1,78 @@
+"""Saved residents: a resident written as it is held, and opened again without re-encoding.
+
+A compressed resident is saved as its coding model and streams (the bytes
+its encoder wrote), a dense one as its counts; the file is a
+``formats.container``. Opening one copies the arrays to the device and lets
+the resident's constructor check their structure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from ..device import array_module, to_host
+from ..formats import codec, container
+from ..resident import DenseCounts, Resident
+from ..resident.base import check_dtype, check_shape
+from ..resident.compressed import MODEL_KEYS, CompressedCounts
+from .source import Source
+
+STREAM_KEYS = ("index", "block_base", "payload")
+DENSE_KEY = "counts"
+
+
+def save_resident(resident: Resident, path: str | os.PathLike) -> int:
+    """Write ``resident`` to ``path`` as it is held; returns the file's bytes."""
+    meta = {"layout": resident.layout, "shape": list(resident.shape), "dtype": str(resident.dtype)}
+    if isinstance(resident, CompressedCounts):
+        meta |= {"codec": codec.FORMAT, "block": resident.block, "stats": dict(resident.stats)}
+        arrays = {k: getattr(resident.model, k) for k in MODEL_KEYS} | {k: getattr(resident.streams, k) for k in STREAM_KEYS}
+    elif isinstance(resident, DenseCounts):
+        arrays = {DENSE_KEY: resident.flat}
+    else:
+        raise TypeError(f"cannot save a resident of layout {resident.layout!r}")
+    return container.write(path, meta, {k: to_host(v) for k, v in arrays.items()})
+
+
+def describe_saved(source: Source) -> dict:
+    """Shape, dtype, raw bytes, layout and the device bytes a load reserves, from a saved resident's header."""
+    meta = container.read_header(Path(source.path).expanduser())
+    shape, dtype = check_shape(meta["shape"]), check_dtype(meta["dtype"])
+    if source.dataset is not None:
+        raise ValueError(f"{source.path!r} is a saved resident: it holds one acquisition, not dataset {source.dataset!r}")
+    if source.scan_shape is not None and tuple(source.scan_shape) != shape[:2]:
+        raise ValueError(f"{source.path!r} has scan shape {shape[:2]}, but scan_shape={tuple(source.scan_shape)} was given")
+    return {
+        "shape": shape,
+        "dtype": str(dtype),
+        "raw_bytes": int(np.prod(shape)) * dtype.itemsize,
+        "load_bytes": sum(int(a["nbytes"]) for a in meta["arrays"]),
+        "layout": meta["layout"],
+    }
+
+
+def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = None) -> Resident:
+    """The resident saved at ``path``, named ``name``, its arrays on the device of ``xp`` (default: this process's)."""
+    xp = xp or array_module()
+    where = os.fspath(path)
+    meta, arrays = container.read(path)
+    layout = meta["layout"]
+    wanted = (DENSE_KEY,) if layout == "dense" else MODEL_KEYS + STREAM_KEYS
+    missing = [k for k in wanted if k not in arrays]
+    if missing:
+        raise ValueError(f"{where!r}: the saved {layout} resident lacks the arrays {missing}")
+    if layout == "dense":
+        counts = arrays[DENSE_KEY]
+        if counts.dtype != np.dtype(meta["dtype"]):
+            raise ValueError(f"{where!r}: the saved counts are {counts.dtype}, but the header says {meta['dtype']}")
+        return DenseCounts(name, xp.asarray(counts), meta["shape"])
+    payload = arrays["payload"]
+    if payload.ndim != 1 or payload.dtype != np.uint8:
+        raise ValueError(f"{where!r}: the saved stream payload is {payload.dtype} of shape {payload.shape}, expected 1-D uint8")
+    model = {k: xp.asarray(arrays[k]) for k in MODEL_KEYS}
+    streams = {k: xp.asarray(arrays[k]) for k in STREAM_KEYS}
+    return CompressedCounts(name, meta["shape"], meta["dtype"], meta["block"], model, streams, meta.get("stats", {}))

@@ -1,0 +1,215 @@
+"""Saved residents: written as held, reopened without re-encoding, byte-identical; damaged files refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+from qgpu_dask.formats import codec, container
+
+SHAPE = (5, 7, 17, 17)
+
+
+def poisson(rng, shape=SHAPE) -> np.ndarray:
+    return rng.poisson(0.8, shape).astype(np.uint16)
+
+
+def answers(acq, data) -> list[np.ndarray]:
+    """Every kind of query on ``acq``, each checked against NumPy on ``data``."""
+    masks = np.stack([qd.masks.disk(SHAPE[2:], (8, 8), 4), qd.masks.disk(SHAPE[2:], (5, 11), 2.5)])
+    roi = np.zeros(SHAPE[:2], bool)
+    roi[1:4, 2:6] = True
+    out = [
+        acq.virtual_images(masks),
+        acq.reduce(None, "sum"),
+        acq.reduce(roi, "max"),
+        acq.frame(3, 4),
+    ]
+    assert (out[0] == (data[None].astype(np.uint32) * masks[:, None, None]).sum(axis=(3, 4))).all()
+    assert (out[1] == data.sum(axis=(0, 1), dtype=np.uint64)).all()
+    assert (out[2] == data[roi].max(axis=0)).all()
+    assert (out[3] == data[3, 4]).all()
+    return out
+
+
+def rewrite_header(path, change) -> None:
+    """Apply ``change`` to the JSON header of the container at ``path``, keeping its checksum valid."""
+    raw = path.read_bytes()
+    length = container.PREFIX.unpack_from(raw)[2]
+    meta = json.loads(raw[16 : 16 + length])
+    change(meta)
+    header = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    assert len(header) <= length
+    header = header.ljust(length)  # JSON allows trailing spaces; the arrays stay where they were
+    path.write_bytes(raw[:16] + header + hashlib.sha256(header).digest() + raw[16 + length + 32 :])
+
+
+# ---------------------------------------------------------------- the container itself
+
+
+def test_container_round_trip(tmp_path, rng):
+    arrays = {
+        "a": rng.integers(0, 2**16, (3, 5), dtype=np.uint16),
+        "b": rng.random(7),
+        "empty": np.zeros((0, 4), np.uint32),
+        "bytes": rng.integers(0, 256, 101, dtype=np.uint8),
+        "big_endian": np.arange(6, dtype=">i4").reshape(2, 3),
+    }
+    meta = {"layout": "dense", "shape": (1, 2, 3, 4), "dtype": "uint16", "stats": {"x": 0.1}}
+    path = tmp_path / "c.qgpu"
+    size = container.write(path, meta, arrays)
+    assert size == path.stat().st_size
+    assert container.is_container(path) and not container.is_container(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["c.qgpu"]  # no temporary file left behind
+
+    header, back = container.read(path)
+    assert header["shape"] == [1, 2, 3, 4] and header["stats"] == {"x": 0.1} and header["layout"] == "dense"
+    assert list(back) == list(arrays)
+    for name, a in arrays.items():
+        assert back[name].dtype == a.dtype.newbyteorder("<") and back[name].shape == a.shape
+        assert (back[name] == a).all()
+        assert back[name].flags.writeable
+    for entry in header["arrays"]:
+        assert entry["offset"] % 64 == 0
+
+    raw = path.read_bytes()
+    assert raw[:8] == b"QGPURES\x00" and struct.unpack_from("<I", raw, 8)[0] == 1
+    length = struct.unpack_from("<I", raw, 12)[0]
+    assert hashlib.sha256(raw[16 : 16 + length]).digest() == raw[16 + length : 48 + length]
+    container.write(tmp_path / "again.qgpu", {k: v for k, v in header.items() if k != "arrays"}, back)
+    assert (tmp_path / "again.qgpu").read_bytes() == raw
+
+
+def test_container_refuses_damage(tmp_path, rng):
+    meta = {"layout": "compressed", "codec": codec.FORMAT, "block": 256, "shape": [1, 1, 1, 1], "dtype": "uint8"}
+    path = tmp_path / "c.qgpu"
+    container.write(path, meta, {"payload": rng.integers(0, 256, 1000, dtype=np.uint8)})
+    raw = path.read_bytes()
+    entry = container.read_header(path)["arrays"][0]
+
+    flipped = bytearray(raw)
+    flipped[entry["offset"] + 500] ^= 0x10
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="array 'payload' does not match its checksum"):
+        container.read(path)
+
+    path.write_bytes(raw[:-1])
+    with pytest.raises(ValueError, match="truncated: array 'payload'"):
+        container.read(path)
+    path.write_bytes(raw[:20])
+    with pytest.raises(ValueError, match="truncated"):
+        container.read(path)
+
+    path.write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
+    with pytest.raises(ValueError, match=r"format version 2 is not supported \(this qgpu-dask reads version 1\)"):
+        container.read(path)
+
+    header = bytearray(raw)
+    header[20] ^= 0x01
+    path.write_bytes(bytes(header))
+    with pytest.raises(ValueError, match="header does not match its checksum"):
+        container.read(path)
+
+    path.write_bytes(raw)
+    rewrite_header(path, lambda m: m.update(codec="qgpu-ans-9"))
+    with pytest.raises(ValueError, match="unknown codec 'qgpu-ans-9'"):
+        container.read(path)
+
+    path.write_bytes(b"\x89HDF\r\n\x1a\n" + raw[8:])
+    with pytest.raises(ValueError, match=r"c\.qgpu.*not a saved qgpu resident.*HDF"):
+        container.read(path)
+    assert not container.is_container(path)
+
+    with pytest.raises(ValueError, match="unknown codec"):
+        container.write(tmp_path / "d.qgpu", meta | {"codec": "zstd"}, {})
+    assert not (tmp_path / "d.qgpu").exists()
+
+
+# ---------------------------------------------------------------- through the service
+
+
+@pytest.mark.parametrize("representation", ["compressed", "dense"])
+def test_save_and_reload(svc, names, rng, tmp_path, representation):
+    data = poisson(rng)
+    acq = svc.put(data, name=names(), representation=representation)
+    path = tmp_path / "run1.qgpu"
+    assert acq.save(path) == str(path)
+    again = svc.load(path, name=names("again"), representation="auto")
+    assert again.info()["layout"] == representation == acq.info()["layout"]
+    assert again.nbytes == acq.nbytes
+    assert again.info()["source"]["path"] == str(path)
+    for mine, theirs in zip(answers(again, data), answers(acq, data)):
+        assert mine.dtype == theirs.dtype and (mine == theirs).all()
+
+    resaved = tmp_path / "resaved.qgpu"
+    again.save(resaved)
+    assert resaved.read_bytes() == path.read_bytes()
+
+    header = container.read_header(path)
+    assert header["layout"] == representation and header["shape"] == list(SHAPE) and header["dtype"] == "uint16"
+    if representation == "compressed":
+        assert header["codec"] == codec.FORMAT and header["block"] >= 1
+        assert {a["name"] for a in header["arrays"]} == {"run", "values", "table_start", "cum", "index", "block_base", "payload"}
+    assert sum(a["nbytes"] for a in header["arrays"]) == acq.nbytes
+
+    other = "dense" if representation == "compressed" else "compressed"
+    with pytest.raises(ValueError, match=f"held {representation} and loads as it was saved"):
+        svc.load(path, name=names("wrong"), representation=other)
+    with pytest.raises(ValueError, match="saved resident: it holds one acquisition, not dataset '/data'"):
+        svc.load(path, name=names("ds"), dataset="/data")
+
+
+def test_name_defaults_to_stem(svc, rng, tmp_path):
+    data = poisson(rng)
+    acq = svc.put(data)
+    try:
+        acq.save(tmp_path / "stem_saved.qgpu")
+    finally:
+        acq.release()
+    again = svc.load(tmp_path / "stem_saved.qgpu")
+    try:
+        assert again.name == "stem_saved"
+        assert (again.frame(0, 1) == data[0, 1]).all()
+    finally:
+        again.release()
+
+
+def still_usable(svc, names, rng) -> None:
+    data = poisson(rng)
+    answers(svc.put(data, name=names("after")), data)
+
+
+@pytest.mark.parametrize("representation", ["compressed", "dense"])
+def test_damaged_files_refused(svc, names, rng, tmp_path, representation):
+    acq = svc.put(poisson(rng), name=names(), representation=representation)
+    path = tmp_path / "good.qgpu"
+    acq.save(path)
+    raw = path.read_bytes()
+    entries = {a["name"]: a for a in container.read_header(path)["arrays"]}
+    target = "payload" if representation == "compressed" else "counts"
+
+    refused = [names("flipped"), names("v2"), names("short")]
+
+    flipped = bytearray(raw)
+    flipped[entries[target]["offset"] + entries[target]["nbytes"] // 2] ^= 0x04
+    (tmp_path / "flipped.qgpu").write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match=f"array '{target}' does not match its checksum"):
+        svc.load(tmp_path / "flipped.qgpu", name=refused[0])
+    still_usable(svc, names, rng)
+
+    (tmp_path / "v2.qgpu").write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
+    with pytest.raises(ValueError, match="saved resident format version 2 is not supported"):
+        svc.load(tmp_path / "v2.qgpu", name=refused[1])
+
+    (tmp_path / "short.qgpu").write_bytes(raw[:-3])
+    with pytest.raises(ValueError, match=f"truncated: array '{target}'"):
+        svc.load(tmp_path / "short.qgpu", name=refused[2])
+
+    assert not [n for n in refused if n in svc]
+    assert all(s["reserved_bytes"] == 0 for s in svc.info()["shards"])
+    still_usable(svc, names, rng)
