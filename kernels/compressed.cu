@@ -43,10 +43,14 @@ struct Model {
     const u8* values;
     const u32* table_start;
     const u16* cum;
+    const u8* lut;  // per pixel: 64 starting symbols of the value table, then 64 of the run table
     int chunks;
     int itemsize;
     u32 maxval;
 };
+
+#define LUT_SHIFT 6  // slot >> LUT_SHIFT picks a LUT entry: 64 per table
+#define LUT_SIZE 64
 
 struct Streams {
     const u32* index;
@@ -57,8 +61,8 @@ struct Streams {
 };
 
 // Kernel parameters carrying a Model and Streams (CuPy passes scalars and pointers, not structs).
-#define MODEL_PARAMS const u8 *run_of, const u8 *values_of, const u32 *table_start, const u16 *cum, int chunks, int itemsize, u32 maxval
-#define MAKE_MODEL Model model{run_of, values_of, table_start, cum, chunks, itemsize, maxval};
+#define MODEL_PARAMS const u8 *run_of, const u8 *values_of, const u32 *table_start, const u16 *cum, const u8 *lut, int chunks, int itemsize, u32 maxval
+#define MAKE_MODEL Model model{run_of, values_of, table_start, cum, lut, chunks, itemsize, maxval};
 #define STREAM_PARAMS const u32 *index, const u64 *block_base, const u8 *payload, i64 payload_bytes, int frame_len, MODEL_PARAMS
 #define MAKE_STREAMS Streams st{index, block_base, payload, payload_bytes, frame_len}; MAKE_MODEL
 
@@ -173,9 +177,20 @@ __device__ u32 encode_ans(const T* col, i64 stride, int n, int run, int nv, cons
 
 __device__ __forceinline__ i64 even(i64 n) { return n + (n & 1); }
 
+// This thread's copy of pixel p's cumulative frequencies in shared memory (table_stride u16 per thread):
+// the encoder looks them up for every count, so they must not be evicted by the counts streaming past.
+__device__ const u16* encoder_tables(const Model& m, int p, int table_stride) {
+    extern __shared__ unsigned long long smem_words[];
+    u16* copy = reinterpret_cast<u16*>(smem_words) + threadIdx.x * table_stride;
+    const u16* t = m.cum + m.table_start[p];
+    int entries = m.values[p] + 2 + (m.run[p] ? m.run[p] + 3 : 0);
+    for (int j = 0; j < entries; ++j) copy[j] = t[j];
+    return copy;
+}
+
 template <class T>
-__global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame_len, int block, int n_blocks, MODEL_PARAMS,
-                             u8* forms, i64* sizes) {
+__global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame_len, int block, int n_blocks, int table_stride,
+                             MODEL_PARAMS, u8* forms, i64* sizes) {
     MAKE_MODEL
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
@@ -195,7 +210,7 @@ __global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame
     if (nnz == 0) { forms[s] = EMPTY; sizes[s] = 0; return; }
     if (vmin == vmax) { forms[s] = CONSTANT; sizes[s] = 4; return; }
     Writer<false> w{nullptr, 0, 0, 0};
-    encode_ans<T, false>(col, frame_len, n, model.run[p], model.values[p], model.cum + model.table_start[p], model.chunks, w);
+    encode_ans<T, false>(col, frame_len, n, model.run[p], model.values[p], encoder_tables(model, p, table_stride), model.chunks, w);
     i64 ans = 4 + 2 * w.k;
     i64 sparse = even(nnz * (2 + (i64)sizeof(T)));
     i64 raw = even((i64)n * sizeof(T));
@@ -217,7 +232,8 @@ __device__ __forceinline__ void put_le(u8* payload, i64 at, u32 v, int nbytes) {
 }
 
 template <class T>
-__global__ void encode_write(const T* __restrict__ flat, i64 n_frames, int block, int n_blocks, STREAM_PARAMS, u8* out) {
+__global__ void encode_write(const T* __restrict__ flat, i64 n_frames, int block, int n_blocks, int table_stride, STREAM_PARAMS,
+                             u8* out) {
     MAKE_STREAMS
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
@@ -246,12 +262,28 @@ __global__ void encode_write(const T* __restrict__ flat, i64 n_frames, int block
         for (int i = 0; i < n; ++i) put_le(out, start + sizeof(T) * i, col[(i64)i * frame_len], sizeof(T));
     } else if (form == ANS) {
         Writer<true> w{out, start, (end - start - 4) / 2, 0};
-        u32 x = encode_ans<T, true>(col, frame_len, n, model.run[p], model.values[p], model.cum + model.table_start[p], model.chunks, w);
+        u32 x = encode_ans<T, true>(col, frame_len, n, model.run[p], model.values[p], encoder_tables(model, p, table_stride),
+                                    model.chunks, w);
         put_le(out, start, x, 4);
     }
 }
 
 // ---------------------------------------------------------------- decoder
+
+// LUT entry j of a table: the last symbol whose cumulative frequency is <= j << LUT_SHIFT.
+__global__ void build_lut(const u8* run_of, const u8* values_of, const u32* table_start, const u16* cum, int frame_len, u8* lut) {
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (i64)frame_len * 2 * LUT_SIZE) return;
+    int p = (int)(t / (2 * LUT_SIZE)), which = (int)(t / LUT_SIZE) & 1, j = (int)(t % LUT_SIZE);
+    int nv = values_of[p], run = run_of[p];
+    const u16* table = cum + table_start[p] + (which ? nv + 2 : 0);
+    int nsym = which ? run + 2 : nv + 1;
+    if (which && run == 0) { lut[t] = 0; return; }
+    u32 slot = (u32)j << LUT_SHIFT;
+    int s = 0;
+    while (s + 1 < nsym && table[s + 1] <= slot) ++s;
+    lut[t] = (u8)s;
+}
 
 __device__ __forceinline__ u32 get_le(const u8* payload, i64 at, int nbytes) {
     u32 v = 0;
@@ -259,25 +291,75 @@ __device__ __forceinline__ u32 get_le(const u8* payload, i64 at, int nbytes) {
     return v;
 }
 
-__device__ __forceinline__ u32 word(const u8* payload, i64 at) { return *reinterpret_cast<const u16*>(payload + at); }
-
-// Decode one symbol of the table t (nsym symbols); x is left before renormalisation.
-__device__ __forceinline__ int get_symbol(u32& x, const u16* t, int nsym) {
-    u32 slot = x & SLOT_MASK;
-    int lo = 0, hi = nsym - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (t[mid] <= slot) lo = mid;
-        else hi = mid - 1;
+// A stream's 16-bit words, read 16 bytes at a time into registers (one load per eight words). Streams
+// start on even bytes; the payload allocation is padded to 16 bytes, so a whole line is always readable.
+struct WordReader {
+    const uint4* lines;
+    i64 line;
+    uint4 buf;
+    __device__ u32 operator()(i64 at) {
+        i64 l = at >> 4;
+        if (l != line) {
+            buf = __ldg(lines + l);
+            line = l;
+        }
+        int q = (int)(at >> 2) & 3;
+        u32 v = q == 0 ? buf.x : q == 1 ? buf.y : q == 2 ? buf.z : buf.w;
+        return (at & 2) ? v >> 16 : v & 0xFFFFu;
     }
-    u32 c = t[lo], f = t[lo + 1] - c;
+};
+
+// Decode one symbol of the table t; the LUT gives the first candidate, at most a few steps from the answer.
+// x is left before renormalisation.
+__device__ __forceinline__ int get_symbol(u32& x, const u16* t, const u8* lut) {
+    u32 slot = x & SLOT_MASK;
+    int s = lut[slot >> LUT_SHIFT];
+    while (t[s + 1] <= slot) ++s;
+    u32 c = t[s], f = t[s + 1] - c;
     x = f * (x >> PROB_BITS) + slot - c;
-    return lo;
+    return s;
+}
+
+// One pixel's tables: where its value and run tables and their LUTs are (device or shared memory).
+struct PixelTables {
+    int run;
+    int nv;
+    const u16* vt;
+    const u16* rt;
+    const u8* vlut;
+    const u8* rlut;
+};
+
+__device__ __forceinline__ int table_entries(const Model& m, int p) {
+    return m.values[p] + 2 + (m.run[p] ? m.run[p] + 3 : 0);
+}
+
+__device__ __forceinline__ PixelTables device_tables(const Model& m, int p) {
+    const u16* vt = m.cum + m.table_start[p];
+    const u8* vlut = m.lut + (i64)p * 2 * LUT_SIZE;
+    return PixelTables{m.run[p], m.values[p], vt, vt + m.values[p] + 2, vlut, vlut + LUT_SIZE};
+}
+
+// Pixel p's tables copied to cum_copy (table_entries values) and lut_copy (2 * LUT_SIZE bytes).
+__device__ PixelTables copy_tables(const Model& m, int p, u16* cum_copy, u8* lut_copy) {
+    PixelTables g = device_tables(m, p);
+    int entries = table_entries(m, p);
+    for (int j = 0; j < entries; ++j) cum_copy[j] = g.vt[j];
+    for (int j = 0; j < 2 * LUT_SIZE; ++j) lut_copy[j] = g.vlut[j];
+    return PixelTables{g.run, g.nv, cum_copy, cum_copy + g.nv + 2, lut_copy, lut_copy + LUT_SIZE};
+}
+
+// This thread's copy of pixel p's tables in the shared memory at smem: every thread of the block
+// has table_stride u16 entries, then 2 * LUT_SIZE bytes of LUTs.
+__device__ PixelTables thread_tables(const Model& m, int p, void* smem, int table_stride) {
+    u16* cums = reinterpret_cast<u16*>(smem);
+    u8* luts = reinterpret_cast<u8*>(cums + blockDim.x * table_stride);
+    return copy_tables(m, p, cums + threadIdx.x * table_stride, luts + threadIdx.x * 2 * LUT_SIZE);
 }
 
 // Nonzero counts of stream (b, p), each handed to emit(position, count). Returns 0 or an error code.
 template <class Emit>
-__device__ int decode_stream(const Streams& st, const Model& m, int b, int p, int n, Emit& emit) {
+__device__ int decode_stream(const Streams& st, const Model& m, const PixelTables& tb, int b, int p, int n, Emit& emit) {
     i64 start, end;
     int form;
     stream_bounds(st, b, p, start, end, form);
@@ -316,19 +398,20 @@ __device__ int decode_stream(const Streams& st, const Model& m, int b, int p, in
     if (form != ANS) return E_FORM;
     i64 n_words = length / 2;
     if ((length & 1) || n_words < 2) return E_LENGTH;
-    u32 x = word(pl, start) | (word(pl, start + 2) << 16);
+    WordReader word{reinterpret_cast<const uint4*>(pl), -1, make_uint4(0, 0, 0, 0)};
+    u32 x = word(start) | (word(start + 2) << 16);
     if (x < STATE_LOW) return E_STATE;
     i64 w = 2;
-    int run = m.run[p], nv = m.values[p];
-    const u16* vt = m.cum + m.table_start[p];
-    const u16* rt = vt + nv + 2;
+    const int run = tb.run, nv = tb.nv;
+    const u16 *vt = tb.vt, *rt = tb.rt;
+    const u8 *vlut = tb.vlut, *rlut = tb.rlut;
     int i = 0;
     while (i < n) {
         if (run > 0) {
-            int r = get_symbol(x, rt, run + 2);
+            int r = get_symbol(x, rt, rlut);
             if (x < STATE_LOW) {
                 if (w >= n_words) return E_TRUNCATED;
-                x = (x << 16) | word(pl, start + 2 * w);
+                x = (x << 16) | word(start + 2 * w);
                 ++w;
             }
             if (r == run + 1) break;
@@ -336,10 +419,10 @@ __device__ int decode_stream(const Streams& st, const Model& m, int b, int p, in
             if (i >= n) return E_POSITION;
             if (r == run) continue;
         }
-        int s = get_symbol(x, vt, nv + 1);
+        int s = get_symbol(x, vt, vlut);
         if (x < STATE_LOW) {
             if (w >= n_words) return E_TRUNCATED;
-            x = (x << 16) | word(pl, start + 2 * w);
+            x = (x << 16) | word(start + 2 * w);
             ++w;
         }
         u64 v = (u64)s + (run > 0 ? 1 : 0);
@@ -349,7 +432,7 @@ __device__ int decode_stream(const Streams& st, const Model& m, int b, int p, in
                 excess |= (u64)(x & 0xFFFFu) << (16 * c);
                 x >>= 16;
                 if (w >= n_words) return E_TRUNCATED;
-                x = (x << 16) | word(pl, start + 2 * w);
+                x = (x << 16) | word(start + 2 * w);
                 ++w;
             }
             v += excess;
@@ -367,6 +450,7 @@ __device__ __forceinline__ void report(u64* err, int b, int p, int frame_len, in
     atomicMin(err, (((u64)b * frame_len + p) << 8) | (u64)code);
 }
 
+__device__ __forceinline__ void atomic_add(u32* a, u32 v) { atomicAdd(a, v); }
 __device__ __forceinline__ void atomic_add(u64* a, u64 v) { atomicAdd(a, v); }
 __device__ __forceinline__ void atomic_add(double* a, double v) { atomicAdd(a, v); }
 
@@ -388,21 +472,24 @@ struct MaskEmit {
 };
 
 template <class W>
-__global__ void mask_sums(STREAM_PARAMS, i64 n_frames, int block, const i64* pixels, i64 n_pix, i64 per_chunk,
+__global__ void mask_sums(STREAM_PARAMS, i64 n_frames, int block, const i64* pixels, i64 n_pix, int table_stride,
                           const W* weights, int n_masks, W* out, u64* err) {
     MAKE_STREAMS
-    extern __shared__ unsigned char smem[];
-    W* acc = reinterpret_cast<W*>(smem);
+    // shared: accumulators (n_masks x block), then each thread's copy of its pixel's tables and LUTs,
+    // so the symbol searches of the decode loop never leave the multiprocessor.
+    extern __shared__ unsigned long long smem_words[];
+    W* acc = reinterpret_cast<W*>(smem_words);
     int b = blockIdx.x;
     i64 lo = (i64)b * block;
     int n = (int)min((i64)block, n_frames - lo);
     for (int j = threadIdx.x; j < n_masks * block; j += blockDim.x) acc[j] = W(0);
     __syncthreads();
-    i64 k0 = (i64)blockIdx.y * per_chunk, k1 = min(n_pix, k0 + per_chunk);
-    for (i64 k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+    i64 k = (i64)blockIdx.y * blockDim.x + threadIdx.x;
+    if (k < n_pix) {
         int p = (int)pixels[k];
+        PixelTables tb = thread_tables(model, p, acc + n_masks * block, table_stride);
         MaskEmit<W> emit{acc, weights + k, n_masks, block, n_pix};
-        int code = decode_stream(st, model, b, p, n, emit);
+        int code = decode_stream(st, model, tb, b, p, n, emit);
         if (code) report(err, b, p, st.frame_len, code);
     }
     __syncthreads();
@@ -425,18 +512,20 @@ struct RoiEmit {
     }
 };
 
-__global__ void roi_reduce(STREAM_PARAMS, i64 n_frames, int block, const i64* blocks, i64 n_sel_blocks, i64 per_chunk,
-                           const u32* mult, int is_max, u64* out, u64* err) {
+__global__ void roi_reduce(STREAM_PARAMS, i64 n_frames, int block, int table_stride, const i64* blocks, i64 n_sel_blocks,
+                           i64 per_chunk, const u32* mult, int is_max, u64* out, u64* err) {
     MAKE_STREAMS
+    extern __shared__ unsigned long long smem_words[];
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= st.frame_len) return;
+    PixelTables tb = thread_tables(model, p, smem_words, table_stride);
     i64 k0 = (i64)blockIdx.y * per_chunk, k1 = min(n_sel_blocks, k0 + per_chunk);
     RoiEmit emit{mult, 0, is_max != 0, 0};
     for (i64 k = k0; k < k1; ++k) {
         int b = (int)blocks[k];
         i64 lo = (i64)b * block;
         emit.first = lo;
-        int code = decode_stream(st, model, b, p, (int)min((i64)block, n_frames - lo), emit);
+        int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
         if (code) { report(err, b, p, st.frame_len, code); return; }
     }
     if (emit.total) {
@@ -451,14 +540,16 @@ struct FrameEmit {
     __device__ void operator()(int pos, u32 v) { if (pos == at) value = v; }
 };
 
-__global__ void frame(STREAM_PARAMS, i64 n_frames, int block, i64 f, u32* out, u64* err) {
+__global__ void frame(STREAM_PARAMS, i64 n_frames, int block, int table_stride, i64 f, u32* out, u64* err) {
     MAKE_STREAMS
+    extern __shared__ unsigned long long smem_words[];
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= st.frame_len) return;
+    PixelTables tb = thread_tables(model, p, smem_words, table_stride);
     int b = (int)(f / block);
     i64 lo = (i64)b * block;
     FrameEmit emit{(int)(f - lo), 0};
-    int code = decode_stream(st, model, b, p, (int)min((i64)block, n_frames - lo), emit);
+    int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
     if (code) report(err, b, p, st.frame_len, code);
     out[p] = emit.value;
 }
@@ -472,14 +563,16 @@ struct DenseEmit {
 
 // Every count back into out (zeroed, n_frames x frame_len): one thread per stream.
 template <class T>
-__global__ void decode_all(STREAM_PARAMS, i64 n_frames, int block, int n_blocks, T* out, u64* err) {
+__global__ void decode_all(STREAM_PARAMS, i64 n_frames, int block, int table_stride, int n_blocks, T* out, u64* err) {
     MAKE_STREAMS
+    extern __shared__ unsigned long long smem_words[];
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
     if (p >= st.frame_len || b >= n_blocks) return;
+    PixelTables tb = thread_tables(model, p, smem_words, table_stride);
     i64 lo = (i64)b * block;
     DenseEmit<T> emit{out + lo * frame_len + p, frame_len};
-    int code = decode_stream(st, model, b, p, (int)min((i64)block, n_frames - lo), emit);
+    int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
     if (code) report(err, b, p, st.frame_len, code);
 }
 
@@ -487,13 +580,15 @@ struct NoEmit {
     __device__ void operator()(int, u32) {}
 };
 
-__global__ void check(STREAM_PARAMS, i64 n_frames, int block, int n_blocks, u64* err) {
+__global__ void check(STREAM_PARAMS, i64 n_frames, int block, int table_stride, int n_blocks, u64* err) {
     MAKE_STREAMS
+    extern __shared__ unsigned long long smem_words[];
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
     if (p >= st.frame_len || b >= n_blocks) return;
+    PixelTables tb = thread_tables(model, p, smem_words, table_stride);
     i64 lo = (i64)b * block;
     NoEmit emit;
-    int code = decode_stream(st, model, b, p, (int)min((i64)block, n_frames - lo), emit);
+    int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
     if (code) report(err, b, p, st.frame_len, code);
 }

@@ -84,8 +84,8 @@ def test_every_form_is_exact(rng):
     assert_same_queries(encode(escapes), escapes, rng)
 
 
-def corrupt(resident: CompressedCounts, kind: str) -> None:
-    """Damage the first rANS stream: flip a bit of its words, or shorten it by a word."""
+def corrupt(resident: CompressedCounts, kind: str) -> int:
+    """Damage the first rANS stream: flip a bit of its words, or shorten it by a word; returns its pixel."""
     index = resident.streams.index
     host = np.asarray(index.get() if hasattr(index, "get") else index)
     b, p = map(int, np.argwhere((host >> codec.FORM_SHIFT) == codec.ANS)[0])
@@ -94,17 +94,20 @@ def corrupt(resident: CompressedCounts, kind: str) -> None:
         resident.streams.payload[start + 5] ^= 0x10
     else:
         index[b, p + 1] -= 2  # the next stream starts earlier: this one is truncated
+    return p
 
 
 @pytest.mark.parametrize("kind", ["flip", "shorten"])
 def test_corrupted_streams_raise(rng, kind):
     counts = rng.poisson(0.5, (20, 20, 8, 8)).astype(np.uint16)
     resident = encode(counts)
-    corrupt(resident, kind)
+    pixel = corrupt(resident, kind)
     with pytest.raises(ValueError, match="malformed compressed stream"):
         resident.check()
+    mask = np.zeros(64, bool)
+    mask[pixel] = True
     with pytest.raises(ValueError, match="malformed compressed stream"):
-        resident.virtual_images(np.ones((8, 8), bool))
+        resident.virtual_images(mask.reshape(8, 8))
     with pytest.raises(ValueError, match="malformed compressed stream"):
         resident.reduce(None, "sum")
 
@@ -156,10 +159,14 @@ def test_service_refuses_and_survives_bad_streams(svc, names, rng):
     counts = rng.poisson(0.5, (12, 10, 8, 8)).astype(np.uint16)
     bad = svc.put(counts, name=names(), representation="compressed")
     good = svc.put(counts, name=names(), representation="compressed", worker=bad.owner)
-    svc.submit(corrupt, bad, "flip").result()
+    pixel = svc.submit(corrupt, bad, "flip").result()
+    mask = np.zeros(64, bool)
+    mask[pixel] = True
     with pytest.raises(ValueError, match="malformed compressed stream"):
-        bad.virtual_image(np.ones((8, 8), bool))
-    assert (good.virtual_image(np.ones((8, 8), bool)) == counts.sum(axis=(2, 3), dtype=np.uint32)).all()
+        bad.virtual_image(mask.reshape(8, 8))
+    assert (good.virtual_image(mask.reshape(8, 8)) == counts.reshape(12, 10, 64)[:, :, pixel]).all()
+    with pytest.raises(ValueError, match="malformed compressed stream"):
+        bad.reduce()  # still refused: nothing partial comes back
 
 
 @pytest.mark.gpu
@@ -180,3 +187,16 @@ def test_gpu_encoder_writes_the_cpu_bytes(rng, dose, dtype):
     with pytest.raises(ValueError, match="malformed compressed stream"):
         on_gpu.check()
 
+
+
+def test_large_masks_decode_their_complement(rng):
+    counts = rng.poisson(0.8, (12, 13, 20, 20)).astype(np.uint16)
+    resident = encode(counts)
+    dense = DenseCounts("d", counts.reshape(156, -1), counts.shape)
+    everything = np.ones((20, 20), dtype=np.int64) * 3
+    most = rng.random((20, 20)) < 0.9
+    for mask, at_most in ((everything, 0), (most, (~most).sum()), (np.where(most, 2, -1), (~most).sum())):
+        resident.last = None  # a new acquisition: no previous answer to build on
+        run = resident.prepare_mask_sums(mask_weights(mask, (20, 20), counts.dtype))
+        assert run.decoded_pixels == at_most
+        assert (run().reshape(-1, 12, 13) == dense.virtual_images(mask)).all()

@@ -154,7 +154,7 @@ def test_save_and_reload(svc, names, rng, tmp_path, representation):
     assert header["layout"] == representation and header["shape"] == list(SHAPE) and header["dtype"] == "uint16"
     if representation == "compressed":
         assert header["codec"] == codec.FORMAT and header["block"] >= 1
-        assert {a["name"] for a in header["arrays"]} == {"run", "values", "table_start", "cum", "index", "block_base", "payload"}
+        assert {a["name"] for a in header["arrays"]} == {"run", "values", "table_start", "cum", "index", "block_base", "payload", "totals"}
     assert sum(a["nbytes"] for a in header["arrays"]) == acq.nbytes
 
     other = "dense" if representation == "compressed" else "compressed"
@@ -207,7 +207,7 @@ def test_damaged_files_refused(svc, names, rng, tmp_path, representation):
         svc.load(tmp_path / "v2.qgpu", name=refused[1])
 
     (tmp_path / "short.qgpu").write_bytes(raw[:-3])
-    with pytest.raises(ValueError, match=f"truncated: array '{target}'"):
+    with pytest.raises(ValueError, match=r"is truncated: array '\w+' ends past the end of the file"):
         svc.load(tmp_path / "short.qgpu", name=refused[2])
 
     assert not [n for n in refused if n in svc]

@@ -62,13 +62,16 @@ def choose_models(hist: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarr
     mean_run = zeros / np.maximum(nonzero, 1)
     run = np.where(run_mode, np.clip(2 ** np.ceil(np.log2(np.maximum(2 * mean_run, 1))), 4, MAX_RUN), 0).astype(np.uint8)
 
-    # tail[p, v] = number of counts >= v
-    tail = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]
-    v = np.arange(HIST_BINS)
+    # tail[p, v] = number of counts >= v, for the v an alphabet can reach
+    cols = MAX_V + 2
+    tail = np.empty((hist.shape[0], cols), dtype=np.int64)
+    tail[:, 0] = n_frames
+    tail[:, 1:] = n_frames - np.cumsum(hist[:, : cols - 1], axis=1)
+    v = np.arange(cols)
     # value mode: escape when count >= V; run mode: escape when count >= V + 1
     base = run_mode.astype(np.int64)[:, None]
     population = np.where(run_mode, nonzero, n_frames)[:, None]
-    shifted = np.take_along_axis(tail, np.minimum(v[None, :] + base, HIST_BINS - 1), axis=1)
+    shifted = np.take_along_axis(tail, np.minimum(v[None, :] + base, cols - 1), axis=1)
     rare = (shifted * PROB_SCALE <= population) & (v[None, :] >= 1)
     first = np.where(rare.any(axis=1), rare.argmax(axis=1), MAX_V)
     values = np.clip(first, 1, MAX_V).astype(np.uint8)
@@ -85,32 +88,32 @@ def choose_block(hist: np.ndarray, n_frames: int) -> int:
 
 def entropy_bits(hist: np.ndarray, n_frames: int) -> np.ndarray:
     """Order-0 entropy (bits) of each pixel's whole stream, from its value histogram (frame_len,)."""
-    hist = np.asarray(hist, dtype=np.float64)
-    p = hist / max(n_frames, 1)
+    hist = np.asarray(hist)
+    used = np.flatnonzero(hist.any(axis=0))
+    p = hist[:, : int(used[-1]) + 1 if used.size else 0].astype(np.float64) / max(n_frames, 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         h = -np.where(p > 0, p * np.log2(p), 0.0).sum(axis=1)
     return h * n_frames
 
 
 def quantize(counts: np.ndarray) -> np.ndarray:
-    """Frequencies summing to PROB_SCALE, >= 1 for every symbol that occurs, 0 for the others.
+    """Frequencies summing to PROB_SCALE per row, >= 1 for every symbol that occurs, 0 for the others.
 
     Proportional rounding, then the difference taken from or given to the most
-    frequent symbol (it changes that symbol's cost least).
+    frequent symbol of the row (it changes that symbol's cost least); a row
+    with no counts gets all of PROB_SCALE on symbol 0 (a table never used).
     """
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    freq = np.zeros(counts.shape, dtype=np.int64)
-    if total == 0:
-        freq[0] = PROB_SCALE  # a table never used; kept valid
-        return freq
-    used = counts > 0
-    freq[used] = np.maximum(1, (counts[used] * PROB_SCALE + total // 2) // total)
-    diff = PROB_SCALE - int(freq.sum())
-    while diff != 0:
-        top = int(np.argmax(np.where(freq > 1, freq, 0) if diff < 0 else freq))
-        step = diff if diff > 0 else max(diff, 1 - int(freq[top]))
-        freq[top] += step
+    counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
+    total = counts.sum(axis=1, keepdims=True)
+    safe = np.maximum(total, 1)
+    freq = np.where(counts > 0, np.maximum(1, (counts * PROB_SCALE + safe // 2) // safe), 0)
+    freq[total[:, 0] == 0, 0] = PROB_SCALE
+    rows = np.arange(freq.shape[0])
+    diff = PROB_SCALE - freq.sum(axis=1)
+    while (diff != 0).any():
+        top = np.where(diff < 0, np.argmax(np.where(freq > 1, freq, 0), axis=1), np.argmax(freq, axis=1))
+        step = np.where(diff > 0, diff, np.maximum(diff, 1 - freq[rows, top]))
+        freq[rows, top] += step
         diff -= step
     return freq
 
@@ -119,20 +122,25 @@ def build_tables(tokens: np.ndarray, run: np.ndarray, values: np.ndarray) -> tup
     """(table_start (frame_len,) uint32, cum uint16) from token histograms (frame_len, TOKEN_SLOTS).
 
     A pixel's tables sit at ``cum[table_start[p]:]``: the value table's V + 2
-    cumulative frequencies, then (run mode) the run table's R + 3.
+    cumulative frequencies, then (run mode) the run table's R + 3. Symbols a
+    pixel's model does not have were never counted, so whole rows quantise at once.
     """
-    frame_len = tokens.shape[0]
-    sizes = values.astype(np.int64) + 2 + np.where(run > 0, run.astype(np.int64) + 3, 0)
-    start = np.zeros(frame_len + 1, dtype=np.int64)
-    np.cumsum(sizes, out=start[1:])
-    cum = np.zeros(int(start[-1]), dtype=np.uint16)
-    for p in range(frame_len):
-        v, r, at = int(values[p]), int(run[p]), int(start[p])
-        cum[at + 1 : at + v + 2] = np.cumsum(quantize(tokens[p, : v + 1]))
-        if r:
-            at += v + 2
-            cum[at + 1 : at + r + 3] = np.cumsum(quantize(tokens[p, RUN_SLOT : RUN_SLOT + r + 2]))
-    return start[:-1].astype(np.uint32), cum
+    tokens = np.asarray(tokens, dtype=np.int64)
+    run = np.asarray(run, dtype=np.int64)
+    values = np.asarray(values, dtype=np.int64)
+    nv, nr = int(values.max(initial=0)) + 1, int(run.max(initial=0)) + 2  # the widest tables any pixel has
+    value_cum = np.zeros((tokens.shape[0], nv + 1), dtype=np.int64)
+    np.cumsum(quantize(tokens[:, :nv]), axis=1, out=value_cum[:, 1:])
+    run_cum = np.zeros((tokens.shape[0], nr + 1), dtype=np.int64)
+    np.cumsum(quantize(tokens[:, RUN_SLOT : RUN_SLOT + nr]), axis=1, out=run_cum[:, 1:])
+    keep = np.concatenate(
+        [np.arange(nv + 1)[None, :] < (values + 2)[:, None], np.arange(nr + 1)[None, :] < np.where(run > 0, run + 3, 0)[:, None]],
+        axis=1,
+    )
+    cum = np.concatenate([value_cum, run_cum], axis=1)[keep].astype(np.uint16)
+    sizes = keep.sum(axis=1)
+    start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint32)
+    return start, cum
 
 
 def check_tables(run: np.ndarray, values: np.ndarray, table_start: np.ndarray, cum: np.ndarray) -> None:

@@ -18,10 +18,9 @@ from ..device import array_module, to_host
 from ..formats import codec, container
 from ..resident import DenseCounts, Resident
 from ..resident.base import check_dtype, check_shape
-from ..resident.compressed import MODEL_KEYS, CompressedCounts
+from ..resident.compressed import MODEL_KEYS, STREAM_KEYS, CompressedCounts
 from .source import Source
 
-STREAM_KEYS = ("index", "block_base", "payload")
 DENSE_KEY = "counts"
 
 
@@ -30,7 +29,7 @@ def save_resident(resident: Resident, path: str | os.PathLike) -> int:
     meta = {"layout": resident.layout, "shape": list(resident.shape), "dtype": str(resident.dtype)}
     if isinstance(resident, CompressedCounts):
         meta |= {"codec": codec.FORMAT, "block": resident.block, "stats": dict(resident.stats)}
-        arrays = {k: getattr(resident.model, k) for k in MODEL_KEYS} | {k: getattr(resident.streams, k) for k in STREAM_KEYS}
+        arrays = {k: getattr(resident.model, k) for k in MODEL_KEYS} | resident.stream_arrays()
     elif isinstance(resident, DenseCounts):
         arrays = {DENSE_KEY: resident.flat}
     else:

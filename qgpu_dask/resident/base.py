@@ -117,16 +117,14 @@ class Resident(AcquisitionShape, ABC):
         """(n_masks, scan_rows, scan_cols) exact sums of each mask; NumPy."""
         return self.plan_virtual_images(masks)()
 
-    def plan_virtual_images(self, masks) -> Callable[[], np.ndarray]:
+    def plan_virtual_images(self, masks) -> "Plan":
         """A ready query: ``plan()`` returns the virtual images of ``masks`` (raw or prepared weights).
 
         Checking the masks, choosing the accumulator and preparing the kernel
         happen here once; a shard keeps plans for masks users repeat.
         """
         weights = masks if isinstance(masks, MaskWeights) else mask_weights(masks, self.det_shape, self.dtype)
-        run = self.prepare_mask_sums(weights)
-        shape = (weights.n_masks, *self.scan_shape)
-        return lambda: to_host(run()).reshape(shape)
+        return Plan(self.prepare_mask_sums(weights), (weights.n_masks, *self.scan_shape))
 
     def reduce(self, roi=None, op: str = "sum") -> np.ndarray:
         """Per-pixel sum (uint64 / int64 / float64), mean (float64) or max (native) over a scan ROI; NumPy."""
@@ -168,6 +166,26 @@ class Resident(AcquisitionShape, ABC):
             "nbytes": self.nbytes,
             "raw_bytes": self.raw_bytes,
         }
+
+
+class Plan:
+    """A prepared virtual-image query: ``plan()`` answers it; ``plan.launch()`` only starts its kernels
+    (on the current stream) and returns ``finish()``, so a shard can run several residents' plans at once."""
+
+    def __init__(self, run: Callable, shape: tuple[int, ...]):
+        self.run = run
+        self.shape = shape
+
+    def launch(self) -> Callable[[], np.ndarray]:
+        start = getattr(self.run, "launch", None)
+        if start is None:
+            result = self.run()  # kernels queued on the stream; the copy to the host waits for them
+            return lambda: to_host(result).reshape(self.shape)
+        finish = start()
+        return lambda: to_host(finish()).reshape(self.shape)
+
+    def __call__(self) -> np.ndarray:
+        return self.launch()()
 
 
 def combine_parts(parts: list[tuple[np.ndarray, int]], op: str) -> tuple[np.ndarray, int]:

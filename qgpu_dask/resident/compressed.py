@@ -1,16 +1,23 @@
 """CompressedCounts: counts held as entropy-coded per-detector-pixel streams (format qgpu-ans-1).
 
 A query decodes only the streams it needs (the mask's pixels, the ROI's scan
-blocks, one frame's block) and gives the same bits as the dense layout. A mask
-that differs a little from the previous one on the same acquisition is
-answered incrementally: the previous result plus the sums of the weight
-changes, which decodes only the changed pixels (exact, in wrapping integer
-arithmetic).
+blocks, one frame's block) and gives the same bits as the dense layout. For
+integer weights a virtual image is computed in whichever of three exact ways
+decodes the fewest pixels (wrapping integer arithmetic, so negative terms are
+fine):
+
+- direct: the pixels where some weight is nonzero;
+- complement: ``c * total + sum (w - c) * count`` with ``c`` the commonest
+  weight of each mask and ``total`` the per-frame sums kept with the streams
+  (a mask covering most of the detector decodes only the rest);
+- incremental: the previous result of this acquisition plus the sums of the
+  weight changes (a viewer dragging a disk decodes only the changed pixels).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from types import ModuleType
 from typing import Callable
 
@@ -46,7 +53,7 @@ class CompressedCounts(Resident):
     layout = "compressed"
 
     def __init__(self, name: str, shape, dtype, block: int, model: dict, streams: dict, stats: dict):
-        """``model``: run, values, table_start, cum; ``streams``: index, block_base, payload (device arrays)."""
+        """``model``: run, values, table_start, cum; ``streams``: index, block_base, payload, totals (device arrays)."""
         xp = module_of(streams["payload"])
         super().__init__(name, shape, dtype, xp)
         if not compressible(self.dtype):
@@ -61,9 +68,12 @@ class CompressedCounts(Resident):
         self.host_model = host
         self.model = self.kernels.Model(self.n_frames, self.block, *(model[k] for k in MODEL_KEYS), self.dtype)
         self.streams = self.kernels.Streams(streams["index"], streams["block_base"], streams["payload"])
+        self.totals = streams["totals"]
+        if self.totals.shape != (self.n_frames,) or self.totals.dtype != np.uint64:
+            raise ValueError(f"compressed frame totals have shape {self.totals.shape} {self.totals.dtype}, expected ({self.n_frames},) uint64")
         self.stats = dict(stats)
         self.lock = threading.Lock()
-        self.last: tuple[np.ndarray, np.dtype, object] | None = None  # (full weights, acc dtype, wrapped result)
+        self.last: tuple[FullWeights, np.dtype, object] | None = None  # (weights, acc dtype, wrapped result)
 
     # -- building -------------------------------------------------------------
 
@@ -84,51 +94,67 @@ class CompressedCounts(Resident):
         device_model = {k: xp.asarray(v) for k, v in model.items()}
         streams = kernels.encode(flat, block, *(device_model[k] for k in MODEL_KEYS))
         stats = {"entropy_bytes": float(entropy_bound(hist, flat, xp).sum() / 8)}
+        totals = flat.sum(axis=1, dtype=np.uint64)
         return cls(name, shape, flat.dtype, block, device_model,
-                   {"index": streams.index, "block_base": streams.block_base, "payload": streams.payload}, stats)
+                   {"index": streams.index, "block_base": streams.block_base, "payload": streams.payload, "totals": totals}, stats)
 
     # -- the resident interface --------------------------------------------------
 
     @property
     def nbytes(self) -> int:
-        parts = (self.streams.index, self.streams.block_base, self.streams.payload, *(getattr(self.model, k) for k in MODEL_KEYS))
+        parts = (self.streams.index, self.streams.block_base, self.streams.payload, self.totals, *(getattr(self.model, k) for k in MODEL_KEYS))
         return int(sum(p.nbytes for p in parts))
 
     def prepare_mask_sums(self, masks: MaskWeights) -> Callable:
-        full = np.zeros((masks.n_masks, self.frame_len), dtype=masks.weights.dtype)
-        full[:, masks.span_start : masks.span_start + masks.weights.shape[1]] = masks.weights
-        acc = masks.acc_dtype
-        integer = acc.kind in "iu" and np.abs(full.astype(np.float64)).max() < 2**62
+        weights = expanded(masks, self.frame_len)
         with self.lock:
             last = self.last
-        if integer and last is not None and last[0].shape == full.shape and last[1] == acc:
-            delta = full.astype(np.int64) - last[0]
-            changed = np.flatnonzero((delta != 0).any(axis=0))
-            if changed.size <= INCREMENTAL_SHARE * np.count_nonzero(full.any(axis=0)):
-                return self.plan_sums(full, acc, delta[:, changed], changed, base=last[2])
-        pixels = np.flatnonzero(full.any(axis=0))
-        return self.plan_sums(full, acc, full[:, pixels], pixels, base=None)
+        pixels, offsets = weights.direct, None
+        if weights.integer and weights.complement.size < pixels.size:
+            pixels, offsets = weights.complement, weights.offsets
+        if weights.integer and last is not None and last[1] == masks.acc_dtype and last[0].full.shape == weights.full.shape:
+            changed, delta = weights.changes_from(last[0])
+            if changed.size < pixels.size:
+                return self.plan_sums(weights, masks.acc_dtype, changed, delta, None, base=last[2])
+        chosen = weights.full[:, pixels] if offsets is None else weights.full[:, pixels] - offsets[:, None]
+        return self.plan_sums(weights, masks.acc_dtype, pixels, chosen, offsets, base=None)
 
-    def plan_sums(self, full: np.ndarray, acc: np.dtype, weights: np.ndarray, pixels: np.ndarray, base) -> Callable:
-        """``run()``: sums of ``weights`` over ``pixels`` (plus ``base``, a previous wrapped result), as ``acc``."""
-        integer = acc.kind in "iu"
-        wrapped = np.ascontiguousarray(weights.astype(np.int64).view(np.uint64) if integer else weights.astype(np.float64))
+    def plan_sums(self, weights: "FullWeights", acc: np.dtype, pixels: np.ndarray, chosen: np.ndarray, offsets, base) -> Callable:
+        """``run()``: sums of ``chosen`` weights over ``pixels`` (plus ``offsets`` times the frame totals, plus
+        ``base``, a previous wrapped result) as ``acc``; ``run.launch()`` starts it and returns ``finish()``."""
         xp = self.xp
+        integer = weights.integer
+        narrow = acc == np.uint32
+        wrapped = np.ascontiguousarray(chosen.astype(np.int64).view(np.uint64) if integer else chosen.astype(np.float64))
         device_weights, device_pixels = xp.asarray(wrapped), xp.asarray(pixels.astype(np.int64))
-        remembered = full.astype(np.int64) if integer else None
+        constant = None
+        if offsets is not None:
+            constant = xp.asarray(offsets.astype(np.int64).view(np.uint64))[:, None] * self.totals[None, :]
+        n_masks = weights.full.shape[0]
+        synchronize(xp)  # uploads done before another stream launches with them
+
+        def launch() -> Callable:
+            if device_pixels.size:
+                sums, done = self.kernels.mask_sums_async(self.streams, self.model, device_pixels, device_weights, narrow)
+            else:
+                sums, done = xp.zeros((n_masks, self.n_frames), dtype=np.uint32 if narrow else wrapped.dtype), (lambda: None)
+            for extra in (constant, base):
+                if extra is not None:
+                    sums = sums + extra.astype(sums.dtype, copy=False)
+
+            def finish():
+                done()
+                if integer:
+                    with self.lock:
+                        self.last = (weights, acc, sums)
+                return cast_wrapped(sums, acc)
+
+            return finish
 
         def run():
-            if device_pixels.size:
-                sums = self.kernels.mask_sums(self.streams, self.model, device_pixels, device_weights)
-            else:
-                sums = xp.zeros((full.shape[0], self.n_frames), dtype=wrapped.dtype)
-            if base is not None:
-                sums = sums + base
-            if integer:
-                with self.lock:
-                    self.last = (remembered, acc, sums)
-            return cast_wrapped(sums, acc)
+            return launch()()
 
+        run.launch = launch
         run.decoded_pixels = int(pixels.size)
         return run
 
@@ -147,6 +173,10 @@ class CompressedCounts(Resident):
         if indices.size and (indices.min() < 0 or indices.max() >= self.n_frames):
             raise IndexError(f"frame index out of range [0, {self.n_frames})")
         return self.xp.asarray(np.bincount(indices, minlength=self.n_frames).astype(np.uint32))
+
+    def stream_arrays(self) -> dict:
+        """The coded streams and their index, by STREAM_KEYS (what a saved resident holds besides the model)."""
+        return {"index": self.streams.index, "block_base": self.streams.block_base, "payload": self.streams.payload, "totals": self.totals}
 
     @property
     def data(self):
@@ -175,6 +205,74 @@ class CompressedCounts(Resident):
 
 
 MODEL_KEYS = ("run", "values", "table_start", "cum")
+STREAM_KEYS = ("index", "block_base", "payload", "totals")
+MEMO_SIZE = 8
+
+
+def synchronize(xp: ModuleType) -> None:
+    """Wait for the current CUDA stream (no-op on the CPU)."""
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+
+
+class FullWeights:
+    """A mask stack's weights over the whole detector, and what every resident's plan derives from them.
+
+    Made once per stack (see :func:`expanded`) and shared by the residents a
+    query spans, so a series pays the host work once.
+    """
+
+    def __init__(self, masks: MaskWeights, frame_len: int):
+        self.masks = masks
+        full = np.zeros((masks.n_masks, frame_len), dtype=masks.weights.dtype)
+        full[:, masks.span_start : masks.span_start + masks.weights.shape[1]] = masks.weights
+        self.integer = masks.acc_dtype.kind in "iu"  # integer sums: exact in wrapping arithmetic, whatever the order
+        self.full = full.astype(np.int64) if self.integer else full.astype(np.float64)
+        self.direct = np.flatnonzero(self.full.any(axis=0))
+        self.offsets = commonest(self.full) if self.integer else None
+        self.complement = np.flatnonzero((self.full != self.offsets[:, None]).any(axis=0)) if self.integer else self.direct
+        self.changes: OrderedDict = OrderedDict()
+
+    def changes_from(self, previous: "FullWeights") -> tuple[np.ndarray, np.ndarray]:
+        """(pixels whose weights changed since ``previous``, the weight changes there)."""
+        key = id(previous)
+        if key not in self.changes or self.changes[key][0] is not previous:
+            delta = self.full - previous.full
+            changed = np.flatnonzero((delta != 0).any(axis=0))
+            self.changes[key] = (previous, changed, delta[:, changed])
+            while len(self.changes) > 2:
+                self.changes.popitem(last=False)
+        return self.changes[key][1], self.changes[key][2]
+
+
+MEMO: OrderedDict = OrderedDict()
+MEMO_LOCK = threading.Lock()
+
+
+def expanded(masks: MaskWeights, frame_len: int) -> FullWeights:
+    """The FullWeights of ``masks`` (the same object for the same stack while it is recent)."""
+    key = (id(masks), frame_len)
+    with MEMO_LOCK:
+        hit = MEMO.get(key)
+        if hit is not None and hit.masks is masks:
+            MEMO.move_to_end(key)
+            return hit
+    made = FullWeights(masks, frame_len)
+    with MEMO_LOCK:
+        MEMO[key] = made
+        while len(MEMO) > MEMO_SIZE:
+            MEMO.popitem(last=False)
+    return made
+
+
+def commonest(full: np.ndarray) -> np.ndarray:
+    """The most frequent weight of each mask row (0 when the row's weights span too wide a range to count)."""
+    out = np.zeros(full.shape[0], dtype=np.int64)
+    for m, row in enumerate(full):
+        lo, hi = int(row.min()), int(row.max())
+        if hi - lo <= 4096:
+            out[m] = lo + int(np.argmax(np.bincount(row - lo)))
+    return out
 MODEL_DTYPES = {"run": np.uint8, "values": np.uint8, "table_start": np.uint32, "cum": np.uint16}
 
 

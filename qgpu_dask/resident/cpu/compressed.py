@@ -510,13 +510,24 @@ def model_args(streams: Streams, model: Model) -> tuple:
     )
 
 
-def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """``out[m, f] = sum_k weights[m, k] * count[f, pixels[k]]`` in weights.dtype (uint64 wraps; float64)."""
+def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray, narrow: bool = False) -> np.ndarray:
+    """``out[m, f] = sum_k weights[m, k] * count[f, pixels[k]]`` in weights.dtype (uint64 wraps; float64).
+
+    ``narrow`` (only the result modulo 2**32 is wanted) lets the CUDA twin
+    accumulate in uint32; here uint64 costs the same, so it is not used.
+    """
+    out, done = mask_sums_async(streams, model, pixels, weights, narrow)
+    done()
+    return out
+
+
+def mask_sums_async(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray, narrow: bool = False):
+    """:func:`mask_sums` as (out, done): ``done()`` raises for a malformed stream (here: already checked)."""
     out = np.empty((weights.shape[0], model.n_frames), dtype=weights.dtype)
     errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
-    mask_sums_loop(*model_args(streams, model), pixels.astype(np.int64), weights, out, errors)
+    mask_sums_loop(*model_args(streams, model), np.asarray(pixels, dtype=np.int64), weights, out, errors)
     raise_errors(errors)
-    return out
+    return out, lambda: None
 
 
 @pjit

@@ -15,15 +15,18 @@ import cupy
 import numpy as np
 
 from ...formats.codec import HIST_BINS, TOKEN_SLOTS, pack_index
-from ..cpu.compressed import ERRORS, Model, Streams
+from ..cpu import compressed as twin
+from ..cpu.compressed import ERRORS
 from .dense import kernel_dir, limits
 
-__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "roi_reduce", "frame", "decode_all", "check"]
+__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_all", "check"]
 
 THREADS = 256
 HIST_FRAMES = 1024  # frames per histogram block
-MASK_SMEM = 96 * 1024  # shared accumulator bytes per mask_sums block (two blocks fit a multiprocessor)
+MASK_THREADS = 128  # pixels per mask_sums block: each thread decodes one stream
+MASK_SMEM = 64 * 1024  # shared accumulator bytes per mask_sums block
 NO_ERROR = 2**64 - 1
+LUT_SIZE = 64  # kernels/compressed.cu LUT_SIZE: starting symbols per table
 CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
 
 
@@ -59,6 +62,41 @@ def grid(n: int, threads: int = THREADS) -> int:
     return max(1, -(-n // threads))
 
 
+class Model(twin.Model):
+    """The CPU twin's model plus, per pixel, lookup tables that start each symbol search near its answer."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        frame_len = self.run.shape[0]
+        self.lut = cupy.empty(frame_len * 2 * LUT_SIZE, dtype=np.uint8)
+        kernel("build_lut")(
+            (grid(self.lut.size),), (THREADS,), (self.run, self.values, self.table_start, self.cum, np.int32(frame_len), self.lut)
+        )
+        self.table_stride = table_stride(self.run, self.values)
+
+
+class Streams(twin.Streams):
+    """The CPU twin's streams, with the payload's allocation padded to whole 16-byte lines (the decoder reads lines)."""
+
+    def __init__(self, index, block_base, payload):
+        offset = payload.data.ptr - payload.data.mem.ptr
+        if payload.data.mem.size < offset + padded(payload.size):
+            copy = cupy.zeros(padded(payload.size), dtype=np.uint8)
+            copy[: payload.size] = payload
+            payload = copy[: payload.size]
+        super().__init__(index, block_base, payload)
+
+
+def table_stride(run, values) -> int:
+    """u16 entries that hold any pixel's value and run tables (even, so the LUT copies stay aligned)."""
+    entries = values.astype(np.int64) + 2 + cupy.where(run > 0, run.astype(np.int64) + 3, 0)
+    return int(entries.max()) + 1 & ~1
+
+
+def padded(n: int) -> int:
+    return -(-n // 16) * 16
+
+
 # ---------------------------------------------------------------- encoding
 
 
@@ -88,9 +126,9 @@ def token_histogram(flat: cupy.ndarray, block: int, run, values) -> cupy.ndarray
     return hist
 
 
-def model_params(run, values, table_start, cum, dtype) -> tuple:
+def model_params(run, values, table_start, cum, lut, dtype) -> tuple:
     dtype = np.dtype(dtype)
-    return (run, values, table_start, cum, np.int32(2 if dtype.itemsize == 4 else 1), np.int32(dtype.itemsize), np.uint32(np.iinfo(dtype).max))
+    return (run, values, table_start, cum, lut, np.int32(2 if dtype.itemsize == 4 else 1), np.int32(dtype.itemsize), np.uint32(np.iinfo(dtype).max))
 
 
 def encode(flat: cupy.ndarray, block: int, run, values, table_start, cum) -> Streams:
@@ -98,22 +136,30 @@ def encode(flat: cupy.ndarray, block: int, run, values, table_start, cum) -> Str
     t = counts_type(flat)
     n_frames, frame_len = flat.shape
     n_blocks = grid(n_frames, block)
-    model = model_params(run, values, table_start, cum, flat.dtype)
+    model = model_params(run, values, table_start, cum, cupy.empty(1, dtype=np.uint8), flat.dtype)  # encoders need no LUT
+    stride = table_stride(run, values)
+    smem = THREADS * 2 * stride
     forms = cupy.empty((n_blocks, frame_len), dtype=np.uint8)
     sizes = cupy.empty((n_blocks, frame_len), dtype=np.int64)
     launch = (grid(frame_len), n_blocks)
     common = (flat, np.int64(n_frames))
-    kernel(f"encode_sizes<{t}>")(launch, (THREADS,), (*common, np.int32(frame_len), np.int32(block), np.int32(n_blocks), *model, forms, sizes))
+    kernel(f"encode_sizes<{t}>")(
+        launch, (THREADS,), (*common, np.int32(frame_len), np.int32(block), np.int32(n_blocks), np.int32(stride), *model, forms, sizes),
+        shared_mem=smem,
+    )
     offsets = cupy.zeros_like(sizes)
     cupy.cumsum(sizes[:, :-1], axis=1, out=offsets[:, 1:])
     base = cupy.zeros(n_blocks + 1, dtype=np.uint64)
     cupy.cumsum(sizes.sum(axis=1), out=base[1:])
     index = pack_index(forms, offsets)
-    payload = cupy.zeros(int(base[-1]), dtype=np.uint8)
+    total = int(base[-1])
+    payload = cupy.zeros(padded(total), dtype=np.uint8)[:total]
     kernel(f"encode_write<{t}>")(
         launch,
         (THREADS,),
-        (*common, np.int32(block), np.int32(n_blocks), index, base, payload, np.int64(payload.size), np.int32(frame_len), *model, payload),
+        (*common, np.int32(block), np.int32(n_blocks), np.int32(stride), index, base, payload, np.int64(payload.size),
+         np.int32(frame_len), *model, payload),
+        shared_mem=smem,
     )
     return Streams(index, base, payload)
 
@@ -126,8 +172,13 @@ def stream_params(streams: Streams, model: Model) -> tuple:
     dtype = np.dtype(f"u{model.itemsize}")
     return (
         streams.index, streams.block_base, streams.payload, np.int64(streams.payload.size), np.int32(frame_len),
-        *model_params(model.run, model.values, model.table_start, model.cum, dtype),
+        *model_params(model.run, model.values, model.table_start, model.cum, model.lut, dtype),
     )
+
+
+def table_bytes(model: Model, threads: int) -> int:
+    """Shared memory for ``threads`` copies of a pixel's tables and LUTs."""
+    return threads * (2 * model.table_stride + 2 * LUT_SIZE)
 
 
 def raise_error(err: cupy.ndarray, frame_len: int) -> None:
@@ -139,18 +190,31 @@ def raise_error(err: cupy.ndarray, frame_len: int) -> None:
         raise ValueError(f"malformed compressed stream (scan block {b}, detector pixel {p}): {ERRORS.get(-code, 'unknown error')}")
 
 
-def mask_sums(streams: Streams, model: Model, pixels: cupy.ndarray, weights: cupy.ndarray) -> cupy.ndarray:
-    """``out[m, f] = sum_k weights[m, k] * count[f, pixels[k]]`` in weights.dtype (uint64 wraps; float64)."""
+def mask_sums(streams: Streams, model: Model, pixels: cupy.ndarray, weights: cupy.ndarray, narrow: bool = False) -> cupy.ndarray:
+    """``out[m, f] = sum_k weights[m, k] * count[f, pixels[k]]`` in weights.dtype (uint64 wraps; float64).
+
+    ``narrow``: only the result modulo 2**32 is wanted, so integer sums are
+    accumulated (and returned) in wrapping uint32, which halves the shared memory and atomics.
+    """
+    out, done = mask_sums_async(streams, model, pixels, weights, narrow)
+    done()
+    return out
+
+
+def mask_sums_async(streams: Streams, model: Model, pixels: cupy.ndarray, weights: cupy.ndarray, narrow: bool = False):
+    """:func:`mask_sums` launched on the current stream without waiting: (out, done); ``done()`` waits
+    and raises for a malformed stream. Several acquisitions' sums can so run at once on several streams."""
+    if narrow and weights.dtype == np.uint64:
+        weights = weights.astype(np.uint32)
     n_blocks, frame_len = streams.index.shape
     n_masks, n_pix = weights.shape
-    wtype = {np.dtype(np.uint64): "unsigned long long", np.dtype(np.float64): "double"}[weights.dtype]
+    wtype = {np.dtype(np.uint32): "unsigned int", np.dtype(np.uint64): "unsigned long long", np.dtype(np.float64): "double"}[weights.dtype]
     block = model.block
     out = cupy.zeros((n_masks, model.n_frames), dtype=weights.dtype)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
-    sms = limits(cupy.cuda.Device().id)[0]
-    chunks = max(1, min(grid(n_pix), -(-8 * sms // n_blocks)))
-    per_chunk = -(-n_pix // chunks)
+    chunks = grid(n_pix, MASK_THREADS)
     group = max(1, min(n_masks, MASK_SMEM // (block * weights.itemsize)))
+    tables = table_bytes(model, MASK_THREADS)
     kern = kernel(f"mask_sums<{wtype}>")
     params = stream_params(streams, model)
     pixels = cupy.ascontiguousarray(pixels, dtype=np.int64)
@@ -159,12 +223,12 @@ def mask_sums(streams: Streams, model: Model, pixels: cupy.ndarray, weights: cup
         w = cupy.ascontiguousarray(weights[m0 : m0 + nm])
         kern(
             (n_blocks, chunks),
-            (THREADS,),
-            (*params, np.int64(model.n_frames), np.int32(block), pixels, np.int64(n_pix), np.int64(per_chunk), w, np.int32(nm), out[m0:], err),
-            shared_mem=nm * block * weights.itemsize,
+            (MASK_THREADS,),
+            (*params, np.int64(model.n_frames), np.int32(block), pixels, np.int64(n_pix), np.int32(model.table_stride), w,
+             np.int32(nm), out[m0:], err),
+            shared_mem=nm * block * weights.itemsize + tables,
         )
-    raise_error(err, frame_len)
-    return out
+    return out, lambda: raise_error(err, frame_len)
 
 
 def roi_reduce(streams: Streams, model: Model, mult: cupy.ndarray, op: str) -> cupy.ndarray:
@@ -180,8 +244,10 @@ def roi_reduce(streams: Streams, model: Model, mult: cupy.ndarray, op: str) -> c
     kernel("roi_reduce")(
         (grid(frame_len, 128), chunks),
         (128,),
-        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), cupy.asarray(blocks.astype(np.int64)),
-         np.int64(blocks.size), np.int64(per_chunk), cupy.asarray(mult, dtype=np.uint32), np.int32(op == "max"), out, err),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride),
+         cupy.asarray(blocks.astype(np.int64)), np.int64(blocks.size), np.int64(per_chunk), cupy.asarray(mult, dtype=np.uint32),
+         np.int32(op == "max"), out, err),
+        shared_mem=table_bytes(model, 128),
     )
     raise_error(err, frame_len)
     return out
@@ -194,7 +260,9 @@ def frame(streams: Streams, model: Model, index: int) -> cupy.ndarray:
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
     kernel("frame")(
         (grid(frame_len, 128),), (128,),
-        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int64(index), out, err),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride), np.int64(index),
+         out, err),
+        shared_mem=table_bytes(model, 128),
     )
     raise_error(err, frame_len)
     return out
@@ -207,7 +275,9 @@ def decode_all(streams: Streams, model: Model, dtype) -> cupy.ndarray:
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
     kernel(f"decode_all<{CTYPES[np.dtype(dtype)]}>")(
         (grid(frame_len, 128), n_blocks), (128,),
-        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(n_blocks), out, err),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride),
+         np.int32(n_blocks), out, err),
+        shared_mem=table_bytes(model, 128),
     )
     raise_error(err, frame_len)
     return out
@@ -219,6 +289,8 @@ def check(streams: Streams, model: Model) -> None:
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
     kernel("check")(
         (grid(frame_len, 128), n_blocks), (128,),
-        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(n_blocks), err),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride),
+         np.int32(n_blocks), err),
+        shared_mem=table_bytes(model, 128),
     )
     raise_error(err, frame_len)
