@@ -200,3 +200,12 @@ def test_large_masks_decode_their_complement(rng):
         run = resident.prepare_mask_sums(mask_weights(mask, (20, 20), counts.dtype))
         assert run.decoded_pixels == at_most
         assert (run().reshape(-1, 12, 13) == dense.virtual_images(mask)).all()
+
+
+def test_check_catches_wrong_totals(rng):
+    counts = rng.poisson(0.5, (6, 7, 5, 5)).astype(np.uint16)
+    resident = encode(counts)
+    resident.check()
+    resident.totals[3] += 1
+    with pytest.raises(ValueError, match="frame totals do not match"):
+        resident.check()

@@ -28,10 +28,6 @@ from ..formats import codec
 from .base import Resident
 from .masks import MaskWeights
 
-# An incremental answer is used when the changed pixels are at most this share
-# of the new masks' pixels.
-INCREMENTAL_SHARE = 0.5
-
 
 def kernels_for(xp: ModuleType) -> ModuleType:
     """The compressed kernel module of an array module: CUDA for CuPy, Numba for NumPy."""
@@ -184,8 +180,14 @@ class CompressedCounts(Resident):
         return self.kernels.decode_all(self.streams, self.model, self.dtype).reshape(self.shape)
 
     def check(self) -> None:
-        """Decode every stream once; ValueError naming the first malformed one."""
+        """Decode every stream once; ValueError naming the first malformed one, or if the kept frame
+        totals (which answer large masks) disagree with the streams."""
         self.kernels.check(self.streams, self.model)
+        xp = self.xp
+        pixels = xp.arange(self.frame_len, dtype=np.int64)
+        sums = self.kernels.mask_sums(self.streams, self.model, pixels, xp.ones((1, self.frame_len), dtype=np.uint64))
+        if not bool((sums[0] == self.totals).all()):
+            raise ValueError(f"compressed acquisition {self.name!r}: the kept frame totals do not match its streams")
 
     def forms(self) -> dict[str, int]:
         """How many streams are held in each form."""
