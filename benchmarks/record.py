@@ -13,14 +13,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def commit() -> str:
-    """The checked-out commit (with '+dirty' when the tree has changes), or 'unknown'."""
+    """QGPU_DASK_COMMIT when set (a copied tree on another machine may carry a stale .git), else the
+    checked-out commit (with '+dirty' when the tree has changes), or 'unknown'."""
+    if os.environ.get("QGPU_DASK_COMMIT"):
+        return os.environ["QGPU_DASK_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("QGPU_DASK_COMMIT", "unknown")
+        return "unknown"
 
 
 def machine() -> dict:

@@ -291,21 +291,27 @@ __device__ __forceinline__ u32 get_le(const u8* payload, i64 at, int nbytes) {
     return v;
 }
 
-// A stream's 16-bit words, read 16 bytes at a time into registers (one load per eight words). Streams
-// start on even bytes; the payload allocation is padded to 16 bytes, so a whole line is always readable.
+// A stream's 16-bit words in order, read 16 bytes at a time into registers (one load per eight
+// words). Streams start on even bytes and the payload allocation is padded to 16 bytes, so every
+// line holding a word of a stream is readable.
 struct WordReader {
-    const uint4* lines;
-    i64 line;
+    const uint4* line;
     uint4 buf;
-    __device__ u32 operator()(i64 at) {
-        i64 l = at >> 4;
-        if (l != line) {
-            buf = __ldg(lines + l);
-            line = l;
+    int k;  // index of the next word in buf, 0..7
+    __device__ explicit WordReader(const u8* at)
+        : line(reinterpret_cast<const uint4*>(reinterpret_cast<size_t>(at) & ~(size_t)15)),
+          k((int)(reinterpret_cast<size_t>(at) & 15) >> 1) {
+        buf = __ldg(line);
+    }
+    __device__ __forceinline__ u32 next() {
+        if (k == 8) {
+            buf = __ldg(++line);
+            k = 0;
         }
-        int q = (int)(at >> 2) & 3;
-        u32 v = q == 0 ? buf.x : q == 1 ? buf.y : q == 2 ? buf.z : buf.w;
-        return (at & 2) ? v >> 16 : v & 0xFFFFu;
+        u32 v = k < 4 ? (k < 2 ? buf.x : buf.y) : (k < 6 ? buf.z : buf.w);
+        u32 word = (k & 1) ? v >> 16 : v & 0xFFFFu;
+        ++k;
+        return word;
     }
 };
 
@@ -396,12 +402,12 @@ __device__ int decode_stream(const Streams& st, const Model& m, const PixelTable
         return 0;
     }
     if (form != ANS) return E_FORM;
-    i64 n_words = length / 2;
-    if ((length & 1) || n_words < 2) return E_LENGTH;
-    WordReader word{reinterpret_cast<const uint4*>(pl), -1, make_uint4(0, 0, 0, 0)};
-    u32 x = word(start) | (word(start + 2) << 16);
+    if ((length & 1) || length < 4) return E_LENGTH;
+    WordReader word(pl + start);
+    u32 x = word.next();
+    x |= word.next() << 16;
     if (x < STATE_LOW) return E_STATE;
-    i64 w = 2;
+    int left = (int)(length / 2) - 2;  // words not read yet
     const int run = tb.run, nv = tb.nv;
     const u16 *vt = tb.vt, *rt = tb.rt;
     const u8 *vlut = tb.vlut, *rlut = tb.rlut;
@@ -410,9 +416,9 @@ __device__ int decode_stream(const Streams& st, const Model& m, const PixelTable
         if (run > 0) {
             int r = get_symbol(x, rt, rlut);
             if (x < STATE_LOW) {
-                if (w >= n_words) return E_TRUNCATED;
-                x = (x << 16) | word(start + 2 * w);
-                ++w;
+                if (left == 0) return E_TRUNCATED;
+                x = (x << 16) | word.next();
+                --left;
             }
             if (r == run + 1) break;
             i += r;
@@ -421,9 +427,9 @@ __device__ int decode_stream(const Streams& st, const Model& m, const PixelTable
         }
         int s = get_symbol(x, vt, vlut);
         if (x < STATE_LOW) {
-            if (w >= n_words) return E_TRUNCATED;
-            x = (x << 16) | word(start + 2 * w);
-            ++w;
+            if (left == 0) return E_TRUNCATED;
+            x = (x << 16) | word.next();
+            --left;
         }
         u64 v = (u64)s + (run > 0 ? 1 : 0);
         if (s == nv) {
@@ -431,9 +437,9 @@ __device__ int decode_stream(const Streams& st, const Model& m, const PixelTable
             for (int c = 0; c < m.chunks; ++c) {
                 excess |= (u64)(x & 0xFFFFu) << (16 * c);
                 x >>= 16;
-                if (w >= n_words) return E_TRUNCATED;
-                x = (x << 16) | word(start + 2 * w);
-                ++w;
+                if (left == 0) return E_TRUNCATED;
+                x = (x << 16) | word.next();
+                --left;
             }
             v += excess;
         }
@@ -441,7 +447,7 @@ __device__ int decode_stream(const Streams& st, const Model& m, const PixelTable
         if (v) emit(i, (u32)v);
         ++i;
     }
-    if (x != STATE_LOW || w != n_words) return E_STATE;
+    if (x != STATE_LOW || left != 0) return E_STATE;
     return 0;
 }
 
@@ -456,24 +462,21 @@ __device__ __forceinline__ void atomic_add(double* a, double v) { atomicAdd(a, v
 
 // Sums of weights[m, k] * count[f, pixels[k]]: one block per (scan block, pixel chunk), accumulated in
 // shared memory over the block's scan positions, then added into out (zeroed; wrapping u64 or double).
-template <class W>
+template <class W, int NM>
 struct MaskEmit {
     W* acc;
-    const W* w;
-    int n_masks;
     int block;
-    i64 n_pix;
-    __device__ void operator()(int pos, u32 v) {
-        for (int m = 0; m < n_masks; ++m) {
-            W wm = w[m * n_pix];
-            if (wm != W(0)) atomic_add(&acc[m * block + pos], wm * (W)v);
-        }
+    W w[NM];  // this pixel's weight in each mask
+    __device__ __forceinline__ void operator()(int pos, u32 v) {
+#pragma unroll
+        for (int m = 0; m < NM; ++m) atomic_add(&acc[m * block + pos], w[m] * (W)v);
     }
 };
 
-template <class W>
+template <class W, int NM>
 __global__ void mask_sums(STREAM_PARAMS, i64 n_frames, int block, const i64* pixels, i64 n_pix, int table_stride,
-                          const W* weights, int n_masks, W* out, u64* err) {
+                          const W* weights, W* out, u64* err) {
+    const int n_masks = NM;
     MAKE_STREAMS
     // shared: accumulators (n_masks x block), then each thread's copy of its pixel's tables and LUTs,
     // so the symbol searches of the decode loop never leave the multiprocessor.
@@ -488,7 +491,9 @@ __global__ void mask_sums(STREAM_PARAMS, i64 n_frames, int block, const i64* pix
     if (k < n_pix) {
         int p = (int)pixels[k];
         PixelTables tb = thread_tables(model, p, acc + n_masks * block, table_stride);
-        MaskEmit<W> emit{acc, weights + k, n_masks, block, n_pix};
+        MaskEmit<W, NM> emit{acc, block, {}};
+#pragma unroll
+        for (int m = 0; m < NM; ++m) emit.w[m] = weights[m * n_pix + k];
         int code = decode_stream(st, model, tb, b, p, n, emit);
         if (code) report(err, b, p, st.frame_len, code);
     }

@@ -122,21 +122,20 @@ class CompressedCounts(Resident):
         integer = weights.integer
         narrow = acc == np.uint32
         wrapped = np.ascontiguousarray(chosen.astype(np.int64).view(np.uint64) if integer else chosen.astype(np.float64))
-        device_weights, device_pixels = xp.asarray(wrapped), xp.asarray(pixels.astype(np.int64))
-        constant = None
-        if offsets is not None:
-            constant = xp.asarray(offsets.astype(np.int64).view(np.uint64))[:, None] * self.totals[None, :]
+        pixels = pixels.astype(np.int64)
+        wrapped_offsets = None if offsets is None else offsets.astype(np.int64).view(np.uint64)[:, None]
         n_masks = weights.full.shape[0]
-        synchronize(xp)  # uploads done before another stream launches with them
 
         def launch() -> Callable:
-            if device_pixels.size:
-                sums, done = self.kernels.mask_sums_async(self.streams, self.model, device_pixels, device_weights, narrow)
+            # uploads go on the launching stream, so the kernels after them need no other wait
+            if pixels.size:
+                sums, done = self.kernels.mask_sums_async(self.streams, self.model, xp.asarray(pixels), xp.asarray(wrapped), narrow)
             else:
                 sums, done = xp.zeros((n_masks, self.n_frames), dtype=np.uint32 if narrow else wrapped.dtype), (lambda: None)
-            for extra in (constant, base):
-                if extra is not None:
-                    sums = sums + extra.astype(sums.dtype, copy=False)
+            if wrapped_offsets is not None:
+                sums = sums + (xp.asarray(wrapped_offsets) * self.totals[None, :]).astype(sums.dtype, copy=False)
+            if base is not None:
+                sums = sums + base.astype(sums.dtype, copy=False)
 
             def finish():
                 done()
@@ -211,12 +210,6 @@ STREAM_KEYS = ("index", "block_base", "payload", "totals")
 MEMO_SIZE = 8
 
 
-def synchronize(xp: ModuleType) -> None:
-    """Wait for the current CUDA stream (no-op on the CPU)."""
-    if xp is not np:
-        xp.cuda.get_current_stream().synchronize()
-
-
 class FullWeights:
     """A mask stack's weights over the whole detector, and what every resident's plan derives from them.
 
@@ -226,13 +219,16 @@ class FullWeights:
 
     def __init__(self, masks: MaskWeights, frame_len: int):
         self.masks = masks
-        full = np.zeros((masks.n_masks, frame_len), dtype=masks.weights.dtype)
-        full[:, masks.span_start : masks.span_start + masks.weights.shape[1]] = masks.weights
         self.integer = masks.acc_dtype.kind in "iu"  # integer sums: exact in wrapping arithmetic, whatever the order
-        self.full = full.astype(np.int64) if self.integer else full.astype(np.float64)
-        self.direct = np.flatnonzero(self.full.any(axis=0))
-        self.offsets = commonest(self.full) if self.integer else None
-        self.complement = np.flatnonzero((self.full != self.offsets[:, None]).any(axis=0)) if self.integer else self.direct
+        span = masks.weights.astype(np.int64 if self.integer else np.float64)
+        self.full = np.zeros((masks.n_masks, frame_len), dtype=span.dtype)
+        self.full[:, masks.span_start : masks.span_start + span.shape[1]] = span
+        self.direct = np.flatnonzero(span.any(axis=0)) + masks.span_start
+        self.offsets = commonest(span, frame_len) if self.integer else None
+        if self.offsets is None or not self.offsets.any():
+            self.complement = self.direct
+        else:
+            self.complement = np.flatnonzero((self.full != self.offsets[:, None]).any(axis=0))
         self.changes: OrderedDict = OrderedDict()
 
     def changes_from(self, previous: "FullWeights") -> tuple[np.ndarray, np.ndarray]:
@@ -267,13 +263,19 @@ def expanded(masks: MaskWeights, frame_len: int) -> FullWeights:
     return made
 
 
-def commonest(full: np.ndarray) -> np.ndarray:
-    """The most frequent weight of each mask row (0 when the row's weights span too wide a range to count)."""
-    out = np.zeros(full.shape[0], dtype=np.int64)
-    for m, row in enumerate(full):
-        lo, hi = int(row.min()), int(row.max())
+def commonest(span: np.ndarray, frame_len: int) -> np.ndarray:
+    """The most frequent weight of each mask over the whole detector (the pixels outside ``span`` weigh 0);
+    0 when zeros are the majority, or when a mask's weights span too wide a range to count."""
+    out = np.zeros(span.shape[0], dtype=np.int64)
+    for m, row in enumerate(span):
+        zeros = frame_len - np.count_nonzero(row)
+        if 2 * zeros >= frame_len:
+            continue
+        lo, hi = min(int(row.min()), 0), max(int(row.max()), 0)
         if hi - lo <= 4096:
-            out[m] = lo + int(np.argmax(np.bincount(row - lo)))
+            counts = np.bincount(row - lo, minlength=hi - lo + 1)
+            counts[-lo] = zeros
+            out[m] = lo + int(np.argmax(counts))
     return out
 MODEL_DTYPES = {"run": np.uint8, "values": np.uint8, "table_start": np.uint32, "cum": np.uint16}
 

@@ -24,6 +24,7 @@ __all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "
 THREADS = 256
 HIST_FRAMES = 1024  # frames per histogram block
 MASK_THREADS = 128  # pixels per mask_sums block: each thread decodes one stream
+MASK_GROUP = 4  # masks accumulated in one pass over the streams (one template instantiation each)
 MASK_SMEM = 64 * 1024  # shared accumulator bytes per mask_sums block
 NO_ERROR = 2**64 - 1
 LUT_SIZE = 64  # kernels/compressed.cu LUT_SIZE: starting symbols per table
@@ -213,19 +214,18 @@ def mask_sums_async(streams: Streams, model: Model, pixels: cupy.ndarray, weight
     out = cupy.zeros((n_masks, model.n_frames), dtype=weights.dtype)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
     chunks = grid(n_pix, MASK_THREADS)
-    group = max(1, min(n_masks, MASK_SMEM // (block * weights.itemsize)))
+    group = max(1, min(n_masks, MASK_GROUP, MASK_SMEM // (block * weights.itemsize)))
     tables = table_bytes(model, MASK_THREADS)
-    kern = kernel(f"mask_sums<{wtype}>")
     params = stream_params(streams, model)
     pixels = cupy.ascontiguousarray(pixels, dtype=np.int64)
     for m0 in range(0, n_masks, group):
         nm = min(group, n_masks - m0)
         w = cupy.ascontiguousarray(weights[m0 : m0 + nm])
-        kern(
+        kernel(f"mask_sums<{wtype}, {nm}>")(
             (n_blocks, chunks),
             (MASK_THREADS,),
             (*params, np.int64(model.n_frames), np.int32(block), pixels, np.int64(n_pix), np.int32(model.table_stride), w,
-             np.int32(nm), out[m0:], err),
+             out[m0:], err),
             shared_mem=nm * block * weights.itemsize + tables,
         )
     return out, lambda: raise_error(err, frame_len)
