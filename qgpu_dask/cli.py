@@ -54,6 +54,10 @@ def demo(args: argparse.Namespace) -> int:
                 a.release()
         series = svc.load(paths, dataset="/entry/data")
         print(f"loaded across {len({a.owner for a in series})} shard(s) in {time.perf_counter() - t0:.2f} s")
+        held = series[0].info()
+        if held["layout"] == "compressed":
+            print(f"held compressed ({held['format']}): {held['ratio']:.1f}x smaller than raw, "
+                  f"{held['bound_ratio']:.2f}x the entropy bound of its counts")
 
         geo = crystal_geometry(det)
         detectors = {

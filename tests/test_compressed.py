@@ -42,7 +42,7 @@ def assert_same_queries(resident, counts: np.ndarray, rng) -> None:
 
 @pytest.mark.parametrize("dose", [0.05, 0.3, 1.0, 5.0])
 def test_poisson_round_trip_near_entropy(rng, dose):
-    counts = rng.poisson(dose, (37, 29, 17, 17)).astype(np.uint16)  # 1073 scans: not a multiple of any block
+    counts = rng.poisson(dose, (67, 61, 17, 17)).astype(np.uint16)  # 4087 scans: not a multiple of any block
     resident = encode(counts)
     resident.check()
     assert_same_queries(resident, counts, rng)

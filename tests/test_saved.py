@@ -213,3 +213,18 @@ def test_damaged_files_refused(svc, names, rng, tmp_path, representation):
     assert not [n for n in refused if n in svc]
     assert all(s["reserved_bytes"] == 0 for s in svc.info()["shards"])
     still_usable(svc, names, rng)
+
+
+def test_unknown_arrays_refused(tmp_path, rng):
+    from qgpu_dask.io.saved import open_resident, save_resident
+    from qgpu_dask.resident.compressed import CompressedCounts
+
+    counts = poisson(rng)
+    resident = CompressedCounts.encode("t", counts.reshape(35, -1), counts.shape)
+    path = tmp_path / "r.qgpu"
+    save_resident(resident, path)
+    meta, arrays = container.read(path)
+    meta.pop("arrays")
+    container.write(path, meta, arrays | {"extra": np.zeros(3, np.uint8)})
+    with pytest.raises(ValueError, match=r"holds arrays this version does not know: \['extra'\]"):
+        open_resident("t", path)

@@ -41,6 +41,7 @@ RUN_SLOT = 64  # token histogram row: value symbols at [0, V], run symbols at [R
 TOKEN_SLOTS = RUN_SLOT + MAX_RUN + 2
 MIN_BLOCK, MAX_BLOCK = 256, 4096
 STREAM_BITS = 1024  # a stream should carry about this many bits, so its fixed costs stay small
+TABLE_SHARE = 0.01  # a pixel's run table may cost about this share of its coded counts
 
 
 def raw_chunks(dtype) -> int:
@@ -52,15 +53,21 @@ def choose_models(hist: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarr
     """(run, V) per pixel from value histograms (frame_len, HIST_BINS).
 
     Run mode when more than half of a pixel's counts are zero, with R about
-    twice the mean run of zeros; V is the smallest alphabet whose escapes are
-    rarer than 1 in 2**12 (at most MAX_V).
+    twice the mean run of zeros, but no larger than keeps the run table (2 (R + 3)
+    bytes) within TABLE_SHARE of the pixel's expected coded size: runs are nearly
+    geometric, so a smaller R costs the streams little and a short acquisition
+    saves its tables. V is the smallest alphabet whose escapes are rarer than 1
+    in 2**12 (at most MAX_V).
     """
     hist = np.asarray(hist, dtype=np.int64)
     zeros = hist[:, 0]
     nonzero = n_frames - zeros
     run_mode = zeros * 2 > n_frames
     mean_run = zeros / np.maximum(nonzero, 1)
-    run = np.where(run_mode, np.clip(2 ** np.ceil(np.log2(np.maximum(2 * mean_run, 1))), 4, MAX_RUN), 0).astype(np.uint8)
+    affordable = TABLE_SHARE * entropy_bits(hist, n_frames) / 16 - 3
+    cap = np.clip(2 ** np.floor(np.log2(np.maximum(affordable, 1))), 4, MAX_RUN)
+    wanted = 2 ** np.ceil(np.log2(np.maximum(2 * mean_run, 1)))
+    run = np.where(run_mode, np.clip(wanted, 4, cap), 0).astype(np.uint8)
 
     # tail[p, v] = number of counts >= v, for the v an alphabet can reach
     cols = MAX_V + 2

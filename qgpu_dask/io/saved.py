@@ -64,6 +64,9 @@ def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = No
     missing = [k for k in wanted if k not in arrays]
     if missing:
         raise ValueError(f"{where!r}: the saved {layout} resident lacks the arrays {missing}")
+    unknown = sorted(k for k in arrays if k not in wanted)
+    if unknown:
+        raise ValueError(f"{where!r}: the saved {layout} resident holds arrays this version does not know: {unknown}")
     if layout == "dense":
         counts = arrays[DENSE_KEY]
         if counts.dtype != np.dtype(meta["dtype"]):
