@@ -344,6 +344,18 @@ def get_symbol(x, t, nsym, cum):
     return lo, f * (x >> PROB_BITS) + slot - c
 
 
+@jit
+def renormalize(x, payload, start, w, n_words):
+    """(state, next word): the state refilled from word ``w`` when it fell below STATE_LOW; word -1 when
+    the stream has no word left."""
+    if x < STATE_LOW:
+        if w >= n_words:
+            return x, -1
+        x = (x << 16) | get_le(payload, start + 2 * w, 2)
+        w += 1
+    return x, w
+
+
 @numba.njit(cache=True, nogil=True)
 def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsize, maxval, pos, val):
     """Nonzero counts of one stream into (pos, val); returns their number, or a negative ERRORS code."""
@@ -401,11 +413,9 @@ def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsi
     while i < n:
         if run > 0:
             r, x = get_symbol(x, rt, run + 2, cum)
-            if x < STATE_LOW:
-                if w >= n_words:
-                    return -2
-                x = (x << 16) | get_le(payload, start + 2 * w, 2)
-                w += 1
+            x, w = renormalize(x, payload, start, w, n_words)
+            if w < 0:
+                return -2
             if r == run + 1:
                 break
             i += r
@@ -416,11 +426,9 @@ def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsi
             if i >= n:
                 return -4
         s, x = get_symbol(x, vt, nv + 1, cum)
-        if x < STATE_LOW:
-            if w >= n_words:
-                return -2
-            x = (x << 16) | get_le(payload, start + 2 * w, 2)
-            w += 1
+        x, w = renormalize(x, payload, start, w, n_words)
+        if w < 0:
+            return -2
         v = s + (1 if run > 0 else 0)
         if s == nv:
             excess = np.int64(0)
@@ -469,6 +477,15 @@ def decode_at(streams_index, block_base, payload, b, p, n_frames, block, run, va
     return decode_stream(payload, start, end, form, n, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, itemsize, maxval, pos, val)
 
 
+@jit
+def failed(errors, b, p, cnt):
+    """Record a decode error (cnt < 0) of stream (b, p); whether there was one."""
+    if cnt < 0:
+        errors[b, 0] = cnt
+        errors[b, 1] = p
+    return cnt < 0
+
+
 @pjit
 def mask_sums_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pixels, weights, out, errors):
     n_blocks = index.shape[0]
@@ -481,9 +498,7 @@ def mask_sums_loop(index, block_base, payload, n_frames, block, run, values, tab
         for k in range(pixels.shape[0]):
             p = pixels[k]
             cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-            if cnt < 0:
-                errors[b, 0] = cnt
-                errors[b, 1] = p
+            if failed(errors, b, p, cnt):
                 break
             for m in range(n_masks):
                 w = weights[m, k]
@@ -540,9 +555,7 @@ def roi_reduce_loop(index, block_base, payload, n_frames, block, run, values, ta
         for k in range(blocks.shape[0]):
             b = blocks[k]
             cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-            if cnt < 0:
-                errors[b, 0] = cnt
-                errors[b, 1] = p
+            if failed(errors, b, p, cnt):
                 break
             for j in range(cnt):
                 m = mult[b * block + pos[j]]
@@ -572,9 +585,7 @@ def frame_loop(index, block_base, payload, n_frames, block, run, values, table_s
         pos = np.empty(block, dtype=np.int64)
         val = np.empty(block, dtype=np.uint32)
         cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-        if cnt < 0:
-            errors[b, 0] = cnt
-            errors[b, 1] = p
+        if failed(errors, b, p, cnt):
             continue
         v = np.uint32(0)
         for j in range(cnt):
@@ -600,9 +611,7 @@ def decode_all_loop(index, block_base, payload, n_frames, block, run, values, ta
         pos = np.empty(block, dtype=np.int64)
         val = np.empty(block, dtype=out.dtype)
         cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-        if cnt < 0:
-            errors[b, 0] = cnt
-            errors[b, 1] = p
+        if failed(errors, b, p, cnt):
             continue
         for j in range(cnt):
             out[b * block + pos[j], p] = val[j]
@@ -625,9 +634,7 @@ def check_loop(index, block_base, payload, n_frames, block, run, values, table_s
         val = np.empty(block, dtype=np.uint32)
         for p in range(frame_len):
             cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-            if cnt < 0:
-                errors[b, 0] = cnt
-                errors[b, 1] = p
+            if failed(errors, b, p, cnt):
                 break
 
 
