@@ -188,14 +188,6 @@ __device__ const u16* encoder_tables(const Model& m, int p, int table_stride) {
     return copy;
 }
 
-// Stream (b, p) of the counts: a column of stride frame_len; n gets its length.
-template <class T>
-__device__ __forceinline__ const T* stream_column(const T* flat, i64 n_frames, int frame_len, int block, int b, int p, int& n) {
-    i64 lo = (i64)b * block;
-    n = (int)min((i64)block, n_frames - lo);
-    return flat + lo * frame_len + p;
-}
-
 template <class T>
 __global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame_len, int block, int n_blocks, int table_stride,
                              MODEL_PARAMS, u8* forms, i64* sizes) {
@@ -203,8 +195,9 @@ __global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
     if (p >= frame_len || b >= n_blocks) return;
-    int n;
-    const T* col = stream_column(flat, n_frames, frame_len, block, b, p, n);
+    i64 lo = (i64)b * block;
+    int n = (int)min((i64)block, n_frames - lo);
+    const T* col = flat + lo * frame_len + p;
     i64 nnz = 0;
     u32 vmin = col[0], vmax = vmin;
     for (int i = 0; i < n; ++i) {
@@ -245,8 +238,9 @@ __global__ void encode_write(const T* __restrict__ flat, i64 n_frames, int block
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
     if (p >= frame_len || b >= n_blocks) return;
-    int n;
-    const T* col = stream_column(flat, n_frames, frame_len, block, b, p, n);
+    i64 lo = (i64)b * block;
+    int n = (int)min((i64)block, n_frames - lo);
+    const T* col = flat + lo * frame_len + p;
     i64 start, end;
     int form;
     stream_bounds(st, b, p, start, end, form);
@@ -572,14 +566,9 @@ struct DenseEmit {
     __device__ void operator()(int pos, u32 v) { out[(i64)pos * frame_len] = (T)v; }
 };
 
-struct NoEmit {
-    __device__ void operator()(int, u32) {}
-};
-
-// Decode every stream, one thread each: WRITE puts every count back into out (zeroed, n_frames x
-// frame_len); without it the streams are only checked.
-template <class T, bool WRITE>
-__global__ void decode_streams(STREAM_PARAMS, i64 n_frames, int block, int table_stride, int n_blocks, T* out, u64* err) {
+// Every count back into out (zeroed, n_frames x frame_len): one thread per stream.
+template <class T>
+__global__ void decode_all(STREAM_PARAMS, i64 n_frames, int block, int table_stride, int n_blocks, T* out, u64* err) {
     MAKE_STREAMS
     extern __shared__ unsigned long long smem_words[];
     int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -587,14 +576,24 @@ __global__ void decode_streams(STREAM_PARAMS, i64 n_frames, int block, int table
     if (p >= st.frame_len || b >= n_blocks) return;
     PixelTables tb = thread_tables(model, p, smem_words, table_stride);
     i64 lo = (i64)b * block;
-    int n = (int)min((i64)block, n_frames - lo);
-    int code;
-    if (WRITE) {
-        DenseEmit<T> emit{out + lo * frame_len + p, frame_len};
-        code = decode_stream(st, model, tb, b, p, n, emit);
-    } else {
-        NoEmit emit;
-        code = decode_stream(st, model, tb, b, p, n, emit);
-    }
+    DenseEmit<T> emit{out + lo * frame_len + p, frame_len};
+    int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
+    if (code) report(err, b, p, st.frame_len, code);
+}
+
+struct NoEmit {
+    __device__ void operator()(int, u32) {}
+};
+
+__global__ void check(STREAM_PARAMS, i64 n_frames, int block, int table_stride, int n_blocks, u64* err) {
+    MAKE_STREAMS
+    extern __shared__ unsigned long long smem_words[];
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    int b = blockIdx.y;
+    if (p >= st.frame_len || b >= n_blocks) return;
+    PixelTables tb = thread_tables(model, p, smem_words, table_stride);
+    i64 lo = (i64)b * block;
+    NoEmit emit;
+    int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
     if (code) report(err, b, p, st.frame_len, code);
 }

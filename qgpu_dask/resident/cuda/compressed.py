@@ -9,13 +9,15 @@ ValueError, so no partial result leaves.
 
 from __future__ import annotations
 
+import functools
+
 import cupy
 import numpy as np
 
 from ...formats.codec import HIST_BINS, TOKEN_SLOTS, pack_index
 from ..cpu import compressed as twin
 from ..cpu.compressed import ERRORS
-from .dense import compile_source, limits
+from .dense import kernel_dir, limits
 
 __all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_all", "check"]
 
@@ -29,9 +31,24 @@ LUT_SIZE = 64  # kernels/compressed.cu LUT_SIZE: starting symbols per table
 CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
 
 
+@functools.cache
+def source() -> str:
+    return (kernel_dir() / "compressed.cu").read_text()
+
+
+@functools.cache
+def compiled(name_expr: str, device_id: int) -> cupy.RawKernel:
+    """One kernel (template instantiation), compiled once per device."""
+    module = cupy.RawModule(code=source(), options=("-std=c++17",), name_expressions=[name_expr])
+    kern = module.get_function(name_expr)
+    optin = limits(device_id)[1]
+    if optin > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = optin - kern.shared_size_bytes
+    return kern
+
+
 def kernel(name_expr: str) -> cupy.RawKernel:
-    """The compiled kernel ``name_expr`` of kernels/compressed.cu for the current device."""
-    return compile_source("compressed.cu", name_expr, ("-std=c++17",), cupy.cuda.Device().id)
+    return compiled(name_expr, cupy.cuda.Device().id)
 
 
 def counts_type(flat: cupy.ndarray) -> str:
@@ -253,25 +270,27 @@ def frame(streams: Streams, model: Model, index: int) -> cupy.ndarray:
 
 def decode_all(streams: Streams, model: Model, dtype) -> cupy.ndarray:
     """Every count, (n_frames, frame_len) in ``dtype``: the dense counts back."""
-    out = cupy.zeros((model.n_frames, streams.index.shape[1]), dtype=dtype)
-    decode_streams(streams, model, out)
+    n_blocks, frame_len = streams.index.shape
+    out = cupy.zeros((model.n_frames, frame_len), dtype=dtype)
+    err = cupy.full(1, NO_ERROR, dtype=np.uint64)
+    kernel(f"decode_all<{CTYPES[np.dtype(dtype)]}>")(
+        (grid(frame_len, 128), n_blocks), (128,),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride),
+         np.int32(n_blocks), out, err),
+        shared_mem=table_bytes(model, 128),
+    )
+    raise_error(err, frame_len)
     return out
 
 
 def check(streams: Streams, model: Model) -> None:
     """Decode every stream; ValueError at the first malformed one."""
-    decode_streams(streams, model, None)
-
-
-def decode_streams(streams: Streams, model: Model, out: cupy.ndarray | None) -> None:
-    """Decode every stream into ``out`` (zeroed), or only check them when ``out`` is None."""
     n_blocks, frame_len = streams.index.shape
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
-    name = "decode_streams<unsigned char, false>" if out is None else f"decode_streams<{CTYPES[out.dtype]}, true>"
-    kernel(name)(
+    kernel("check")(
         (grid(frame_len, 128), n_blocks), (128,),
         (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride),
-         np.int32(n_blocks), out if out is not None else np.uint64(0), err),
+         np.int32(n_blocks), err),
         shared_mem=table_bytes(model, 128),
     )
     raise_error(err, frame_len)

@@ -73,10 +73,19 @@ def kernel_dir() -> Path:
 
 
 @functools.cache
-def compile_source(filename: str, name_expr: str, options: tuple[str, ...], device_id: int) -> cupy.RawKernel:
-    """One template instantiation of kernels/``filename``, compiled once per (expression, options, device),
-    allowed all the shared memory a block may opt into."""
-    module = cupy.RawModule(code=(kernel_dir() / filename).read_text(), options=options, name_expressions=[name_expr])
+def kernel_source() -> str:
+    """The CUDA C++ source of the dense kernels."""
+    return (kernel_dir() / "dense.cu").read_text()
+
+
+@functools.cache
+def compiled(name_expr: str, load_variant: int, device_id: int) -> cupy.RawKernel:
+    """One template instantiation, compiled once per (expression, load flavour, device)."""
+    module = cupy.RawModule(
+        code=kernel_source(),
+        options=("-std=c++17", f"-DQGPU_LOAD={int(load_variant)}"),
+        name_expressions=[name_expr],
+    )
     kern = module.get_function(name_expr)
     optin = limits(device_id)[1]
     if optin > 48 * 1024:
@@ -86,7 +95,7 @@ def compile_source(filename: str, name_expr: str, options: tuple[str, ...], devi
 
 def kernel(name_expr: str) -> cupy.RawKernel:
     """The compiled kernel ``name_expr`` for the current device."""
-    return compile_source("dense.cu", name_expr, ("-std=c++17", f"-DQGPU_LOAD={int(LOAD_VARIANT)}"), cupy.cuda.Device().id)
+    return compiled(name_expr, LOAD_VARIANT, cupy.cuda.Device().id)
 
 
 @functools.cache
