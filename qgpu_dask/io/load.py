@@ -31,8 +31,13 @@ def inspect(source: Source) -> dict:
 
 
 def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_bytes: int = BLOCK_BYTES) -> DenseCounts:
-    """A DenseCounts filled from ``reader`` in blocks."""
+    """A DenseCounts filled from ``reader`` in blocks; a failed read names the first frame it did not get."""
     resident = DenseCounts.empty(name, reader.shape, check_dtype(reader.dtype), xp)
-    for start, frames in reader.blocks(block_bytes):
-        resident.write(start, frames)
+    done = 0
+    try:
+        for start, frames in reader.blocks(block_bytes):
+            resident.write(start, frames)
+            done = start + len(frames)
+    except (OSError, RuntimeError) as err:  # the file library's own read errors (HDF5 filters, Zarr codecs)
+        raise ValueError(f"reading frame {done} or one after it failed: {err}") from err
     return resident

@@ -8,6 +8,7 @@ layout validates and shapes results the same way.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from types import ModuleType
 from typing import Any, Callable
@@ -17,6 +18,7 @@ import numpy as np
 from ..device import to_host
 from .masks import MaskWeights, mask_weights
 
+CHECKSUM_BYTES = 64 * 2**20  # counts hashed per copy to the host
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("uint8", "uint16", "uint32", "int8", "int16", "int32", "float32", "float64"))
 REDUCE_OPS = ("sum", "mean", "max")
 
@@ -110,6 +112,10 @@ class Resident(AcquisitionShape, ABC):
         """(frame_len,) max over the selected frames, native dtype, on the device."""
 
     @abstractmethod
+    def counts_flat(self):
+        """Every count as a (n_frames, frame_len) device array: the held array, or a decoded copy."""
+
+    @abstractmethod
     def frame_flat(self, index: int):
         """One frame, (frame_len,) native dtype, on the device."""
 
@@ -155,6 +161,18 @@ class Resident(AcquisitionShape, ABC):
                 raise IndexError(f"scan {axis} {value} is out of range for a scan of {rows} x {cols}")
         index = (int(row) % rows) * cols + int(col) % cols
         return to_host(self.frame_flat(index)).reshape(self.det_shape)
+
+    def checksum(self, chunk_bytes: int = CHECKSUM_BYTES) -> str:
+        """SHA-256 hex digest of the logical counts: C order, little-endian native dtype, shape
+        (scan_rows, scan_cols, det_rows, det_cols); the same for every reader and layout."""
+        digest = hashlib.sha256()
+        counts = self.counts_flat()
+        step = max(1, chunk_bytes // (self.frame_len * self.dtype.itemsize))
+        little = self.dtype.newbyteorder("<")
+        for start in range(0, self.n_frames, step):
+            block = np.ascontiguousarray(to_host(counts[start : start + step]), dtype=little)
+            digest.update(block.data)
+        return digest.hexdigest()
 
     def describe(self) -> dict:
         """Shape, dtype, layout and bytes, for catalogs and ``acq.info()``."""

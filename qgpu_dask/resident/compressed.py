@@ -176,7 +176,10 @@ class CompressedCounts(Resident):
     @property
     def data(self):
         """The counts decoded into a new 4-D device array (``raw_bytes`` of memory), for user functions."""
-        return self.kernels.decode_all(self.streams, self.model, self.dtype).reshape(self.shape)
+        return self.counts_flat().reshape(self.shape)
+
+    def counts_flat(self):
+        return self.kernels.decode_all(self.streams, self.model, self.dtype)
 
     def check(self) -> None:
         """Decode every stream once; ValueError naming the first malformed one, or if the kept frame

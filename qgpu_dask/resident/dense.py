@@ -69,3 +69,6 @@ class DenseCounts(Resident):
 
     def frame_flat(self, index: int):
         return self.flat[index]
+
+    def counts_flat(self):
+        return self.flat

@@ -86,6 +86,11 @@ class Acquisition(AcquisitionShape):
         """Per detector pixel over a bool scan ROI (None: all): "sum" (uint64; int64 signed), "mean" (float64), "max" (native)."""
         return finish(self.query("reduce", [self.name], roi, op, False, assemble=lambda r: finish_reduce(*r[0], op)), wait)
 
+    def checksum(self) -> str:
+        """SHA-256 hex digest of the counts (C order, native dtype, 4-D shape), the same for every reader
+        and layout: compare it with ``hashlib.sha256(array.tobytes()).hexdigest()`` of the source."""
+        return self.query("checksum", self.name).result()
+
     def release(self) -> None:
         """Free this acquisition's memory on its shard and forget its name."""
         self.service.call(self.owner, "release", self.name).result()

@@ -7,7 +7,8 @@ import concurrent.futures
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from dask.utils import format_bytes
@@ -166,6 +167,43 @@ class Service:
         """
         one = isinstance(path, (str, os.PathLike))
         paths = [path] if one else list(path)
+        loads = self.start_loads(paths, dataset, name, scan_shape, worker, representation, one)
+        records = self.gather(loads, progress and not one, "loading")
+        acqs = [Acquisition(self, r) for r in records]
+        return acqs[0] if one else Series(self, acqs)
+
+    def stream(
+        self,
+        paths: Sequence[PathLike],
+        dataset: str | None = None,
+        name: str | Sequence[str] | None = None,
+        scan_shape: tuple[int, int] | None = None,
+        worker: str | None = None,
+        progress: bool = True,
+        representation: str = "auto",
+    ) -> Iterator[Acquisition]:
+        """Load like :meth:`load` and yield each acquisition as soon as it is resident, while later
+        files are still being read (first done, first yielded).
+
+        If a load fails, the acquisitions not yet yielded are released and the
+        error is raised; those already yielded stay.
+        """
+        loads = self.start_loads(list(paths), dataset, name, scan_shape, worker, representation, False)
+        bar = LoadProgress(loads, progress, "streaming")
+        pending = set(loads.futures)
+        try:
+            for future in concurrent.futures.as_completed(loads.futures):
+                pending.discard(future)
+                bar.done(future)
+                if future.exception() is not None:
+                    self.release_loaded(pending)
+                    raise future.exception()
+                yield Acquisition(self, loads.record(future))
+        finally:
+            bar.close()
+
+    def start_loads(self, paths: list, dataset, name, scan_shape, worker, representation: str, one: bool) -> "Loads":
+        """Check names and sources, place every file by its bytes and start each load on its owner."""
         if not paths:
             raise ValueError("no paths given")
         names = self.names_for(paths, name, one)
@@ -181,10 +219,15 @@ class Service:
             else:
                 wants_compressed(representation, meta["dtype"])
         owners = place([m["load_bytes"] for m in metas], state, pinned=worker)
-        loads = [self.call(o, "load", n, s, representation) for o, n, s in zip(owners, names, sources)]
-        records = self.gather(loads, names, progress and not one, "loading")
-        acqs = [Acquisition(self, r | {"name": n, "owner": o}) for r, n, o in zip(records, names, owners)]
-        return acqs[0] if one else Series(self, acqs)
+        futures = [self.call(o, "load", n, s, representation) for o, n, s in zip(owners, names, sources)]
+        return Loads(futures, names, owners, [m["raw_bytes"] for m in metas])
+
+    def release_loaded(self, futures) -> None:
+        """Wait for ``futures`` (loads) and release the acquisitions they made."""
+        concurrent.futures.wait(futures)
+        for f in futures:
+            if f.exception() is None:
+                self[f.result()["name"]].release()
 
     def put(self, array: np.ndarray, name: str | None = None, worker: str | None = None, representation: str = "auto") -> Acquisition:
         """Send an in-memory 4-D array to a shard as a new acquisition (``representation`` as in :meth:`load`)."""
@@ -200,21 +243,19 @@ class Service:
         record = self.call(owner, "put", name, np.ascontiguousarray(array), representation).result()
         return Acquisition(self, record | {"name": name, "owner": owner})
 
-    def gather(self, futures: list, names: list[str], progress: bool, verb: str) -> list:
+    def gather(self, loads: "Loads", progress: bool, verb: str) -> list[dict]:
         """Wait for loads; if any fails, release those that succeeded and raise the first error."""
-        bar = tqdm(total=len(futures), desc=verb, unit="acq", disable=not progress)
+        bar = LoadProgress(loads, progress, verb)
         try:
-            for f in concurrent.futures.as_completed(futures):
-                bar.update(1)
+            for f in concurrent.futures.as_completed(loads.futures):
+                bar.done(f)
         finally:
             bar.close()
-        errors = [f.exception() for f in futures if f.exception() is not None]
+        errors = [f.exception() for f in loads.futures if f.exception() is not None]
         if errors:
-            for f, n in zip(futures, names):
-                if f.exception() is None:
-                    self[n].release()
+            self.release_loaded([f for f in loads.futures if f.exception() is None])
             raise errors[0]
-        return [f.result() for f in futures]
+        return [loads.record(f) for f in loads.futures]
 
     @staticmethod
     def names_for(paths: list, name, one: bool) -> list[str]:
@@ -265,6 +306,38 @@ class Service:
 
     def __repr__(self) -> str:
         return f"<Service {self.client.scheduler.address}>"
+
+
+@dataclass
+class Loads:
+    """Loads in flight: one future per file, with its acquisition's name, owner and raw bytes."""
+
+    futures: list
+    names: list[str]
+    owners: list[str]
+    raw_bytes: list[int]
+
+    def record(self, future) -> dict:
+        """The catalog record of a finished load, with its name and owner."""
+        i = self.futures.index(future)
+        return future.result() | {"name": self.names[i], "owner": self.owners[i]}
+
+
+class LoadProgress:
+    """A progress bar of loads in bytes (tqdm: terminals and notebooks), with acquisitions done as postfix."""
+
+    def __init__(self, loads: Loads, enabled: bool, verb: str):
+        self.loads = loads
+        self.count = 0
+        self.bar = tqdm(total=sum(loads.raw_bytes), desc=verb, unit="B", unit_scale=True, unit_divisor=1024, disable=not enabled)
+
+    def done(self, future) -> None:
+        self.count += 1
+        self.bar.update(self.loads.raw_bytes[self.loads.futures.index(future)])
+        self.bar.set_postfix_str(f"{self.count}/{len(self.loads.futures)} acquisitions")
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 class ServiceInfo(dict):

@@ -194,7 +194,12 @@ class Shard:
             compress = wants_compressed(representation, meta["dtype"])
 
             def read() -> Resident:
-                resident = held_as(read_dense(name, reader), compress)
+                try:
+                    resident = held_as(read_dense(name, reader), compress)
+                except ValueError as err:
+                    if source.path in str(err):
+                        raise
+                    raise ValueError(f"{source.path!r}: {err}") from err
                 synchronize()
                 return resident
 
@@ -312,6 +317,11 @@ class Shard:
         """One diffraction pattern, native dtype."""
         resident = self.resident(name)
         return await self.query(resident.frame_len * resident.dtype.itemsize, resident.frame, row, col)
+
+    async def checksum(self, name: str) -> str:
+        """SHA-256 of the counts of ``name`` (see Resident.checksum), on the load thread: it reads everything."""
+        resident = self.resident(name)
+        return await self.run_in(self.loads, resident.checksum)
 
     async def run(self, name: str, fn: Callable, args: tuple, kwargs: dict) -> Any:
         """``fn(resident, *args, **kwargs)`` next to the data; CuPy results come back as NumPy."""

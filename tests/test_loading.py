@@ -1,0 +1,71 @@
+"""Loading: checksums of the logical counts, streamed series loads, and what a failing load leaves."""
+
+from __future__ import annotations
+
+import hashlib
+
+import h5py
+import numpy as np
+import pytest
+
+
+def sha256(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def write_h5(path, data, **options) -> None:
+    with h5py.File(path, "w") as f:
+        f.create_dataset("/entry/data", data=data, **options)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "int16", "float32"])
+def test_checksum_is_the_same_for_every_layout(svc, names, rng, dtype):
+    data = (rng.poisson(0.7, (5, 6, 9, 7)) * (1 if dtype != "float32" else 0.5)).astype(dtype)
+    held = [svc.put(data, name=names(), representation="dense")]
+    if np.dtype(dtype).kind == "u":
+        held.append(svc.put(data, name=names(), representation="compressed"))
+    for acq in held:
+        assert acq.checksum() == sha256(data)
+
+
+def test_checksum_of_a_loaded_file(svc, names, rng, tmp_path):
+    data = rng.poisson(0.4, (6, 5, 12, 10)).astype(np.uint16)
+    write_h5(tmp_path / "a.h5", data, chunks=(1, 1, 12, 10), compression="gzip")
+    acq = svc.load(tmp_path / "a.h5", name=names())
+    assert acq.checksum() == sha256(data)
+    data[2, 3, 4, 5] += 1
+    assert acq.checksum() != sha256(data)
+
+
+def test_stream_yields_each_acquisition_once_resident(svc, names, rng, tmp_path):
+    arrays = {}
+    for i in range(4):
+        arrays[f"s{i}"] = rng.poisson(0.5 + i, (4, 5, 8, 8)).astype(np.uint16)
+        write_h5(tmp_path / f"s{i}.h5", arrays[f"s{i}"])
+    wanted = [names() for _ in range(4)]
+    seen = {}
+    for acq in svc.stream([tmp_path / f"s{i}.h5" for i in range(4)], name=wanted, progress=False):
+        assert acq.name in svc
+        seen[acq.name] = acq
+    assert sorted(seen) == sorted(wanted)
+    for i, name in enumerate(wanted):
+        assert seen[name].checksum() == sha256(arrays[f"s{i}"])
+
+
+def test_stream_failure_releases_what_was_not_yielded(svc, names, rng, tmp_path):
+    good = rng.poisson(0.5, (4, 5, 8, 8)).astype(np.uint16)
+    write_h5(tmp_path / "good.h5", good)
+    write_h5(tmp_path / "bad.h5", good, chunks=(1, 1, 8, 8), compression="gzip")
+    with h5py.File(tmp_path / "bad.h5", "r") as f:
+        info = f["/entry/data"].id.get_chunk_info(3)
+    raw = bytearray((tmp_path / "bad.h5").read_bytes())
+    raw[info.byte_offset : info.byte_offset + info.size] = b"\xff" * info.size  # the deflate stream is destroyed
+    (tmp_path / "bad.h5").write_bytes(bytes(raw))
+    wanted = [names(), names()]
+    yielded = []
+    with pytest.raises(Exception, match="bad.h5"):
+        for acq in svc.stream([tmp_path / "good.h5", tmp_path / "bad.h5"], name=wanted, progress=False):
+            yielded.append(acq.name)
+    assert wanted[1] not in svc
+    assert all(n in svc for n in yielded)
+    assert all(s["reserved_bytes"] == 0 for s in svc.info()["shards"])
