@@ -4,8 +4,10 @@ A ``Source`` is a small picklable description (path, dataset, scan shape) that
 a shard opens itself, so counts go from the file straight to the owning worker
 and an acquisition can be read again from it later. The format is found from
 the file's content (HDF5 signature, NumPy magic, Zarr metadata, the saved
-resident magic), not its name. A saved resident ("qgpu") is opened whole by
-``io.saved``, not streamed by a reader.
+resident magic), not its name; only EMPAD .raw files, which have no magic, are
+known by their extension and size. A saved resident ("qgpu") is opened whole
+by ``io.saved``, not streamed by a reader. HDF5 datasets stored one gzip chunk
+per frame are inflated on several cores (``io.gzip_stack``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,14 @@ class Reader(Protocol):
 
 
 def detect_format(path: Path) -> str:
-    """'hdf5', 'npy', 'zarr' or 'qgpu' (a saved resident) from the content at ``path``; ValueError naming what was found otherwise."""
+    """'hdf5', 'npy', 'zarr', 'qgpu' (a saved resident) or 'empad' from the content at ``path``; ValueError naming what was found otherwise.
+
+    EMPAD .raw files are bare float32 frames with no magic: a file is taken as
+    one when it has none of the other formats' signatures, its name ends
+    ``.raw``, and its size is a positive multiple of the 130 x 128 x 4-byte
+    frame; a .raw file of any other size is refused, naming its size and the
+    frame size.
+    """
     if not path.exists():
         raise FileNotFoundError(f"no such file or directory: {str(path)!r}")
     if path.is_dir():
@@ -72,7 +81,14 @@ def detect_format(path: Path) -> str:
             head = f.read(8)
             if len(head) < 8:
                 break
-    raise ValueError(f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store or a saved resident (first bytes {head[:8]!r})")
+    if path.suffix.lower() == ".raw":
+        from .empad import frames_in
+
+        frames_in(path)
+        return "empad"
+    raise ValueError(
+        f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {head[:8]!r})"
+    )
 
 
 def as_4d(shape: tuple[int, ...], scan_shape: tuple[int, int] | None, what: str) -> tuple[int, int, int, int]:
@@ -109,9 +125,15 @@ def open_reader(source: Source) -> Reader:
     if fmt == "qgpu":
         raise ValueError(f"{str(path)!r} is a saved resident: it is opened whole (io.saved.open_resident), not read frame by frame")
     if fmt == "hdf5":
+        from .gzip_stack import GzipStackReader, is_gzip_stack
         from .hdf5 import HDF5Reader
 
-        return HDF5Reader(path, source.dataset, source.scan_shape)
+        reader = HDF5Reader(path, source.dataset, source.scan_shape)
+        return GzipStackReader(reader) if is_gzip_stack(reader.dataset) else reader
+    if fmt == "empad":
+        from .empad import EmpadReader
+
+        return EmpadReader(path, source.scan_shape)
     if fmt == "npy":
         from .npy import NpyReader
 

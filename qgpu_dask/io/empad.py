@@ -1,0 +1,76 @@
+"""EMPAD .raw files: little-endian float32 frames of 130 x 128, the last 2 rows metadata.
+
+The file has no header: its size gives the frame count, and the scan shape
+comes from the user or the conventional name ``scan_x{cols}_y{rows}.raw``.
+Frames are memory-mapped, so a block is read only when it is copied, and the
+2 metadata rows are dropped on the copy.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .source import BLOCK_BYTES, frames_per_block
+
+STORED_ROWS = 130  # rows per frame in the file: 128 of counts, then 2 of metadata
+DET_SHAPE = (128, 128)
+RAW_DTYPE = np.dtype("<f4")
+FRAME_BYTES = STORED_ROWS * DET_SHAPE[1] * RAW_DTYPE.itemsize
+NAME_PATTERN = re.compile(r"scan_x(\d+)_y(\d+)\.raw$", re.IGNORECASE)
+
+
+def scan_shape_from_name(path: Path) -> tuple[int, int] | None:
+    """(rows, cols) from a name ending ``scan_x{cols}_y{rows}.raw``, or None."""
+    match = NAME_PATTERN.search(path.name)
+    if match is None:
+        return None
+    return int(match.group(2)), int(match.group(1))
+
+
+def frames_in(path: Path, scan_shape: tuple[int, int] | None = None) -> int:
+    """Frames in the EMPAD file at ``path``; ValueError naming its size, the frame size and the frames found
+    (and needed, where ``scan_shape`` or the name gives the scan) if it is empty or not whole frames."""
+    size = path.stat().st_size
+    if size == 0 or size % FRAME_BYTES:
+        scan = scan_shape or scan_shape_from_name(path)
+        needed = f", the scan {tuple(scan)} needs {scan[0] * scan[1]}" if scan else ""
+        raise ValueError(
+            f"{str(path)!r} is {size} bytes, not a positive multiple of the EMPAD frame size {FRAME_BYTES} bytes "
+            f"({STORED_ROWS} x {DET_SHAPE[1]} float32): {size // FRAME_BYTES} whole frames found{needed} (truncated?)"
+        )
+    return size // FRAME_BYTES
+
+
+class EmpadReader:
+    """An EMPAD .raw file as a float32 acquisition of 128 x 128 frames; ``scan_shape`` (rows, cols), if given, wins over the name."""
+
+    def __init__(self, path: Path, scan_shape: tuple[int, int] | None):
+        scan = scan_shape or scan_shape_from_name(path)
+        if scan is None:
+            raise ValueError(
+                f"{str(path)!r} is an EMPAD .raw file: give scan_shape=(rows, cols) "
+                f"(its name does not follow scan_x{{cols}}_y{{rows}}.raw)"
+            )
+        rows, cols = (int(s) for s in scan)
+        needed = rows * cols
+        found = frames_in(path, (rows, cols))
+        if found != needed:
+            raise ValueError(f"{str(path)!r} holds {found} EMPAD frames, but the scan {(rows, cols)} needs {needed}")
+        self.path = path
+        self.shape = (rows, cols, *DET_SHAPE)
+        self.dtype = np.dtype(np.float32)
+        self.frames = np.memmap(path, dtype=RAW_DTYPE, mode="r", shape=(found, STORED_ROWS, DET_SHAPE[1]))
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        n_frames = self.shape[0] * self.shape[1]
+        step = frames_per_block(self.shape, self.dtype, block_bytes)
+        for start in range(0, n_frames, step):
+            stop = min(start + step, n_frames)
+            yield start, np.array(self.frames[start:stop, : DET_SHAPE[0]], dtype=self.dtype)
+
+    def close(self) -> None:
+        self.frames = None
