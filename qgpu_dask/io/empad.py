@@ -48,6 +48,9 @@ def frames_in(path: Path, scan_shape: tuple[int, int] | None = None) -> int:
 class EmpadReader:
     """An EMPAD .raw file as a float32 acquisition of 128 x 128 frames; ``scan_shape`` (rows, cols), if given, wins over the name."""
 
+    kind = "empad raw"
+    compression = "none"
+
     def __init__(self, path: Path, scan_shape: tuple[int, int] | None):
         scan = scan_shape or scan_shape_from_name(path)
         if scan is None:

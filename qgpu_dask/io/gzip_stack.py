@@ -56,6 +56,8 @@ def finished(start: int, block: np.ndarray, tasks: list[Future]) -> tuple[int, n
 class GzipStackReader:
     """A dataset of one gzip chunk per frame, opened by :class:`HDF5Reader` (which picks it and checks its shape)."""
 
+    kind = "hdf5 gzip stack"
+
     def __init__(self, reader: HDF5Reader, threads: int | None = None):
         filters = frame_filters(reader.dataset)
         if filters is None:
@@ -68,6 +70,10 @@ class GzipStackReader:
         self.deflate_bit = 1 << filters.index(DEFLATE)
         self.shuffle_bit = 1 if filters[0] == SHUFFLE else 0
         self.threads = threads or min(INFLATE_THREADS, os.cpu_count() or 1)
+
+    @property
+    def compression(self) -> str:
+        return self.reader.compression
 
     def chunk_offset(self, frame: int) -> tuple[int, ...]:
         if self.dataset.ndim == 3:

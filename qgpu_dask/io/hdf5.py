@@ -13,6 +13,16 @@ from .frames import array_blocks
 from .source import BLOCK_BYTES, as_4d
 
 
+def filter_pipeline(dataset: h5py.Dataset) -> list[tuple[int, str]]:
+    """(filter id, short name) of each filter a dataset's chunks pass through, in order."""
+    plist = dataset.id.get_create_plist()
+    pipeline = []
+    for i in range(plist.get_nfilters()):
+        code, _, _, name = plist.get_filter(i)
+        pipeline.append((int(code), name.decode(errors="replace").split(";")[0].strip() or str(code)))
+    return pipeline
+
+
 def list_datasets(f: h5py.File) -> list[str]:
     """Paths of every dataset in the file, for error messages."""
     found: list[str] = []
@@ -22,6 +32,8 @@ def list_datasets(f: h5py.File) -> list[str]:
 
 class HDF5Reader:
     """One dataset of an HDF5 file as a 4-D acquisition."""
+
+    kind = "hdf5"
 
     def __init__(self, path: Path, dataset: str | None, scan_shape):
         self.path = path
@@ -41,6 +53,10 @@ class HDF5Reader:
         except BaseException:
             self.file.close()
             raise
+
+    @property
+    def compression(self) -> str:
+        return "+".join(name for _, name in filter_pipeline(self.dataset)) or "none"
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
         return array_blocks(self.dataset, self.shape, block_bytes)

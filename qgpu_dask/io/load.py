@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+from ..formats import codec
 from ..resident.base import check_dtype
 from ..resident.dense import DenseCounts
 from .saved import describe_saved
@@ -26,6 +27,26 @@ def inspect(source: Source) -> dict:
     reader = open_reader(source)
     try:
         return describe(reader)
+    finally:
+        reader.close()
+
+
+def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
+    """What a file holds, without reading its counts: format, shape, dtype, compression, bytes on disk
+    and bytes of the counts (``qd.inspect``)."""
+    source = Source(str(Path(path).expanduser().resolve()), dataset, tuple(scan_shape) if scan_shape else None)
+    where = Path(source.path)
+    on_disk = sum(p.stat().st_size for p in where.rglob("*") if p.is_file()) if where.is_dir() else where.stat().st_size
+    if detect_format(where) == "qgpu":
+        meta = describe_saved(source)
+        return {"format": f"saved resident ({meta['layout']})", "shape": meta["shape"], "dtype": meta["dtype"],
+                "compression": codec.FORMAT if meta["layout"] == "compressed" else "none",
+                "file_bytes": on_disk, "raw_bytes": meta["raw_bytes"]}
+    reader = open_reader(source)
+    try:
+        meta = describe(reader)
+        return {"format": reader.kind, "shape": meta["shape"], "dtype": meta["dtype"], "compression": reader.compression,
+                "file_bytes": on_disk, "raw_bytes": meta["raw_bytes"]}
     finally:
         reader.close()
 

@@ -14,6 +14,9 @@ from .source import BLOCK_BYTES, as_4d
 class NpyReader:
     """A .npy array (3-D stack or 4-D) as an acquisition."""
 
+    kind = "npy"
+    compression = "none"
+
     def __init__(self, path: Path, scan_shape):
         try:
             self.array = np.load(path, mmap_mode="r")

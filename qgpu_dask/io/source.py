@@ -125,9 +125,12 @@ def open_reader(source: Source) -> Reader:
     if fmt == "qgpu":
         raise ValueError(f"{str(path)!r} is a saved resident: it is opened whole (io.saved.open_resident), not read frame by frame")
     if fmt == "hdf5":
+        from .arina import ArinaReader, is_master
         from .gzip_stack import GzipStackReader, is_gzip_stack
         from .hdf5 import HDF5Reader
 
+        if source.dataset in (None, "/entry/data") and is_master(path):
+            return ArinaReader(path, source.scan_shape)
         reader = HDF5Reader(path, source.dataset, source.scan_shape)
         return GzipStackReader(reader) if is_gzip_stack(reader.dataset) else reader
     if fmt == "empad":

@@ -15,6 +15,8 @@ from .source import BLOCK_BYTES, as_4d
 class ZarrReader:
     """A Zarr array as an acquisition."""
 
+    kind = "zarr"
+
     def __init__(self, path: Path, dataset: str | None, scan_shape):
         node = zarr.open(str(path), mode="r")
         if isinstance(node, zarr.Group):
@@ -29,6 +31,11 @@ class ZarrReader:
         self.array = node
         self.dtype = np.dtype(node.dtype)
         self.shape = as_4d(node.shape, scan_shape, f"Zarr array {str(path)!r}")
+
+    @property
+    def compression(self) -> str:
+        codecs = getattr(self.array, "compressors", None) or ()
+        return "+".join(type(c).__name__ for c in codecs) or "none"
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
         return array_blocks(self.array, self.shape, block_bytes)

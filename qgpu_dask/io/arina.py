@@ -1,0 +1,134 @@
+"""DECTRIS Arina / Eiger HDF5 masters: frames in linked data files, one bitshuffle-LZ4 chunk per frame.
+
+A master holds ``/entry/data/data_000001``, ``data_000002``, ... (external
+links to the data files), each a (frames, rows, cols) stack chunked one frame
+per chunk with the Bitshuffle filter (HDF5 filter 32008) and LZ4. The reader
+takes the raw chunks (``read_direct_chunk``: a copy, no HDF5 filter) and
+decompresses a block of them at once with our own decoder in parallel threads,
+which gives hdf5plugin's bytes exactly; stacks stored otherwise are read
+through HDF5 as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterator
+
+import h5py
+import hdf5plugin  # noqa: F401  (registers the Bitshuffle filter for stacks read through HDF5)
+import numpy as np
+
+from ..formats.bitshuffle_lz4 import ChunkError, decompress_into
+from .hdf5 import filter_pipeline
+from .source import BLOCK_BYTES, as_4d, frames_per_block
+
+BITSHUFFLE = 32008
+LZ4 = 2  # the last Bitshuffle filter option: 2 = LZ4 (3 = zstd is left to HDF5 and hdf5plugin)
+DATA_GROUP = "/entry/data"
+
+
+def is_master(path: Path) -> bool:
+    """Whether an HDF5 file has the Arina/Eiger master layout (``/entry/data/data_000001``)."""
+    with h5py.File(path, "r") as f:
+        group = f.get(DATA_GROUP)
+        return isinstance(group, h5py.Group) and "data_000001" in group
+
+
+def scan_shape_of(n_frames: int, given) -> tuple[int, int]:
+    """The scan shape: as given, else square when the frame count is a square; ValueError otherwise."""
+    if given is not None:
+        return tuple(int(s) for s in given)
+    side = math.isqrt(n_frames)
+    if side * side == n_frames:
+        return side, side
+    raise ValueError(f"{n_frames} frames do not make a square scan: give scan_shape=(rows, cols)")
+
+
+class Stack:
+    """One linked data file's frames."""
+
+    def __init__(self, master: Path, name: str, dataset: h5py.Dataset):
+        self.name = name
+        self.dataset = dataset
+        self.frames = dataset.shape[0]
+        filters = [code for code, _ in filter_pipeline(dataset)]
+        plist = dataset.id.get_create_plist()
+        lz4 = filters == [BITSHUFFLE] and tuple(plist.get_filter(0)[2])[-1:] == (LZ4,)
+        self.raw_chunks = dataset.chunks == (1, *dataset.shape[1:]) and lz4
+        self.where = f"{str(master)!r} ({name})"
+
+
+class ArinaReader:
+    """An Arina/Eiger master as a 4-D acquisition (frames of all its data files, in order)."""
+
+    kind = "arina/eiger master"
+
+    def __init__(self, path: Path, scan_shape=None):
+        self.path = path
+        self.file = h5py.File(path, "r")
+        try:
+            group = self.file[DATA_GROUP]
+            names = sorted(n for n in group if n.startswith("data_"))
+            self.stacks = []
+            for name in names:
+                try:
+                    dataset = group[name]
+                except KeyError as err:
+                    raise ValueError(f"{str(path)!r}: {DATA_GROUP}/{name} links to a data file that cannot be opened ({err})") from None
+                self.stacks.append(Stack(path, name, dataset))
+            first = self.stacks[0].dataset
+            for stack in self.stacks:
+                d = stack.dataset
+                if d.ndim != 3 or d.shape[1:] != first.shape[1:] or d.dtype != first.dtype:
+                    raise ValueError(f"{stack.where}: frames {d.shape[1:]} {d.dtype} differ from data_000001's {first.shape[1:]} {first.dtype}")
+            self.dtype = np.dtype(first.dtype)
+            n_frames = sum(s.frames for s in self.stacks)
+            scan = scan_shape_of(n_frames, scan_shape)
+            self.shape = as_4d((n_frames, *first.shape[1:]), scan, f"the {len(self.stacks)} data file(s) of {str(path)!r}")
+        except BaseException:
+            self.file.close()
+            raise
+
+    @property
+    def compression(self) -> str:
+        return "bitshuffle-lz4" if all(s.raw_chunks for s in self.stacks) else "hdf5 filters"
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        """Blocks of whole scan rows where they fit, decompressed in parallel."""
+        step = frames_per_block(self.shape, self.dtype, block_bytes)
+        start = 0
+        for stack in self.stacks:
+            for lo in range(0, stack.frames, step):
+                hi = min(lo + step, stack.frames)
+                yield start + lo, self.read(stack, lo, hi, start)
+            start += stack.frames
+
+    def read(self, stack: Stack, lo: int, hi: int, first: int) -> np.ndarray:
+        """Frames lo:hi of one data file as (n, rows, cols)."""
+        out = np.empty((hi - lo, *self.shape[2:]), dtype=self.dtype)
+        if not stack.raw_chunks:
+            stack.dataset.read_direct(out, np.s_[lo:hi])
+            return out
+        chunks, stored = [], []
+        for i in range(lo, hi):
+            mask, chunk = stack.dataset.id.read_direct_chunk((i, 0, 0))
+            (stored if mask & 1 else chunks).append((i - lo, np.frombuffer(chunk, dtype=np.uint8)))
+        for k, raw in stored:  # the filter was skipped for this chunk: its bytes are the frame
+            if raw.size != out[k].nbytes:
+                raise ValueError(f"{stack.where}: frame {first + lo + k} is stored with {raw.size} bytes, expected {out[k].nbytes}")
+            out[k] = raw.view(self.dtype).reshape(out[k].shape)
+        if chunks:
+            where = [k for k, _ in chunks]
+            target = out if len(where) == len(out) else np.empty((len(where), *out.shape[1:]), dtype=self.dtype)
+            try:
+                decompress_into([raw for _, raw in chunks], target)
+            except ChunkError as err:
+                frame = first + lo + where[err.index]
+                raise ValueError(f"{stack.where}: frame {frame} (chunk {lo + where[err.index]} of its file): {err.problem}") from None
+            if target is not out:
+                out[where] = target
+        return out
+
+    def close(self) -> None:
+        self.file.close()

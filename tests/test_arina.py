@@ -1,0 +1,92 @@
+"""Arina/Eiger masters (bitshuffle-LZ4 frames in linked data files) and qd.inspect, through real files."""
+
+from __future__ import annotations
+
+import hashlib
+
+import h5py
+import hdf5plugin
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+
+
+def write_arina(folder, frames: np.ndarray, per_file: int, stem: str = "scan") -> object:
+    """A master and its data files as the detector writes them: one bitshuffle-LZ4 chunk per frame."""
+    n, rows, cols = frames.shape
+    links = []
+    for k, lo in enumerate(range(0, n, per_file), start=1):
+        data = f"{stem}_data_{k:06d}.h5"
+        with h5py.File(folder / data, "w") as f:
+            f.create_dataset("/entry/data/data", data=frames[lo : lo + per_file], chunks=(1, rows, cols),
+                             **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
+        links.append(data)
+    master = folder / f"{stem}_master.h5"
+    with h5py.File(master, "w") as f:
+        for k, data in enumerate(links, start=1):
+            f[f"/entry/data/data_{k:06d}"] = h5py.ExternalLink(data, "/entry/data/data")
+        f["/entry/instrument/detector/description"] = "Dectris Arina (test layout)"
+    return master
+
+
+def h5py_frames(master) -> np.ndarray:
+    """Every frame as h5py and hdf5plugin read them, the reference."""
+    with h5py.File(master, "r") as f:
+        group = f["/entry/data"]
+        return np.concatenate([group[name][...] for name in sorted(group)])
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32"])
+def test_arina_master_loads_every_count(svc, names, rng, tmp_path, dtype):
+    frames = rng.poisson(0.6, (36, 19, 23)).astype(dtype)  # 19 x 23: frames that are not a multiple of 8 elements
+    frames[5] = np.iinfo(dtype).max
+    master = write_arina(tmp_path, frames, per_file=10)  # four data files, the last one short
+    reference = h5py_frames(master)
+    assert (reference == frames).all()
+    acq = svc.load(master, name=names())  # 36 frames: a 6 x 6 scan
+    assert acq.shape == (6, 6, 19, 23) and acq.dtype == np.dtype(dtype)
+    for i in range(36):
+        assert (acq.frame(i // 6, i % 6) == reference[i]).all()
+    assert acq.checksum() == hashlib.sha256(reference.tobytes()).hexdigest()
+    dense = svc.load(master, name=names(), scan_shape=(4, 9), representation="dense")
+    assert dense.shape == (4, 9, 19, 23)
+    assert dense.checksum() == acq.checksum()
+
+
+def test_arina_errors_name_the_file_and_frame(svc, names, rng, tmp_path):
+    frames = rng.poisson(0.6, (12, 16, 16)).astype(np.uint16)
+    master = write_arina(tmp_path, frames, per_file=6)
+    with pytest.raises(ValueError, match="do not make a square scan: give scan_shape"):
+        svc.load(master, name=names())
+    with h5py.File(tmp_path / "scan_data_000002.h5", "r") as f:
+        info = f["/entry/data/data"].id.get_chunk_info(3)  # frame 6 + 3 = 9
+    raw = bytearray((tmp_path / "scan_data_000002.h5").read_bytes())
+    raw[info.byte_offset + 16 : info.byte_offset + info.size] = b"\xff" * (info.size - 16)  # the LZ4 block is garbage
+    (tmp_path / "scan_data_000002.h5").write_bytes(bytes(raw))
+    bad = names()
+    with pytest.raises(ValueError, match=r"scan_master\.h5.*data_000002.*frame 9 "):
+        svc.load(master, name=bad, scan_shape=(3, 4))
+    assert bad not in svc
+    assert all(s["reserved_bytes"] == 0 for s in svc.info()["shards"])
+    (tmp_path / "scan_data_000001.h5").unlink()
+    with pytest.raises((ValueError, KeyError), match="data_000001"):
+        svc.load(master, name=names(), scan_shape=(3, 4))
+
+
+def test_inspect_reports_without_loading(rng, tmp_path):
+    frames = rng.poisson(0.6, (16, 8, 8)).astype(np.uint16)
+    master = write_arina(tmp_path, frames, per_file=16)
+    info = qd.inspect(master)
+    assert info["format"] == "arina/eiger master" and info["compression"] == "bitshuffle-lz4"
+    assert info["shape"] == (4, 4, 8, 8) and info["dtype"] == "uint16" and info["raw_bytes"] == frames.nbytes
+    with h5py.File(tmp_path / "g.h5", "w") as f:
+        f.create_dataset("d", data=frames, chunks=(1, 8, 8), compression="gzip", shuffle=True)
+    info = qd.inspect(tmp_path / "g.h5", scan_shape=(2, 8))
+    assert info["format"] == "hdf5 gzip stack" and info["compression"] == "shuffle+deflate" and info["shape"] == (2, 8, 8, 8)
+    np.save(tmp_path / "a.npy", frames.reshape(4, 4, 8, 8))
+    info = qd.inspect(tmp_path / "a.npy")
+    assert info["format"] == "npy" and info["compression"] == "none" and info["file_bytes"] > frames.nbytes
+    (tmp_path / "x.bin").write_bytes(b"not a detector file")
+    with pytest.raises(ValueError, match="is not an HDF5 file"):
+        qd.inspect(tmp_path / "x.bin")
