@@ -12,6 +12,7 @@ through HDF5 as they are.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -95,39 +96,58 @@ class ArinaReader:
         return "bitshuffle-lz4" if all(s.raw_chunks for s in self.stacks) else "hdf5 filters"
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        """Blocks of whole scan rows where they fit, decompressed in parallel."""
+        """Blocks of whole scan rows where they fit. A block is decompressed (on every core) while the
+        next one's stored chunks are read and the last one is being copied into the resident."""
         step = frames_per_block(self.shape, self.dtype, block_bytes)
-        start = 0
-        for stack in self.stacks:
-            for lo in range(0, stack.frames, step):
-                hi = min(lo + step, stack.frames)
-                yield start + lo, self.read(stack, lo, hi, start)
-            start += stack.frames
+        decoder = ThreadPoolExecutor(1, thread_name_prefix="qgpu-arina")
+        try:
+            pending = None
+            start = 0
+            for stack in self.stacks:
+                for lo in range(0, stack.frames, step):
+                    hi = min(lo + step, stack.frames)
+                    stored = self.fetch(stack, lo, hi)
+                    following = (start + lo, decoder.submit(self.decode, stack, lo, hi, start, stored))
+                    if pending is not None:
+                        yield pending[0], pending[1].result()
+                    pending = following
+                start += stack.frames
+            if pending is not None:
+                yield pending[0], pending[1].result()
+        finally:
+            decoder.shutdown(wait=True, cancel_futures=True)
 
-    def read(self, stack: Stack, lo: int, hi: int, first: int) -> np.ndarray:
-        """Frames lo:hi of one data file as (n, rows, cols)."""
-        out = np.empty((hi - lo, *self.shape[2:]), dtype=self.dtype)
+    def fetch(self, stack: Stack, lo: int, hi: int) -> list[tuple[int, np.ndarray]] | None:
+        """The stored chunks of frames lo:hi as (filter mask, bytes); None when HDF5 must read them."""
         if not stack.raw_chunks:
-            stack.dataset.read_direct(out, np.s_[lo:hi])
-            return out
-        chunks, stored = [], []
+            return None
+        chunks = []
         for i in range(lo, hi):
             mask, chunk = stack.dataset.id.read_direct_chunk((i, 0, 0))
-            (stored if mask & 1 else chunks).append((i - lo, np.frombuffer(chunk, dtype=np.uint8)))
-        for k, raw in stored:  # the filter was skipped for this chunk: its bytes are the frame
-            if raw.size != out[k].nbytes:
-                raise ValueError(f"{stack.where}: frame {first + lo + k} is stored with {raw.size} bytes, expected {out[k].nbytes}")
-            out[k] = raw.view(self.dtype).reshape(out[k].shape)
-        if chunks:
-            where = [k for k, _ in chunks]
-            target = out if len(where) == len(out) else np.empty((len(where), *out.shape[1:]), dtype=self.dtype)
+            chunks.append((mask, np.frombuffer(chunk, dtype=np.uint8)))
+        return chunks
+
+    def decode(self, stack: Stack, lo: int, hi: int, first: int, stored) -> np.ndarray:
+        """Frames lo:hi of one data file as (n, rows, cols), from their stored chunks."""
+        out = np.empty((hi - lo, *self.shape[2:]), dtype=self.dtype)
+        if stored is None:
+            stack.dataset.read_direct(out, np.s_[lo:hi])
+            return out
+        coded = [k for k, (mask, _) in enumerate(stored) if not mask & 1]
+        for k, (mask, raw) in enumerate(stored):
+            if mask & 1:  # the filter was skipped for this chunk: its bytes are the frame
+                if raw.size != out[k].nbytes:
+                    raise ValueError(f"{stack.where}: frame {first + lo + k} is stored with {raw.size} bytes, expected {out[k].nbytes}")
+                out[k] = raw.view(self.dtype).reshape(out[k].shape)
+        if coded:
+            target = out if len(coded) == len(out) else np.empty((len(coded), *out.shape[1:]), dtype=self.dtype)
             try:
-                decompress_into([raw for _, raw in chunks], target)
+                decompress_into([stored[k][1] for k in coded], target)
             except ChunkError as err:
-                frame = first + lo + where[err.index]
-                raise ValueError(f"{stack.where}: frame {frame} (chunk {lo + where[err.index]} of its file): {err.problem}") from None
+                k = coded[err.index]
+                raise ValueError(f"{stack.where}: frame {first + lo + k} (chunk {lo + k} of its file): {err.problem}") from None
             if target is not out:
-                out[where] = target
+                out[coded] = target
         return out
 
     def close(self) -> None:

@@ -56,13 +56,30 @@ pjit = numba.njit(cache=True, nogil=True, parallel=True)
 # ---------------------------------------------------------------- histograms
 
 
+TILE = 64  # pixels a CPU task takes at once: their counts are read frame by frame, a row segment at a time
+
+
+@jit
+def tile_columns(flat, lo, n, p0, p1):
+    """Frames lo .. lo + n of pixels p0 .. p1 transposed: row j is pixel p0 + j's stream, contiguous."""
+    cols = np.empty((p1 - p0, n), dtype=flat.dtype)
+    for i in range(n):
+        row = flat[lo + i]
+        for j in range(p1 - p0):
+            cols[j, i] = row[p0 + j]
+    return cols
+
+
 @pjit
 def value_histogram_loop(flat, hist):
     n_frames, frame_len = flat.shape
-    for p in numba.prange(frame_len):
+    n_tiles = (frame_len + TILE - 1) // TILE
+    for t in numba.prange(n_tiles):
+        p0, p1 = t * TILE, min(frame_len, (t + 1) * TILE)
         for f in range(n_frames):
-            v = np.int64(flat[f, p])
-            hist[p, min(v, HIST_BINS - 1)] += 1
+            row = flat[f]
+            for p in range(p0, p1):
+                hist[p, min(np.int64(row[p]), HIST_BINS - 1)] += 1
 
 
 def value_histogram(flat: np.ndarray) -> np.ndarray:
@@ -79,32 +96,39 @@ def value_symbol(v, run, nv):
     return min(v - base, nv)
 
 
+@jit
+def count_tokens(col, r, nv, h):
+    """Add the tokens of one stream to its pixel's histogram row ``h``."""
+    if r == 0:
+        for i in range(col.shape[0]):
+            h[value_symbol(np.int64(col[i]), r, nv)] += 1
+        return
+    zeros = 0
+    for i in range(col.shape[0]):
+        v = np.int64(col[i])
+        if v == 0:
+            zeros += 1
+            continue
+        h[RUN_SLOT + r] += zeros // r
+        h[RUN_SLOT + zeros % r] += 1
+        h[value_symbol(v, r, nv)] += 1
+        zeros = 0
+    if zeros:
+        h[RUN_SLOT + r + 1] += 1
+
+
 @pjit
 def token_histogram_loop(flat, block, run, values, hist):
     n_frames, frame_len = flat.shape
     n_blocks = (n_frames + block - 1) // block
-    for p in numba.prange(frame_len):
-        r = np.int64(run[p])
-        nv = np.int64(values[p])
+    n_tiles = (frame_len + TILE - 1) // TILE
+    for t in numba.prange(n_tiles):
+        p0, p1 = t * TILE, min(frame_len, (t + 1) * TILE)
         for b in range(n_blocks):
             lo = b * block
-            hi = min(n_frames, lo + block)
-            if r == 0:
-                for f in range(lo, hi):
-                    hist[p, value_symbol(np.int64(flat[f, p]), r, nv)] += 1
-                continue
-            zeros = 0
-            for f in range(lo, hi):
-                v = np.int64(flat[f, p])
-                if v == 0:
-                    zeros += 1
-                    continue
-                hist[p, RUN_SLOT + r] += zeros // r
-                hist[p, RUN_SLOT + zeros % r] += 1
-                hist[p, value_symbol(v, r, nv)] += 1
-                zeros = 0
-            if zeros:
-                hist[p, RUN_SLOT + r + 1] += 1
+            cols = tile_columns(flat, lo, min(block, n_frames - lo), p0, p1)
+            for p in range(p0, p1):
+                count_tokens(cols[p - p0], np.int64(run[p]), np.int64(values[p]), hist[p])
 
 
 def token_histogram(flat: np.ndarray, block: int, run: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -132,7 +156,8 @@ def put_symbol(x, c, f, payload, at, k, ktot, write):
     if x >= (f << (32 - PROB_BITS)):
         k = emit(payload, at, k, ktot, x & 0xFFFF, write)
         x >>= 16
-    x = ((x // f) << PROB_BITS) + x % f + c
+    q = np.int64(np.uint32(x) // np.uint32(f))  # a 32-bit division: the state fits, and it is the costly step
+    x = (q << PROB_BITS) + (x - q * f) + c
     return x, k
 
 
@@ -231,43 +256,56 @@ def put_le(payload, at, v, nbytes):
 def encode_sizes_loop(flat, block, run, values, table_start, cum, chunks, itemsize, forms, sizes):
     n_frames, frame_len = flat.shape
     n_blocks = forms.shape[0]
+    n_tiles = (frame_len + TILE - 1) // TILE
     dummy = np.zeros(1, dtype=np.uint8)
-    for s in numba.prange(n_blocks * frame_len):
-        b, p = s // frame_len, s % frame_len
-        col = flat[b * block : min(n_frames, (b + 1) * block), p]
-        k, _ = encode_ans(col, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, dummy, 0, 0, False)
-        form, size = choose_form(col, itemsize, k)
-        forms[b, p] = form
-        sizes[b, p] = size
+    for s in numba.prange(n_blocks * n_tiles):
+        b, t = s // n_tiles, s % n_tiles
+        p0, p1 = t * TILE, min(frame_len, (t + 1) * TILE)
+        cols = tile_columns(flat, b * block, min(block, n_frames - b * block), p0, p1)
+        for p in range(p0, p1):
+            col = cols[p - p0]
+            k, _ = encode_ans(col, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, dummy, 0, 0, False)
+            form, size = choose_form(col, itemsize, k)
+            forms[b, p] = form
+            sizes[b, p] = size
 
 
 @pjit
 def encode_write_loop(flat, block, run, values, table_start, cum, chunks, itemsize, index, block_base, payload):
     n_frames, frame_len = flat.shape
     n_blocks = index.shape[0]
-    for s in numba.prange(n_blocks * frame_len):
-        b, p = s // frame_len, s % frame_len
-        col = flat[b * block : min(n_frames, (b + 1) * block), p]
-        start, end, form = stream_bounds(index, block_base, b, p)
-        if form == CONSTANT:
-            put_le(payload, start, np.int64(col[0]), 4)
-        elif form == SPARSE:
-            nnz = 0
-            for i in range(col.shape[0]):
-                nnz += col[i] != 0
-            j = 0
-            for i in range(col.shape[0]):
-                if col[i] != 0:
-                    put_le(payload, start + 2 * j, i, 2)
-                    put_le(payload, start + 2 * nnz + itemsize * j, np.int64(col[i]), itemsize)
-                    j += 1
-        elif form == RAW:
-            for i in range(col.shape[0]):
-                put_le(payload, start + itemsize * i, np.int64(col[i]), itemsize)
-        elif form == ANS:
-            ktot = (end - start - 4) // 2
-            _, x = encode_ans(col, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, payload, start, ktot, True)
-            put_le(payload, start, x, 4)
+    n_tiles = (frame_len + TILE - 1) // TILE
+    for s in numba.prange(n_blocks * n_tiles):
+        b, t = s // n_tiles, s % n_tiles
+        p0, p1 = t * TILE, min(frame_len, (t + 1) * TILE)
+        cols = tile_columns(flat, b * block, min(block, n_frames - b * block), p0, p1)
+        for p in range(p0, p1):
+            write_stream(cols[p - p0], b, p, run, values, table_start, cum, chunks, itemsize, index, block_base, payload)
+
+
+@jit
+def write_stream(col, b, p, run, values, table_start, cum, chunks, itemsize, index, block_base, payload):
+    """Write stream (b, p) in the form and at the place the sizing pass gave it."""
+    start, end, form = stream_bounds(index, block_base, b, p)
+    if form == CONSTANT:
+        put_le(payload, start, np.int64(col[0]), 4)
+    elif form == SPARSE:
+        nnz = 0
+        for i in range(col.shape[0]):
+            nnz += col[i] != 0
+        j = 0
+        for i in range(col.shape[0]):
+            if col[i] != 0:
+                put_le(payload, start + 2 * j, i, 2)
+                put_le(payload, start + 2 * nnz + itemsize * j, np.int64(col[i]), itemsize)
+                j += 1
+    elif form == RAW:
+        for i in range(col.shape[0]):
+            put_le(payload, start + itemsize * i, np.int64(col[i]), itemsize)
+    elif form == ANS:
+        ktot = (end - start - 4) // 2
+        _, x = encode_ans(col, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, payload, start, ktot, True)
+        put_le(payload, start, x, 4)
 
 
 class Streams:

@@ -1,0 +1,156 @@
+"""Loading an Arina-layout master (bitshuffle-LZ4 frames in linked data files) against h5py and the raw read.
+
+Writes a master of Poisson counts (default 256 x 256 x 192 x 192 uint16 at 0.3
+counts per pixel, 10000 frames per data file as the detector writes them),
+reads it once so it sits in the page cache, then measures in the same run, as
+GB/s of decompressed counts:
+
+- raw read: the data files' bytes read into memory (what any reader must at least do),
+  given both as file bytes per second and as counts per second at that pace;
+- h5py + hdf5plugin reading every frame in one thread (HDF5's own filter path);
+- our ArinaReader (stored chunks, Numba decoder on every core) into host memory;
+- ``svc.load`` of the master into a resident on a one-worker cluster (dense and the default layout).
+
+    python benchmarks/load_arina.py                    # GPU machine: full size
+    python benchmarks/load_arina.py --scan 64 64       # the 2-core CPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import hdf5plugin
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import record
+
+import qgpu_dask as qd
+from qgpu_dask.io.arina import ArinaReader
+
+FRAMES_PER_FILE = 10000
+
+
+def write_master(folder: Path, scan: tuple[int, int], det: tuple[int, int], dose: float, seed: int) -> tuple[Path, list[Path]]:
+    """A master and its data files, written a few thousand frames at a time."""
+    rng = np.random.default_rng(seed)
+    n = scan[0] * scan[1]
+    files = []
+    with h5py.File(folder / "scan_master.h5", "w") as master:
+        for k, lo in enumerate(range(0, n, FRAMES_PER_FILE), start=1):
+            count = min(FRAMES_PER_FILE, n - lo)
+            path = folder / f"scan_data_{k:06d}.h5"
+            with h5py.File(path, "w") as f:
+                d = f.create_dataset("/entry/data/data", shape=(count, *det), dtype=np.uint16, chunks=(1, *det),
+                                     **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
+                for a in range(0, count, 2000):
+                    b = min(a + 2000, count)
+                    d[a:b] = rng.poisson(dose, (b - a, *det)).astype(np.uint16)
+            master[f"/entry/data/data_{k:06d}"] = h5py.ExternalLink(path.name, "/entry/data/data")
+            files.append(path)
+    return folder / "scan_master.h5", files
+
+
+def best(fn, repeats: int) -> float:
+    """Fastest of ``repeats`` runs, in seconds (the page cache warm)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scan", type=int, nargs=2, default=(256, 256))
+    ap.add_argument("--det", type=int, nargs=2, default=(192, 192))
+    ap.add_argument("--dose", type=float, default=0.3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--folder", type=Path, default=None, help="where to write the files (default: a temporary folder)")
+    ap.add_argument("--out", type=Path, default=None, help="results JSON path (default: record.py's folder)")
+    args = ap.parse_args()
+    scan, det = tuple(args.scan), tuple(args.det)
+    folder = args.folder or Path(tempfile.mkdtemp(prefix="qgpu-arina-"))
+    counts_bytes = scan[0] * scan[1] * det[0] * det[1] * 2
+    try:
+        master, files = write_master(folder, scan, det, args.dose, seed=0)
+        file_bytes = sum(p.stat().st_size for p in files)
+        print(f"{scan + det} uint16, {counts_bytes / 1e9:.2f} GB of counts in {len(files)} data file(s) of "
+              f"{file_bytes / 1e9:.3f} GB (ratio {counts_bytes / file_bytes:.1f})", flush=True)
+
+        def raw_read():
+            for p in files:
+                with open(p, "rb") as f:
+                    buf = bytearray(p.stat().st_size)
+                    f.readinto(buf)
+
+        out = np.empty((scan[0] * scan[1], *det), np.uint16)
+
+        def h5py_read():
+            with h5py.File(master, "r") as f:
+                at = 0
+                for name in sorted(f["/entry/data"]):
+                    d = f["/entry/data"][name]
+                    d.read_direct(out, dest_sel=np.s_[at : at + d.shape[0]])
+                    at += d.shape[0]
+
+        def ours():
+            reader = ArinaReader(master, scan)
+            try:
+                for start, frames in reader.blocks():
+                    out[start : start + len(frames)] = frames
+            finally:
+                reader.close()
+
+        raw_read()  # into the page cache
+        t_raw = best(raw_read, args.repeats)
+        t_h5 = best(h5py_read, args.repeats)
+        reference = out.copy()
+        t_ours = best(ours, args.repeats)
+        exact = bool((out == reference).all())
+
+        loads = {}
+        with qd.Service.local(n_workers=1) as svc:
+            for representation in ("dense", "auto"):
+                times = []
+                for r in range(args.repeats):
+                    t0 = time.perf_counter()
+                    acq = svc.load(master, name=f"{representation}-{r}", scan_shape=scan, representation=representation)
+                    times.append(time.perf_counter() - t0)
+                    layout = acq.info()["layout"]
+                    acq.release()
+                loads[representation] = {"layout": layout, "s": min(times), "GBps": counts_bytes / min(times) / 1e9}
+
+        gbps = lambda t: counts_bytes / t / 1e9  # noqa: E731
+        results = {
+            "shape": [*scan, *det], "dtype": "uint16", "dose": args.dose, "counts_bytes": counts_bytes,
+            "file_bytes": file_bytes, "data_files": len(files), "exact_against_h5py": exact,
+            "raw_read": {"s": t_raw, "file_GBps": file_bytes / t_raw / 1e9, "counts_GBps": gbps(t_raw)},
+            "h5py_hdf5plugin_1_thread": {"s": t_h5, "GBps": gbps(t_h5)},
+            "arina_reader": {"s": t_ours, "GBps": gbps(t_ours), "over_h5py": t_h5 / t_ours, "over_raw_read": t_raw / t_ours},
+            "service_load": {k: v | {"over_h5py": t_h5 / v["s"], "over_raw_read": t_raw / v["s"]} for k, v in loads.items()},
+        }
+        path = record.write(args.out.stem, results, args.out.parent) if args.out else record.write("load_arina", results)
+        print(f"raw read            {t_raw:8.3f} s  {file_bytes / t_raw / 1e9:7.2f} GB/s of file bytes ({gbps(t_raw):.2f} GB/s of counts)")
+        print(f"h5py+hdf5plugin     {t_h5:8.3f} s  {gbps(t_h5):7.2f} GB/s of counts (1 thread)")
+        print(f"ArinaReader         {t_ours:8.3f} s  {gbps(t_ours):7.2f} GB/s  {t_h5 / t_ours:.2f}x h5py, {t_raw / t_ours:.2f}x raw read time")
+        for k, v in loads.items():
+            print(f"svc.load {k:5s} ({v['layout']:10s}) {v['s']:8.3f} s  {v['GBps']:7.2f} GB/s  "
+                  f"{t_h5 / v['s']:.2f}x h5py, {t_raw / v['s']:.2f}x raw read time")
+        print(f"exact against h5py: {'yes' if exact else 'NO'}\nresults: {path}")
+        return 0 if exact else 1
+    finally:
+        if args.folder is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
