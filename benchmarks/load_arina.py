@@ -105,8 +105,7 @@ def main() -> int:
         def ours():
             reader = ArinaReader(master, scan)
             try:
-                for start, frames in reader.blocks():
-                    out[start : start + len(frames)] = frames
+                reader.read_into(out)
             finally:
                 reader.close()
 

@@ -90,3 +90,21 @@ def test_inspect_reports_without_loading(rng, tmp_path):
     (tmp_path / "x.bin").write_bytes(b"not a detector file")
     with pytest.raises(ValueError, match="is not an HDF5 file"):
         qd.inspect(tmp_path / "x.bin")
+
+
+def test_reader_blocks_and_read_into_agree(rng, tmp_path):
+    from qgpu_dask.io.arina import ArinaReader
+
+    frames = rng.poisson(0.6, (30, 11, 9)).astype(np.uint16)
+    master = write_arina(tmp_path, frames, per_file=7)
+    reader = ArinaReader(master, (5, 6))
+    try:
+        into = np.zeros_like(frames)
+        reader.read_into(into, block_bytes=4 * 11 * 9 * 2)  # several blocks per data file
+        assert (into == frames).all()
+        seen = np.zeros_like(frames)
+        for start, block in reader.blocks(block_bytes=3 * 11 * 9 * 2):
+            seen[start : start + len(block)] = block
+        assert (seen == frames).all()
+    finally:
+        reader.close()

@@ -96,9 +96,19 @@ class ArinaReader:
         return "bitshuffle-lz4" if all(s.raw_chunks for s in self.stacks) else "hdf5 filters"
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        """Blocks of whole scan rows where they fit. A block is decompressed (on every core) while the
-        next one's stored chunks are read and the last one is being copied into the resident."""
+        """Blocks of whole scan rows where they fit, each in a new array."""
         step = frames_per_block(self.shape, self.dtype, block_bytes)
+        yield from self.decoded(step, lambda start, n: np.empty((n, *self.shape[2:]), dtype=self.dtype))
+
+    def read_into(self, out: np.ndarray, block_bytes: int = BLOCK_BYTES) -> None:
+        """Every frame straight into ``out`` (n_frames, rows, cols): no block is copied again."""
+        step = frames_per_block(self.shape, self.dtype, block_bytes)
+        for _ in self.decoded(step, lambda start, n: out[start : start + n]):
+            pass
+
+    def decoded(self, step: int, target) -> Iterator[tuple[int, np.ndarray]]:
+        """(first frame, frames) of every block, decoded into ``target(first, n)``. A block is decompressed
+        (on every core) while the next one's stored chunks are read and the last one is being used."""
         decoder = ThreadPoolExecutor(1, thread_name_prefix="qgpu-arina")
         try:
             pending = None
@@ -107,7 +117,8 @@ class ArinaReader:
                 for lo in range(0, stack.frames, step):
                     hi = min(lo + step, stack.frames)
                     stored = self.fetch(stack, lo, hi)
-                    following = (start + lo, decoder.submit(self.decode, stack, lo, hi, start, stored))
+                    out = target(start + lo, hi - lo)
+                    following = (start + lo, decoder.submit(self.decode, stack, lo, hi, start, stored, out))
                     if pending is not None:
                         yield pending[0], pending[1].result()
                     pending = following
@@ -127,9 +138,8 @@ class ArinaReader:
             chunks.append((mask, np.frombuffer(chunk, dtype=np.uint8)))
         return chunks
 
-    def decode(self, stack: Stack, lo: int, hi: int, first: int, stored) -> np.ndarray:
-        """Frames lo:hi of one data file as (n, rows, cols), from their stored chunks."""
-        out = np.empty((hi - lo, *self.shape[2:]), dtype=self.dtype)
+    def decode(self, stack: Stack, lo: int, hi: int, first: int, stored, out: np.ndarray) -> np.ndarray:
+        """Frames lo:hi of one data file into ``out`` (n, rows, cols), from their stored chunks."""
         if stored is None:
             stack.dataset.read_direct(out, np.s_[lo:hi])
             return out

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
+
 from ..formats import codec
 from ..resident.base import check_dtype
 from ..resident.dense import DenseCounts
@@ -54,6 +56,9 @@ def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
 def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_bytes: int = BLOCK_BYTES) -> DenseCounts:
     """A DenseCounts filled from ``reader`` in blocks; a failed read names the first frame it did not get."""
     resident = DenseCounts.empty(name, reader.shape, check_dtype(reader.dtype), xp)
+    if resident.xp is np and hasattr(reader, "read_into"):  # host memory: the reader decodes into it directly
+        reader.read_into(resident.flat.reshape(resident.n_frames, *resident.det_shape), block_bytes)
+        return resident
     done = 0
     try:
         for start, frames in reader.blocks(block_bytes):
