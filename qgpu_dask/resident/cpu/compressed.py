@@ -252,43 +252,29 @@ def put_le(payload, at, v, nbytes):
         payload[at + i] = (v >> (8 * i)) & 0xFF
 
 
-@pjit
-def encode_sizes_loop(flat, block, run, values, table_start, cum, chunks, itemsize, forms, sizes):
-    n_frames, frame_len = flat.shape
-    n_blocks = forms.shape[0]
-    n_tiles = (frame_len + TILE - 1) // TILE
-    dummy = np.zeros(1, dtype=np.uint8)
-    for s in numba.prange(n_blocks * n_tiles):
-        b, t = s // n_tiles, s % n_tiles
-        p0, p1 = t * TILE, min(frame_len, (t + 1) * TILE)
-        cols = tile_columns(flat, b * block, min(block, n_frames - b * block), p0, p1)
-        for p in range(p0, p1):
-            col = cols[p - p0]
-            k, _ = encode_ans(col, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, dummy, 0, 0, False)
-            form, size = choose_form(col, itemsize, k)
-            forms[b, p] = form
-            sizes[b, p] = size
-
-
-@pjit
-def encode_write_loop(flat, block, run, values, table_start, cum, chunks, itemsize, index, block_base, payload):
-    n_frames, frame_len = flat.shape
-    n_blocks = index.shape[0]
-    n_tiles = (frame_len + TILE - 1) // TILE
-    for s in numba.prange(n_blocks * n_tiles):
-        b, t = s // n_tiles, s % n_tiles
-        p0, p1 = t * TILE, min(frame_len, (t + 1) * TILE)
-        cols = tile_columns(flat, b * block, min(block, n_frames - b * block), p0, p1)
-        for p in range(p0, p1):
-            write_stream(cols[p - p0], b, p, run, values, table_start, cum, chunks, itemsize, index, block_base, payload)
+@jit
+def ans_capacity(n):
+    """Words an rANS stream of ``n`` counts can emit at most: a run and a value token per count, two escape
+    chunks each, the R-zero runs and the end."""
+    return 5 * n + 8
 
 
 @jit
-def write_stream(col, b, p, run, values, table_start, cum, chunks, itemsize, index, block_base, payload):
-    """Write stream (b, p) in the form and at the place the sizing pass gave it."""
-    start, end, form = stream_bounds(index, block_base, b, p)
-    if form == CONSTANT:
-        put_le(payload, start, np.int64(col[0]), 4)
+def encode_stream(col, run, nv, vt, cum, chunks, itemsize, scratch, out, at):
+    """Encode one stream into ``out[at:]`` in its smallest exact form; returns (form, bytes).
+
+    The rANS words are emitted into the end of ``scratch`` backwards, so they
+    lie there in reading order, and are copied behind the final state if rANS wins.
+    """
+    cap = ans_capacity(col.shape[0])
+    k, x = encode_ans(col, run, nv, vt, cum, chunks, scratch, 0, cap, True)
+    form, size = choose_form(col, itemsize, k)
+    if form == ANS:
+        put_le(out, at, x, 4)
+        first = 2 * (2 + cap - k)
+        out[at + 4 : at + 4 + 2 * k] = scratch[first : first + 2 * k]
+    elif form == CONSTANT:
+        put_le(out, at, np.int64(col[0]), 4)
     elif form == SPARSE:
         nnz = 0
         for i in range(col.shape[0]):
@@ -296,16 +282,41 @@ def write_stream(col, b, p, run, values, table_start, cum, chunks, itemsize, ind
         j = 0
         for i in range(col.shape[0]):
             if col[i] != 0:
-                put_le(payload, start + 2 * j, i, 2)
-                put_le(payload, start + 2 * nnz + itemsize * j, np.int64(col[i]), itemsize)
+                put_le(out, at + 2 * j, i, 2)
+                put_le(out, at + 2 * nnz + itemsize * j, np.int64(col[i]), itemsize)
                 j += 1
+        if size > nnz * (2 + itemsize):
+            out[at + size - 1] = 0
     elif form == RAW:
         for i in range(col.shape[0]):
-            put_le(payload, start + itemsize * i, np.int64(col[i]), itemsize)
-    elif form == ANS:
-        ktot = (end - start - 4) // 2
-        _, x = encode_ans(col, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, payload, start, ktot, True)
-        put_le(payload, start, x, 4)
+            put_le(out, at + itemsize * i, np.int64(col[i]), itemsize)
+        if size > col.shape[0] * itemsize:
+            out[at + size - 1] = 0
+    return form, size
+
+
+@pjit
+def encode_block_loop(flat, lo, n, run, values, table_start, cum, chunks, itemsize, slot, staging, forms, sizes):
+    """Every stream of one scan block into its slot of ``staging`` (slot bytes each), by tiles of pixels."""
+    frame_len = flat.shape[1]
+    n_tiles = (frame_len + TILE - 1) // TILE
+    for t in numba.prange(n_tiles):
+        p0, p1 = t * TILE, min(frame_len, (t + 1) * TILE)
+        cols = tile_columns(flat, lo, n, p0, p1)
+        scratch = np.empty(2 * (2 + ans_capacity(n)), dtype=np.uint8)
+        for p in range(p0, p1):
+            form, size = encode_stream(
+                cols[p - p0], np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, itemsize, scratch, staging, p * slot
+            )
+            forms[p] = form
+            sizes[p] = size
+
+
+@pjit
+def compact_loop(staging, slot, sizes, offsets, piece):
+    """Streams from their slots to their places in the block's payload."""
+    for p in numba.prange(sizes.shape[0]):
+        piece[offsets[p] : offsets[p] + sizes[p]] = staging[p * slot : p * slot + sizes[p]]
 
 
 class Streams:
@@ -317,29 +328,32 @@ class Streams:
         self.payload = payload
 
 
-def block_offsets(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Byte offsets of streams inside their scan block, and each block's base in the payload."""
-    offsets = np.zeros_like(sizes, dtype=np.int64)
-    np.cumsum(sizes[:, :-1], axis=1, out=offsets[:, 1:])
-    base = np.zeros(sizes.shape[0] + 1, dtype=np.uint64)
-    np.cumsum(sizes.sum(axis=1), out=base[1:])
-    return offsets, base
-
-
 def encode(flat, block, run, values, table_start, cum) -> Streams:
-    """Encode every stream: a sizing pass (form and bytes of each), offsets, then a writing pass."""
+    """Encode every stream, one scan block at a time: each stream once, into a slot as large as its raw
+    counts (the most any chosen form takes), then the block's streams packed behind each other."""
     n_frames, frame_len = flat.shape
     n_blocks = -(-n_frames // block)
     itemsize = flat.dtype.itemsize
     chunks = 2 if itemsize == 4 else 1
-    forms = np.zeros((n_blocks, frame_len), dtype=np.uint8)
-    sizes = np.zeros((n_blocks, frame_len), dtype=np.int64)
-    encode_sizes_loop(flat, block, run, values, table_start, cum, chunks, itemsize, forms, sizes)
-    offsets, base = block_offsets(sizes)
-    index = pack_index(forms, offsets)
-    payload = np.zeros(int(base[-1]), dtype=np.uint8)
-    encode_write_loop(flat, block, run, values, table_start, cum, chunks, itemsize, index, base, payload)
-    return Streams(index, base, payload)
+    index = np.zeros((n_blocks, frame_len), dtype=np.uint32)
+    base = np.zeros(n_blocks + 1, dtype=np.uint64)
+    pieces = []
+    for b in range(n_blocks):
+        lo = b * block
+        n = min(block, n_frames - lo)
+        slot = max(4, n * itemsize + (n * itemsize) % 2)
+        staging = np.empty(frame_len * slot, dtype=np.uint8)
+        forms = np.zeros(frame_len, dtype=np.uint8)
+        sizes = np.zeros(frame_len, dtype=np.int64)
+        encode_block_loop(flat, lo, n, run, values, table_start, cum, chunks, itemsize, slot, staging, forms, sizes)
+        offsets = np.zeros(frame_len, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        piece = np.empty(int(sizes.sum()), dtype=np.uint8)
+        compact_loop(staging, slot, sizes, offsets, piece)
+        index[b] = pack_index(forms, offsets)
+        base[b + 1] = base[b] + np.uint64(piece.size)
+        pieces.append(piece)
+    return Streams(index, base, np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8))
 
 
 # ---------------------------------------------------------------- decoder
