@@ -8,7 +8,6 @@ import pytest
 import qgpu_dask as qd
 from qgpu_dask.formats import codec
 from qgpu_dask.resident.compressed import CompressedCounts
-from qgpu_dask.resident.cpu import compressed as cpu
 from qgpu_dask.resident.dense import DenseCounts
 from qgpu_dask.resident.masks import mask_weights
 
