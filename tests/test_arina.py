@@ -108,3 +108,15 @@ def test_reader_blocks_and_read_into_agree(rng, tmp_path):
         assert (seen == frames).all()
     finally:
         reader.close()
+
+
+def test_truncated_data_file_is_refused(svc, names, rng, tmp_path):
+    frames = rng.poisson(3.0, (12, 32, 32)).astype(np.uint16)
+    master = write_arina(tmp_path, frames, per_file=6)
+    data = tmp_path / "scan_data_000002.h5"
+    raw = data.read_bytes()
+    data.write_bytes(raw[: len(raw) * 2 // 3])
+    bad = names()
+    with pytest.raises(ValueError, match=r"scan_master\.h5.*data_000002"):
+        svc.load(master, name=bad, scan_shape=(3, 4))
+    assert bad not in svc

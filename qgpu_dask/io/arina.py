@@ -134,7 +134,10 @@ class ArinaReader:
             return None
         chunks = []
         for i in range(lo, hi):
-            mask, chunk = stack.dataset.id.read_direct_chunk((i, 0, 0))
+            try:
+                mask, chunk = stack.dataset.id.read_direct_chunk((i, 0, 0))
+            except (OSError, RuntimeError) as err:
+                raise ValueError(f"{stack.where}: the chunk of frame {i} of this file cannot be read ({err})") from None
             chunks.append((mask, np.frombuffer(chunk, dtype=np.uint8)))
         return chunks
 
