@@ -155,7 +155,7 @@ def check_tables(run: np.ndarray, values: np.ndarray, table_start: np.ndarray, c
     run = np.asarray(run, dtype=np.int64)
     values = np.asarray(values, dtype=np.int64)
     start = np.asarray(table_start, dtype=np.int64)
-    if (run > MAX_RUN).any() or ((run > 0) & (run < 1)).any():
+    if (run > MAX_RUN).any():
         raise ValueError("compressed tables: a run limit is out of range")
     if (values < 1).any() or (values > MAX_V).any():
         raise ValueError("compressed tables: a value alphabet size is out of range")

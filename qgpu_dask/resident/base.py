@@ -9,6 +9,7 @@ layout validates and shapes results the same way.
 from __future__ import annotations
 
 import hashlib
+import importlib
 from abc import ABC, abstractmethod
 from types import ModuleType
 from typing import Any, Callable
@@ -21,6 +22,13 @@ from .masks import MaskWeights, mask_weights
 CHECKSUM_BYTES = 64 * 2**20  # counts hashed per copy to the host
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("uint8", "uint16", "uint32", "int8", "int16", "int32", "float32", "float64"))
 REDUCE_OPS = ("sum", "mean", "max")
+
+
+def kernels_for(xp: ModuleType, layout: str) -> ModuleType:
+    """The kernels of ``layout`` ("dense", "compressed") for an array module: ``cuda.<layout>`` (CuPy and
+    kernels/*.cu) for CuPy, ``cpu.<layout>`` (Numba) for NumPy; imported on first use, so CPU processes
+    never import CuPy."""
+    return importlib.import_module(f"{__package__}.{'cpu' if xp is np else 'cuda'}.{layout}")
 
 
 def check_dtype(dtype) -> np.dtype:

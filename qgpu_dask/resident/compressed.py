@@ -25,17 +25,8 @@ import numpy as np
 
 from ..device import module_of, to_host
 from ..formats import codec
-from .base import Resident
+from .base import Resident, kernels_for
 from .masks import MaskWeights
-
-
-def kernels_for(xp: ModuleType) -> ModuleType:
-    """The compressed kernel module of an array module: CUDA for CuPy, Numba for NumPy."""
-    if xp is np:
-        from .cpu import compressed
-    else:
-        from .cuda import compressed
-    return compressed
 
 
 def compressible(dtype) -> bool:
@@ -60,8 +51,7 @@ class CompressedCounts(Resident):
         check_model(host, self.frame_len)
         index, base = to_host(streams["index"]), to_host(streams["block_base"])
         check_index(index, base, n_blocks, self.frame_len, int(streams["payload"].shape[0]))
-        self.kernels = kernels_for(xp)
-        self.host_model = host
+        self.kernels = kernels_for(xp, "compressed")
         self.model = self.kernels.Model(self.n_frames, self.block, *(model[k] for k in MODEL_KEYS), self.dtype)
         self.streams = self.kernels.Streams(streams["index"], streams["block_base"], streams["payload"])
         self.totals = streams["totals"]
@@ -77,7 +67,7 @@ class CompressedCounts(Resident):
     def encode(cls, name: str, flat, shape) -> "CompressedCounts":
         """Encode dense counts ``flat`` (n_frames, frame_len) on their device; ``flat`` is left as it was."""
         xp = module_of(flat)
-        kernels = kernels_for(xp)
+        kernels = kernels_for(xp, "compressed")
         if not compressible(flat.dtype):
             raise ValueError(f"representation='compressed' needs unsigned integer counts, got {flat.dtype}")
         n_frames = flat.shape[0]

@@ -7,17 +7,8 @@ from types import ModuleType
 import numpy as np
 
 from ..device import array_module, module_of
-from .base import Resident
+from .base import Resident, kernels_for
 from .masks import MaskWeights
-
-
-def kernels_for(xp: ModuleType) -> ModuleType:
-    """The kernel module of an array module: CUDA for CuPy, Numba for NumPy."""
-    if xp is np:
-        from .cpu import dense
-    else:
-        from .cuda import dense
-    return dense
 
 
 class DenseCounts(Resident):
@@ -30,7 +21,7 @@ class DenseCounts(Resident):
         if flat.shape != (self.n_frames, self.frame_len):
             raise ValueError(f"flat frames have shape {flat.shape}, expected {(self.n_frames, self.frame_len)}")
         self.flat = flat
-        self.kernels = kernels_for(self.xp)
+        self.kernels = kernels_for(self.xp, "dense")
 
     @classmethod
     def empty(cls, name: str, shape, dtype, xp: ModuleType | None = None) -> "DenseCounts":

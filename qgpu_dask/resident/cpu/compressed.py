@@ -37,6 +37,7 @@ from ...formats.codec import (
     STATE_LOW,
     TOKEN_SLOTS,
     pack_index,
+    raw_chunks,
 )
 
 SLOT_MASK = PROB_SCALE - 1
@@ -334,7 +335,7 @@ def encode(flat, block, run, values, table_start, cum) -> Streams:
     n_frames, frame_len = flat.shape
     n_blocks = -(-n_frames // block)
     itemsize = flat.dtype.itemsize
-    chunks = 2 if itemsize == 4 else 1
+    chunks = raw_chunks(flat.dtype)
     index = np.zeros((n_blocks, frame_len), dtype=np.uint32)
     base = np.zeros(n_blocks + 1, dtype=np.uint64)
     pieces = []
@@ -516,7 +517,7 @@ class Model:
         self.cum = cum
         dtype = np.dtype(dtype)
         self.itemsize = dtype.itemsize
-        self.chunks = 2 if dtype.itemsize == 4 else 1
+        self.chunks = raw_chunks(dtype)
         self.maxval = int(np.iinfo(dtype).max)
 
 
@@ -577,6 +578,13 @@ def model_args(streams: Streams, model: Model) -> tuple:
     )
 
 
+def run_checked(loop, streams: Streams, model: Model, *args) -> None:
+    """``loop(model arguments, *args, errors)``, then ValueError for the first malformed stream it met."""
+    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
+    loop(*model_args(streams, model), *args, errors)
+    raise_errors(errors)
+
+
 def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray, narrow: bool = False) -> np.ndarray:
     """``out[m, f] = sum_k weights[m, k] * count[f, pixels[k]]`` in weights.dtype (uint64 wraps; float64).
 
@@ -591,9 +599,7 @@ def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.nd
 def mask_sums_async(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray, narrow: bool = False):
     """:func:`mask_sums` as (out, done): ``done()`` raises for a malformed stream (here: already checked)."""
     out = np.empty((weights.shape[0], model.n_frames), dtype=weights.dtype)
-    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
-    mask_sums_loop(*model_args(streams, model), np.asarray(pixels, dtype=np.int64), weights, out, errors)
-    raise_errors(errors)
+    run_checked(mask_sums_loop, streams, model, np.asarray(pixels, dtype=np.int64), weights, out)
     return out, lambda: None
 
 
@@ -624,9 +630,7 @@ def roi_reduce(streams: Streams, model: Model, mult: np.ndarray, op: str) -> np.
     frame_len = streams.index.shape[1]
     blocks = np.flatnonzero(np.add.reduceat(mult, np.arange(0, model.n_frames, model.block)) > 0).astype(np.int64)
     out = np.zeros(frame_len, dtype=np.uint64)
-    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
-    roi_reduce_loop(*model_args(streams, model), blocks, mult.astype(np.uint64), op == "max", out, errors)
-    raise_errors(errors)
+    run_checked(roi_reduce_loop, streams, model, blocks, mult.astype(np.uint64), op == "max", out)
     return out
 
 
@@ -649,9 +653,7 @@ def frame_loop(index, block_base, payload, n_frames, block, run, values, table_s
 def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
     """The counts of frame ``index`` (frame_len,) as uint32."""
     out = np.zeros(streams.index.shape[1], dtype=np.uint32)
-    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
-    frame_loop(*model_args(streams, model), int(index), out, errors)
-    raise_errors(errors)
+    run_checked(frame_loop, streams, model, int(index), out)
     return out
 
 
@@ -672,9 +674,7 @@ def decode_all_loop(index, block_base, payload, n_frames, block, run, values, ta
 def decode_all(streams: Streams, model: Model, dtype) -> np.ndarray:
     """Every count, (n_frames, frame_len) in ``dtype``: the dense counts back."""
     out = np.zeros((model.n_frames, streams.index.shape[1]), dtype=dtype)
-    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
-    decode_all_loop(*model_args(streams, model), out, errors)
-    raise_errors(errors)
+    run_checked(decode_all_loop, streams, model, out)
     return out
 
 
@@ -692,6 +692,4 @@ def check_loop(index, block_base, payload, n_frames, block, run, values, table_s
 
 def check(streams: Streams, model: Model) -> None:
     """Decode every stream; ValueError at the first malformed one."""
-    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
-    check_loop(*model_args(streams, model), errors)
-    raise_errors(errors)
+    run_checked(check_loop, streams, model)
