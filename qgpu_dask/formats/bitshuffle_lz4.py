@@ -147,6 +147,21 @@ def fill(dst, at, n, value):
 
 
 @jit
+def long_length(src, ip, iend):
+    """(length, next input position) of an LZ4 length whose 4-bit field is 15: the bytes that follow
+    are added to it up to one below 255; length -1 when the input ends first."""
+    length = np.int64(15)
+    while True:
+        if ip >= iend:
+            return np.int64(-1), ip
+        more = np.int64(src[ip])
+        ip += 1
+        length += more
+        if more != 255:
+            return length, ip
+
+
+@jit
 def lz4_block(src, dst, oend):
     """Decode the LZ4 block src (the whole array) into exactly dst[:oend].
 
@@ -164,14 +179,9 @@ def lz4_block(src, dst, oend):
         ip += 1
         lit = token >> 4
         if lit == 15:
-            while True:
-                if ip >= iend:
-                    return LENGTH_CUT, iend, 0, 0
-                more = np.int64(src[ip])
-                ip += 1
-                lit += more
-                if more != 255:
-                    break
+            lit, ip = long_length(src, ip, iend)
+            if lit < 0:
+                return LENGTH_CUT, iend, 0, 0
         if lit > iend - ip:
             return LITERALS_PAST_INPUT, lit, ip, iend
         if lit > oend - op:
@@ -194,14 +204,9 @@ def lz4_block(src, dst, oend):
             return OFFSET_BEFORE_START, offset, op, 0
         length = token & 15
         if length == 15:
-            while True:
-                if ip >= iend:
-                    return LENGTH_CUT, iend, 0, 0
-                more = np.int64(src[ip])
-                ip += 1
-                length += more
-                if more != 255:
-                    break
+            length, ip = long_length(src, ip, iend)
+            if length < 0:
+                return LENGTH_CUT, iend, 0, 0
         length += 4
         if length > oend - op:
             return MATCH_PAST_OUTPUT, length, op, oend
