@@ -11,6 +11,8 @@ import pytest
 
 import qgpu_dask as qd
 
+from conftest import cupy_available
+
 
 def write_arina(folder, frames: np.ndarray, per_file: int, stem: str = "scan") -> object:
     """A master and its data files as the detector writes them: one bitshuffle-LZ4 chunk per frame."""
@@ -120,3 +122,74 @@ def test_truncated_data_file_is_refused(svc, names, rng, tmp_path):
     with pytest.raises(ValueError, match=r"scan_master\.h5.*data_000002"):
         svc.load(master, name=bad, scan_shape=(3, 4))
     assert bad not in svc
+
+
+def write_interleaved(folder, frames: np.ndarray) -> object:
+    """A master whose one data file holds two other datasets written frame by frame between its frames,
+    so each frame's chunk lies apart from the next one's."""
+    n, rows, cols = frames.shape
+    with h5py.File(folder / "mixed_data_000001.h5", "w") as f:
+        filters = hdf5plugin.Bitshuffle(nelems=0, cname="lz4")
+        data = f.create_dataset("/entry/data/data", shape=frames.shape, dtype=frames.dtype, chunks=(1, rows, cols), **filters)
+        others = [f.create_dataset(f"/other/{k}", shape=frames.shape, dtype=frames.dtype, chunks=(1, rows, cols), **filters) for k in range(2)]
+        for i in range(n):
+            data[i] = frames[i]
+            for other in others:
+                other[i] = frames[(i + 1) % n]
+    master = folder / "mixed_master.h5"
+    with h5py.File(master, "w") as f:
+        f["/entry/data/data_000001"] = h5py.ExternalLink("mixed_data_000001.h5", "/entry/data/data")
+    return master
+
+
+def test_frames_stored_apart_read_one_by_one(rng, tmp_path):
+    from qgpu_dask.io.arina import ArinaReader
+
+    frames = rng.poisson(2.0, (24, 16, 16)).astype(np.uint16)
+    master = write_interleaved(tmp_path, frames)
+    reader = ArinaReader(master, (4, 6))
+    try:
+        stored = reader.stacks[0].stored
+        data, starts, ends, masks = stored.read(0, 24)
+        assert data.size == (ends - starts).sum()  # not the span: each chunk was read on its own
+        into = np.zeros_like(frames)
+        reader.read_into(into, block_bytes=5 * 16 * 16 * 2)
+        assert (into == frames).all()
+    finally:
+        reader.close()
+
+
+def test_file_ending_inside_a_chunk_names_the_frame(rng, tmp_path):
+    from qgpu_dask.io.arina import ArinaReader
+
+    frames = rng.poisson(2.0, (16, 16, 16)).astype(np.uint16)
+    master = write_arina(tmp_path, frames, per_file=16)
+    data_file = tmp_path / "scan_data_000001.h5"
+    with h5py.File(data_file, "r") as f:
+        info = f["/entry/data/data"].id.get_chunk_info(11)
+    reader = ArinaReader(master, (4, 4))
+    try:
+        with open(data_file, "r+b") as f:  # the file is cut after HDF5 opened it: our own read meets the end
+            f.truncate(info.byte_offset + info.size // 2)
+        with pytest.raises(ValueError, match=r"scan_master\.h5' \(data_000001\).*the file ends inside the chunk of frame 11 "):
+            reader.read_into(np.zeros_like(frames))
+    finally:
+        reader.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+def test_device_load_through_pinned_buffers(rng, tmp_path):
+    import cupy as cp
+
+    from qgpu_dask.io.arina import ArinaReader
+    from qgpu_dask.io.load import read_dense
+
+    frames = rng.poisson(0.8, (70, 12, 10)).astype(np.uint16)
+    master = write_arina(tmp_path, frames, per_file=17)
+    reader = ArinaReader(master, (7, 10))
+    try:
+        resident = read_dense("staged", reader, cp, block_bytes=10 * 12 * 10 * 2)  # 10 frames a block: the ring turns over
+        assert (cp.asnumpy(resident.flat).reshape(frames.shape) == frames).all()
+    finally:
+        reader.close()

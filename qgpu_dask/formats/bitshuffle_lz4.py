@@ -1,8 +1,9 @@
 """Bitshuffle-LZ4 HDF5 chunks (filter 32008) decoded on the CPU, as DECTRIS Arina/Eiger write them.
 
-A chunk read raw (``dataset.id.read_direct_chunk``) decodes here to the same
-bytes h5py + hdf5plugin give, without HDF5's filter pipeline, so many chunks
-can be decoded at once in threads (the Numba kernels release the GIL).
+A chunk as stored (read from the file at the offset HDF5's chunk index gives)
+decodes here to the same bytes h5py + hdf5plugin give, without HDF5's filter
+pipeline, so many chunks can be decoded at once in threads (the Numba kernels
+release the GIL).
 
 Chunk layout (integers big-endian), checked against hdf5plugin 7::
 
@@ -360,13 +361,13 @@ def decode_chunk(src, dst, itemsize):
 
 
 @jit
-def decode_range(data, offsets, first, stop, out, itemsize):
-    """Decode chunks first..stop-1 (chunk i is data[offsets[i]:offsets[i + 1]]) into out[i].
+def decode_range(data, starts, ends, first, stop, out, itemsize):
+    """Decode chunks first..stop-1 (chunk i is data[starts[i]:ends[i]]) into out[i].
 
     Stops at the first bad chunk; returns (index or -1, code, block, a, b, c).
     """
     for i in range(first, stop):
-        code, block, a, b, c = decode_chunk(data[offsets[i] : offsets[i + 1]], out[i], itemsize)
+        code, block, a, b, c = decode_chunk(data[starts[i] : ends[i]], out[i], itemsize)
         if code != OK:
             return i, code, block, a, b, c
     return -1, OK, -1, 0, 0, 0
@@ -442,33 +443,46 @@ def thread_pool(pid: int) -> ThreadPoolExecutor:
 def decompress_into(chunks: list, out: np.ndarray, threads: int | None = None) -> None:
     """Decode chunk i into out[i] for every i, in `threads` threads (default: the usable cores).
 
-    out is (n, ...) C-contiguous of the data's dtype; each chunk holds
-    out[i].size elements. The chunks are packed into one buffer and split
-    into contiguous runs, one nogil Numba call per run, so the per-chunk cost
-    is a loop step rather than a Python call. Raises ValueError naming the
-    first bad chunk ("chunk 17: LZ4 block 0: ..."); out is then partly written.
+    The chunks are packed into one buffer for :func:`decompress_stored`.
     """
+    views = [as_bytes(c) for c in chunks]
+    ends = np.cumsum([v.size for v in views], dtype=np.int64)
+    starts = ends - [v.size for v in views]
+    data = np.concatenate(views) if views else np.zeros(0, np.uint8)
+    decompress_stored(data, starts, ends, out, threads)
+
+
+def decompress_stored(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, out: np.ndarray, threads: int | None = None) -> None:
+    """Decode chunk i, data[starts[i]:ends[i]], into out[i] for every i, in `threads` threads (default: the usable cores).
+
+    out is (n, ...) C-contiguous of the data's dtype; each chunk holds
+    out[i].size elements. The chunks are split into contiguous runs, one nogil
+    Numba call per run, so the per-chunk cost is a loop step rather than a
+    Python call. Raises ValueError naming the first bad chunk ("chunk 17: LZ4
+    block 0: ..."); out is then partly written.
+    """
+    n = len(starts)
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous")
-    if out.ndim < 1 or out.shape[0] != len(chunks):
-        raise ValueError(f"out has shape {out.shape}, expected {len(chunks)} frames first")
-    n = len(chunks)
+    if out.ndim < 1 or out.shape[0] != n or len(ends) != n:
+        raise ValueError(f"out has shape {out.shape}, expected {n} frames first")
     if n == 0:
         return
-    views = [as_bytes(c) for c in chunks]
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum([v.size for v in views], out=offsets[1:])
-    data = as_bytes(np.concatenate(views))
+    data = as_bytes(data)
+    starts = np.ascontiguousarray(starts, np.int64)
+    ends = np.ascontiguousarray(ends, np.int64)
+    if starts.min() < 0 or ends.max() > data.size or (ends < starts).any():
+        raise ValueError(f"chunk bounds fall outside the {data.size} bytes given")
     flat = target(out.reshape(n, -1))
     itemsize = out.dtype.itemsize
     threads = max(1, min(threads or worker_count(), n))
     if threads == 1:
-        results = [decode_range(data, offsets, 0, n, flat, itemsize)]
+        results = [decode_range(data, starts, ends, 0, n, flat, itemsize)]
     else:
         bounds = np.linspace(0, n, threads + 1).astype(np.int64)
         runs = list(zip(bounds[:-1], bounds[1:]))
         pool = thread_pool(os.getpid())
-        results = list(pool.map(lambda r: decode_range(data, offsets, r[0], r[1], flat, itemsize), runs))
+        results = list(pool.map(lambda r: decode_range(data, starts, ends, r[0], r[1], flat, itemsize), runs))
     bad = [r for r in results if r[0] >= 0]
     if bad:
         index, code, block, a, b, c = min(bad)

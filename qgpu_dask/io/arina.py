@@ -3,10 +3,10 @@
 A master holds ``/entry/data/data_000001``, ``data_000002``, ... (external
 links to the data files), each a (frames, rows, cols) stack chunked one frame
 per chunk with the Bitshuffle filter (HDF5 filter 32008) and LZ4. The reader
-takes the raw chunks (``read_direct_chunk``: a copy, no HDF5 filter) and
-decompresses a block of them at once with our own decoder in parallel threads,
-which gives hdf5plugin's bytes exactly; stacks stored otherwise are read
-through HDF5 as they are.
+reads the stored chunks straight from the data files (``io.stored_chunks``: no
+HDF5 filter, one read per block of frames) and decompresses a block of them at
+once with our own decoder in parallel threads, which gives hdf5plugin's bytes
+exactly; stacks stored otherwise are read through HDF5 as they are.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers the Bitshuffle filter for stacks read through HDF5)
 import numpy as np
 
-from ..formats.bitshuffle_lz4 import ChunkError, decompress_into
+from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
 from .hdf5 import filter_pipeline
 from .source import BLOCK_BYTES, as_4d, frames_per_block
+from .stored_chunks import StoredChunks
 
 BITSHUFFLE = 32008
 LZ4 = 2  # the last Bitshuffle filter option: 2 = LZ4 (3 = zstd is left to HDF5 and hdf5plugin)
@@ -56,8 +57,9 @@ class Stack:
         filters = [code for code, _ in filter_pipeline(dataset)]
         plist = dataset.id.get_create_plist()
         lz4 = filters == [BITSHUFFLE] and tuple(plist.get_filter(0)[2])[-1:] == (LZ4,)
-        self.raw_chunks = dataset.chunks == (1, *dataset.shape[1:]) and lz4
+        self.lz4_frames = dataset.chunks == (1, *dataset.shape[1:]) and lz4
         self.where = f"{str(master)!r} ({name})"
+        self.stored = StoredChunks(dataset, f"{self.where}, data file {dataset.file.filename!r}")
 
 
 class ArinaReader:
@@ -93,22 +95,22 @@ class ArinaReader:
 
     @property
     def compression(self) -> str:
-        return "bitshuffle-lz4" if all(s.raw_chunks for s in self.stacks) else "hdf5 filters"
+        return "bitshuffle-lz4" if all(s.lz4_frames for s in self.stacks) else "hdf5 filters"
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
         """Blocks of whole scan rows where they fit, each in a new array."""
-        step = frames_per_block(self.shape, self.dtype, block_bytes)
-        yield from self.decoded(step, lambda start, n: np.empty((n, *self.shape[2:]), dtype=self.dtype))
+        return self.blocks_into(lambda start, n: np.empty((n, *self.shape[2:]), dtype=self.dtype), block_bytes)
 
     def read_into(self, out: np.ndarray, block_bytes: int = BLOCK_BYTES) -> None:
         """Every frame straight into ``out`` (n_frames, rows, cols): no block is copied again."""
-        step = frames_per_block(self.shape, self.dtype, block_bytes)
-        for _ in self.decoded(step, lambda start, n: out[start : start + n]):
+        for _ in self.blocks_into(lambda start, n: out[start : start + n], block_bytes):
             pass
 
-    def decoded(self, step: int, target) -> Iterator[tuple[int, np.ndarray]]:
-        """(first frame, frames) of every block, decoded into ``target(first, n)``. A block is decompressed
-        (on every core) while the next one's stored chunks are read and the last one is being used."""
+    def blocks_into(self, target, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        """(first frame, frames) of every block, decoded into ``target(first, n)`` (a C-contiguous
+        (n, rows, cols) array). A block is decompressed (on every core) while the next one's stored
+        chunks are read and the last one is being used."""
+        step = frames_per_block(self.shape, self.dtype, block_bytes)
         decoder = ThreadPoolExecutor(1, thread_name_prefix="qgpu-arina")
         try:
             pending = None
@@ -128,34 +130,28 @@ class ArinaReader:
         finally:
             decoder.shutdown(wait=True, cancel_futures=True)
 
-    def fetch(self, stack: Stack, lo: int, hi: int) -> list[tuple[int, np.ndarray]] | None:
-        """The stored chunks of frames lo:hi as (filter mask, bytes); None when HDF5 must read them."""
-        if not stack.raw_chunks:
+    def fetch(self, stack: Stack, lo: int, hi: int) -> tuple | None:
+        """The stored chunks of frames lo:hi as StoredChunks.read gives them; None when HDF5 must read them."""
+        if not stack.lz4_frames:
             return None
-        chunks = []
-        for i in range(lo, hi):
-            try:
-                mask, chunk = stack.dataset.id.read_direct_chunk((i, 0, 0))
-            except (OSError, RuntimeError) as err:
-                raise ValueError(f"{stack.where}: the chunk of frame {i} of this file cannot be read ({err})") from None
-            chunks.append((mask, np.frombuffer(chunk, dtype=np.uint8)))
-        return chunks
+        return stack.stored.read(lo, hi)
 
     def decode(self, stack: Stack, lo: int, hi: int, first: int, stored, out: np.ndarray) -> np.ndarray:
         """Frames lo:hi of one data file into ``out`` (n, rows, cols), from their stored chunks."""
         if stored is None:
             stack.dataset.read_direct(out, np.s_[lo:hi])
             return out
-        coded = [k for k, (mask, _) in enumerate(stored) if not mask & 1]
-        for k, (mask, raw) in enumerate(stored):
-            if mask & 1:  # the filter was skipped for this chunk: its bytes are the frame
-                if raw.size != out[k].nbytes:
-                    raise ValueError(f"{stack.where}: frame {first + lo + k} is stored with {raw.size} bytes, expected {out[k].nbytes}")
-                out[k] = raw.view(self.dtype).reshape(out[k].shape)
-        if coded:
-            target = out if len(coded) == len(out) else np.empty((len(coded), *out.shape[1:]), dtype=self.dtype)
+        data, starts, ends, masks = stored
+        coded = np.flatnonzero(masks & 1 == 0)
+        for k in np.flatnonzero(masks & 1):  # the filter was skipped for this chunk: its bytes are the frame
+            raw = data[starts[k] : ends[k]]
+            if raw.size != out[k].nbytes:
+                raise ValueError(f"{stack.where}: frame {first + lo + k} is stored with {raw.size} bytes, expected {out[k].nbytes}")
+            out[k] = raw.view(self.dtype).reshape(out[k].shape)
+        if coded.size:
+            target = out if coded.size == len(out) else np.empty((coded.size, *out.shape[1:]), dtype=self.dtype)
             try:
-                decompress_into([stored[k][1] for k in coded], target)
+                decompress_stored(data, starts[coded], ends[coded], target)
             except ChunkError as err:
                 k = coded[err.index]
                 raise ValueError(f"{stack.where}: frame {first + lo + k} (chunk {lo + k} of its file): {err.problem}") from None
@@ -164,4 +160,6 @@ class ArinaReader:
         return out
 
     def close(self) -> None:
+        for stack in self.stacks:
+            stack.stored.close()
         self.file.close()

@@ -2,8 +2,9 @@
 
 HDF5 inflates a dataset's chunks one after another on the reading thread.
 When every frame is its own deflate chunk (optionally byte-shuffled first),
-this reader takes the stored bytes with ``read_direct_chunk`` and inflates
-them with zlib in a thread pool (zlib releases the GIL), so several cores
+this reader takes the stored bytes straight from the file
+(``io.stored_chunks``, one read per block) and inflates them with zlib in a
+thread pool (zlib releases the GIL), so several cores
 work; the next block inflates while the last one is being copied.
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from .hdf5 import HDF5Reader
 from .source import BLOCK_BYTES, frames_per_block
+from .stored_chunks import StoredChunks
 
 DEFLATE = h5py.h5z.FILTER_DEFLATE
 SHUFFLE = h5py.h5z.FILTER_SHUFFLE
@@ -70,18 +72,13 @@ class GzipStackReader:
         self.deflate_bit = 1 << filters.index(DEFLATE)
         self.shuffle_bit = 1 if filters[0] == SHUFFLE else 0
         self.threads = threads or min(INFLATE_THREADS, os.cpu_count() or 1)
+        self.stored = StoredChunks(self.dataset, self.where)
 
     @property
     def compression(self) -> str:
         return self.reader.compression
 
-    def chunk_offset(self, frame: int) -> tuple[int, ...]:
-        if self.dataset.ndim == 3:
-            return (frame, 0, 0)
-        cols = self.dataset.shape[1]
-        return (frame // cols, frame % cols, 0, 0)
-
-    def unfilter(self, frame: int, filter_mask: int, stored: bytes, out: np.ndarray) -> None:
+    def unfilter(self, frame: int, filter_mask: int, stored: np.ndarray, out: np.ndarray) -> None:
         """Undo the filters a chunk went through (those ``filter_mask`` does not mark skipped) into ``out``."""
         data = stored
         inflated = not filter_mask & self.deflate_bit
@@ -100,18 +97,19 @@ class GzipStackReader:
         else:  # shuffle stored byte 0 of every element, then byte 1, ...
             target.reshape(-1, self.dtype.itemsize)[:] = source.reshape(self.dtype.itemsize, -1).T
 
-    def unfilter_all(self, first: int, chunks: list[tuple[int, bytes]], out: np.ndarray) -> None:
+    def unfilter_all(self, first: int, chunks: list[tuple[int, np.ndarray]], out: np.ndarray) -> None:
         for k, (filter_mask, stored) in enumerate(chunks):
             self.unfilter(first + k, filter_mask, stored, out[k])
 
     def submit(self, pool: ThreadPoolExecutor, start: int, stop: int) -> tuple[int, np.ndarray, list[Future]]:
         """Read the stored chunks of frames ``start .. stop`` and hand them to the pool to fill a new block."""
         block = np.empty((stop - start, *self.shape[2:]), self.dtype)
+        data, starts, ends, masks = self.stored.read(start, stop)
         tasks = []
-        for first in range(start, stop, FRAMES_PER_TASK):
-            last = min(first + FRAMES_PER_TASK, stop)
-            chunks = [self.dataset.id.read_direct_chunk(self.chunk_offset(i)) for i in range(first, last)]
-            tasks.append(pool.submit(self.unfilter_all, first, chunks, block[first - start : last - start]))
+        for first in range(0, stop - start, FRAMES_PER_TASK):
+            last = min(first + FRAMES_PER_TASK, stop - start)
+            chunks = [(int(masks[k]), data[starts[k] : ends[k]]) for k in range(first, last)]
+            tasks.append(pool.submit(self.unfilter_all, start + first, chunks, block[first:last]))
         return start, block, tasks
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
@@ -131,4 +129,5 @@ class GzipStackReader:
             pool.shutdown(cancel_futures=True)
 
     def close(self) -> None:
+        self.stored.close()
         self.reader.close()

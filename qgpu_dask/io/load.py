@@ -10,8 +10,9 @@ import numpy as np
 from ..formats import codec
 from ..resident.base import check_dtype
 from ..resident.dense import DenseCounts
+from ..resident.staging import PinnedStaging
 from .saved import describe_saved
-from .source import BLOCK_BYTES, Reader, Source, detect_format, open_reader
+from .source import BLOCK_BYTES, Reader, Source, detect_format, frames_per_block, open_reader
 
 
 def describe(reader: Reader) -> dict:
@@ -56,8 +57,18 @@ def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
 def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_bytes: int = BLOCK_BYTES) -> DenseCounts:
     """A DenseCounts filled from ``reader`` in blocks; a failed read names the first frame it did not get."""
     resident = DenseCounts.empty(name, reader.shape, check_dtype(reader.dtype), xp)
-    if resident.xp is np and hasattr(reader, "read_into"):  # host memory: the reader decodes into it directly
-        reader.read_into(resident.flat.reshape(resident.n_frames, *resident.det_shape), block_bytes)
+    if hasattr(reader, "blocks_into"):  # the reader decodes into host memory, or pinned buffers bound for the device
+        if resident.xp is np:
+            frames = resident.flat.reshape(resident.n_frames, *resident.det_shape)
+            for _ in reader.blocks_into(lambda start, n: frames[start : start + n], block_bytes):
+                pass
+            return resident
+        staging = PinnedStaging(resident.flat, frames_per_block(reader.shape, resident.dtype, block_bytes), resident.det_shape)
+        try:
+            for start, block in reader.blocks_into(staging.buffer, block_bytes):
+                staging.send(start, block)
+        finally:
+            staging.finish()  # no copy may still run into memory freed after a failed read
         return resident
     done = 0
     try:
