@@ -22,7 +22,7 @@ from distributed.actor import Actor
 
 import qgpu_dask as qd
 from qgpu_dask.device import has_gpu
-from qgpu_dask.service.service import shard_key
+from qgpu_dask.service.shard import shard_key
 from qgpu_dask.service.shard import Shard
 
 import record

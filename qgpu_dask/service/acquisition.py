@@ -16,7 +16,8 @@ import numpy as np
 from ..resident import combine_parts, finish_reduce
 from ..resident.base import AcquisitionShape
 from ..resident.masks import as_mask_stack
-from .calls import QueryFuture
+from .calls import QueryFuture, call_async
+from .shard import shard_key
 
 if TYPE_CHECKING:
     from .service import Service
@@ -40,6 +41,7 @@ class Acquisition(AcquisitionShape):
     def __init__(self, service: "Service", record: dict):
         self.service = service
         self.record = dict(record)
+        service.owners[self.name] = record["owner"]
 
     @property
     def name(self) -> str:
@@ -55,45 +57,48 @@ class Acquisition(AcquisitionShape):
 
     @property
     def owner(self) -> str:
-        """Address of the worker whose shard holds this acquisition."""
-        return self.record["owner"]
+        """Address of the worker whose shard holds this acquisition (the newest known: it changes when a lost shard's acquisitions are held again)."""
+        return self.service.owners.get(self.name, self.record["owner"])
 
     @property
     def nbytes(self) -> int:
         return int(self.record["nbytes"])
 
     def query(self, method: str, *args, assemble: Callable[[Any], Any] = lambda r: r) -> QueryFuture:
-        part = self.service.call(self.owner, method, *args)
-        return QueryFuture([part], lambda replies: assemble(replies[0]))
+        """Shard method ``method(name, *args)`` on this acquisition's owner."""
+        client = self.service.client
+        future = self.service.routed([self.name], lambda owner, names: call_async(client, owner, shard_key(owner), method, names[0], *args))
+        return QueryFuture(future, lambda replies, positions: assemble(replies[0]))
 
     def virtual_image(self, mask, wait: bool = True):
         """Exact virtual image (scan_rows, scan_cols) of one mask (bool, integer or float weights)."""
         stack = single_mask(mask, self.det_shape)
-        part = self.service.call_virtual_images(self.owner, [self.name], stack)
-        return finish(QueryFuture([part], lambda replies: replies[0][0, 0]), wait)
+        future = self.service.routed([self.name], lambda owner, names: self.service.send_virtual_images(owner, names, stack))
+        return finish(QueryFuture(future, lambda replies, positions: replies[0][0, 0]), wait)
 
     def virtual_images(self, masks, wait: bool = True):
         """(n_masks, scan_rows, scan_cols) exact virtual images, all masks in one pass over the data."""
         stack = as_mask_stack(masks, self.det_shape)
-        part = self.service.call_virtual_images(self.owner, [self.name], stack)
-        return finish(QueryFuture([part], lambda replies: replies[0][0]), wait)
+        future = self.service.routed([self.name], lambda owner, names: self.service.send_virtual_images(owner, names, stack))
+        return finish(QueryFuture(future, lambda replies, positions: replies[0][0]), wait)
 
     def frame(self, row: int, col: int, wait: bool = True):
         """The diffraction pattern at scan position (row, col), native dtype."""
-        return finish(self.query("frame", self.name, row, col), wait)
+        return finish(self.query("frame", row, col), wait)
 
     def reduce(self, roi=None, op: str = "sum", wait: bool = True):
         """Per detector pixel over a bool scan ROI (None: all): "sum" (uint64; int64 signed), "mean" (float64), "max" (native)."""
-        return finish(self.query("reduce", [self.name], roi, op, False, assemble=lambda r: finish_reduce(*r[0], op)), wait)
+        future = self.service.routed_method([self.name], "reduce", roi, op, False)
+        return finish(QueryFuture(future, lambda replies, positions: finish_reduce(*replies[0][0], op)), wait)
 
     def checksum(self) -> str:
         """SHA-256 hex digest of the counts (C order, native dtype, 4-D shape), the same for every reader
         and layout: compare it with ``hashlib.sha256(array.tobytes()).hexdigest()`` of the source."""
-        return self.query("checksum", self.name).result()
+        return self.query("checksum").result()
 
     def release(self) -> None:
         """Free this acquisition's memory on its shard and forget its name."""
-        self.service.call(self.owner, "release", self.name).result()
+        self.query("release").result()
 
     def save(self, path: str | os.PathLike) -> str:
         """Write this acquisition as it is held (compressed streams as they are) to ``path``; returns the absolute path.
@@ -102,7 +107,7 @@ class Acquisition(AcquisitionShape):
         it sees; :meth:`Service.load` reopens it without re-encoding.
         """
         path = os.path.abspath(os.fspath(path))
-        self.service.call(self.owner, "save", self.name, path).result()
+        self.query("save", path).result()
         return path
 
     def info(self) -> dict:
@@ -141,15 +146,9 @@ class Series(Sequence):
             raise ValueError(f"the acquisitions of this series differ in {what} ({sorted(map(str, values))}): query them one by one")
         return values.pop()
 
-    def per_shard(self, call: Callable[[str, list[str]], Any], assemble: Callable[[list[Any], list[list[int]]], Any]) -> QueryFuture:
-        """``call(owner, names)`` once per owning shard; ``assemble`` gets each shard's reply and positions."""
-        groups: dict[str, list[int]] = {}
-        for i, acq in enumerate(self.acquisitions):
-            groups.setdefault(acq.owner, []).append(i)
-        owners = list(groups)
-        positions = [groups[o] for o in owners]
-        parts = [call(o, [self.acquisitions[i].name for i in groups[o]]) for o in owners]
-        return QueryFuture(parts, lambda replies: assemble(replies, positions))
+    def per_shard(self, send: Callable[[str, list[str]], Any], assemble: Callable[[list[Any], list[list[int]]], Any]) -> QueryFuture:
+        """``send(owner, names)`` once per owning shard; ``assemble`` gets each shard's reply and positions."""
+        return QueryFuture(self.service.routed(self.names, send), assemble)
 
     def virtual_images(self, masks, wait: bool = True):
         """(n_acquisitions, scan_rows, scan_cols) for one 2-D mask; (n_acquisitions, n_masks, ...) for a stack."""
@@ -166,7 +165,7 @@ class Series(Sequence):
                 out[where] = reply
             return out[:, 0] if one else out
 
-        return finish(self.per_shard(lambda o, names: self.service.call_virtual_images(o, names, stack), assemble), wait)
+        return finish(self.per_shard(lambda o, names: self.service.send_virtual_images(o, names, stack), assemble), wait)
 
     def reduce(self, roi=None, op: str = "sum", total: bool = False, wait: bool = True):
         """One pattern per acquisition (n, det_rows, det_cols); ``total=True``: the exact reduction over the whole series."""
@@ -184,7 +183,7 @@ class Series(Sequence):
                     patterns[i] = finish_reduce(*part, op)
             return np.stack(patterns)
 
-        return finish(self.per_shard(lambda o, names: self.service.call(o, "reduce", names, roi, op, total), assemble), wait)
+        return finish(QueryFuture(self.service.routed_method(self.names, "reduce", roi, op, total), assemble), wait)
 
     def release(self) -> None:
         """Release every acquisition of the series."""

@@ -3,14 +3,16 @@
 A call goes straight from the client to the owning worker's ``actor_execute``
 handler over the client's connection pool (never through the scheduler's
 proxy), whatever ``direct_to_workers`` the client was made with. Results are
-assembled on the client (series results from one call per shard).
+assembled on the client (series results from one call per shard); which
+shard a call goes to, and going again after a shard is lost, is
+``Service.routed``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from distributed import Client
 from distributed.protocol import to_serialize
@@ -51,21 +53,26 @@ def call(client: Client, address: str, key: str, method: str, *args, **kwargs) -
 
 
 class QueryFuture:
-    """A query in flight: ``result()`` waits for every shard's reply and assembles them."""
+    """A query in flight: ``result()`` waits for every shard's reply and assembles them.
 
-    def __init__(self, parts: Sequence[concurrent.futures.Future], assemble: Callable[[list], Any]):
-        self.parts = list(parts)
+    ``future`` gives [(reply, positions)], one pair per shard call (``Service.routed``);
+    ``assemble(replies, positions)`` builds the result.
+    """
+
+    def __init__(self, future: concurrent.futures.Future, assemble: Callable[[list, list[list[int]]], Any]):
+        self.future = future
         self.assemble = assemble
 
     def done(self) -> bool:
-        return all(p.done() for p in self.parts)
+        return self.future.done()
 
     def result(self, timeout: float | None = None) -> Any:
         """The assembled result; the first shard error is raised (nothing partial is returned)."""
-        done, pending = concurrent.futures.wait(self.parts, timeout=timeout)
-        if pending:
-            raise TimeoutError(f"{len(pending)} of {len(self.parts)} shard replies still pending after {timeout} s")
-        return self.assemble([p.result() for p in self.parts])
+        try:
+            pairs = self.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"shard replies still pending after {timeout} s") from None
+        return self.assemble([reply for reply, _ in pairs], [where for _, where in pairs])
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
@@ -77,4 +84,4 @@ class QueryFuture:
         return None
 
     def __repr__(self) -> str:
-        return f"<QueryFuture {'done' if self.done() else 'pending'}, {len(self.parts)} shard call(s)>"
+        return f"<QueryFuture {'done' if self.done() else 'pending'}>"

@@ -2,7 +2,11 @@
 
 A SchedulerPlugin is the single source of truth: it outlives any client, every
 client and shard reads and writes it through the scheduler's RPC handlers
-below, and it sees workers leave (their acquisitions are marked lost).
+below, and it sees workers come and go. An acquisition is "loading", "ready",
+"lost" (its shard died), "rehoming" (being held again elsewhere) or "moving"
+(to a shard that joined); while re-homed or moved it names its ``target``
+shard, which alone may claim it. The copies of ``svc.put`` arrays that a
+re-home needs are kept here, limited to ``COPY_LIMIT`` bytes in all.
 """
 
 from __future__ import annotations
@@ -10,13 +14,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from dask.utils import format_bytes
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .recovery import Recovery
+
 PLUGIN_NAME = "qgpu-catalog"
+COPY_LIMIT = 2 * 2**30
 
 
 class Catalog(SchedulerPlugin):
-    """Shards (one per worker) and acquisitions (name -> owner and description)."""
+    """Shards (one per worker), acquisitions (name -> owner and description) and put copies."""
 
     name = PLUGIN_NAME
     idempotent = True
@@ -24,7 +32,10 @@ class Catalog(SchedulerPlugin):
     def __init__(self) -> None:
         self.shards: dict[str, dict[str, Any]] = {}
         self.acquisitions: dict[str, dict[str, Any]] = {}
+        self.copies: dict[str, bytes] = {}
         self.events: list[dict[str, Any]] = []
+        self.budget_request: int | None = None
+        self.recovery: Recovery | None = None
 
     async def start(self, scheduler) -> None:
         scheduler.handlers.update(
@@ -33,53 +44,113 @@ class Catalog(SchedulerPlugin):
                 "qgpu_claim": self.claim,
                 "qgpu_commit": self.commit,
                 "qgpu_drop": self.drop,
+                "qgpu_keep_copy": self.keep_copy,
+                "qgpu_forget_copy": self.forget_copy,
                 "qgpu_state": self.state,
             }
         )
+        self.recovery = Recovery(self, scheduler)
+
+    async def close(self) -> None:
+        if self.recovery is not None:
+            await self.recovery.close()
 
     def log(self, event: str, **fields: Any) -> None:
         self.events.append({"time": time.time(), "event": event, **fields})
         del self.events[:-200]
 
-    def register_shard(self, *, address: str, key: str, device: dict, budget: int) -> None:
-        """A shard actor announces itself (again after a restart of its worker)."""
+    def register_shard(self, *, address: str, key: str, device: dict, budget: int, requested: int | None = None) -> None:
+        """A shard actor announces itself; one on a worker that joined later gets a share of the acquisitions."""
+        new = address not in self.shards
         self.shards[address] = {"address": address, "key": key, "device": device, "budget": int(budget)}
-        self.log("shard-added", address=address)
+        self.budget_request = requested
+        if new:
+            self.log("shard-added", address=address)
+            self.recovery.schedule()
 
     def claim(self, *, name: str, owner: str, nbytes: int) -> None:
-        """Reserve ``name`` for a load on ``owner``; ValueError if the name is taken."""
-        if name in self.acquisitions:
-            held = self.acquisitions[name]
+        """Reserve ``name`` for a load on ``owner``; ValueError if the name is taken (unless ``owner`` is its target)."""
+        held = self.acquisitions.get(name)
+        if held is not None:
+            if held.get("target") == owner:
+                return
             raise ValueError(f"an acquisition named {name!r} already exists (on {held['owner']}, {held['state']}): release it or choose another name")
         if owner not in self.shards:
             raise KeyError(f"no shard on worker {owner}")
         self.acquisitions[name] = {"name": name, "owner": owner, "nbytes": int(nbytes), "state": "loading"}
 
     def commit(self, *, name: str, owner: str, record: dict) -> None:
-        """A load finished: ``name`` is ready on ``owner``."""
+        """A load finished: ``name`` is ready on ``owner`` (for a re-home or move: the target becomes the owner)."""
         entry = self.acquisitions.get(name)
-        if entry is None or entry["owner"] != owner:
+        if entry is None or owner not in (entry["owner"], entry.get("target")):
             raise KeyError(f"acquisition {name!r} was not claimed by {owner}")
+        previous, event = entry["owner"], {"rehoming": "rehomed", "moving": "moved"}.get(entry["state"], "loaded")
+        entry.pop("target", None)
+        entry.pop("error", None)
         entry.update(record, state="ready", owner=owner)
-        self.log("loaded", name=name, owner=owner)
+        self.log(event, name=name, owner=owner, **({} if previous == owner else {"was": previous}))
 
     def drop(self, *, name: str, owner: str) -> bool:
-        """Forget ``name`` if ``owner`` holds it (a release, or a failed load)."""
+        """Forget ``name`` if ``owner`` holds it (a release, or a failed load); a failed re-home or move
+        only clears its target."""
         entry = self.acquisitions.get(name)
-        if entry is not None and entry["owner"] == owner:
+        if entry is None:
+            return False
+        if entry.get("target") == owner:
+            del entry["target"]
+            entry["state"] = "ready" if entry["owner"] in self.shards else "lost"
+            return True
+        if entry["owner"] == owner:
             del self.acquisitions[name]
+            self.copies.pop(name, None)
             self.log("released", name=name, owner=owner)
             return True
         return False
+
+    def keep_copy(self, *, name: str, data: bytes) -> None:
+        """Keep a put array's bytes (``np.save`` form) so the acquisition can be held again if its shard is lost."""
+        if name in self.acquisitions:
+            raise ValueError(f"an acquisition named {name!r} already exists: release it or choose another name")
+        used = sum(len(c) for n, c in self.copies.items() if n != name)
+        if used + len(data) > COPY_LIMIT:
+            raise ValueError(
+                f"svc.put keeps a copy of each array on the scheduler, so it survives the loss of a worker; these copies "
+                f"are limited to {format_bytes(COPY_LIMIT)} in all and {format_bytes(used)} are used: save a large array "
+                f"(np.save) and svc.load the file instead"
+            )
+        self.copies[name] = data
+
+    def forget_copy(self, *, name: str) -> None:
+        """Drop the copy of a put that did not become an acquisition."""
+        if name not in self.acquisitions:
+            self.copies.pop(name, None)
 
     def state(self) -> dict:
         """Everything, for clients: shards, acquisitions, recent events."""
         return {"shards": self.shards, "acquisitions": self.acquisitions, "events": self.events[-50:]}
 
+    def add_worker(self, scheduler, worker: str) -> None:
+        """A worker joined (a nanny's restart, a new node): recovery starts a shard on it and gives it a share."""
+        self.recovery.schedule()
+
     def remove_worker(self, scheduler, worker: str, **kwargs: Any) -> None:
+        """A worker left: its acquisitions are lost until re-homed, its loads in flight fail, moves to it stop."""
         if self.shards.pop(worker, None) is None:
             return
-        lost = [n for n, a in self.acquisitions.items() if a["owner"] == worker]
-        for name in lost:
-            self.acquisitions[name]["state"] = "lost"
-        self.log("shard-lost", address=worker, acquisitions=lost)
+        lost, failed = [], []
+        for name, entry in list(self.acquisitions.items()):
+            if entry.get("target") == worker:
+                del entry["target"]
+                entry["state"] = "ready" if entry["owner"] in self.shards else "lost"
+            if entry["owner"] != worker:
+                continue
+            if entry["state"] == "loading":
+                del self.acquisitions[name]
+                self.copies.pop(name, None)
+                failed.append(name)
+            else:
+                entry["state"] = "lost"
+                lost.append(name)
+        self.log("shard-lost", address=worker, acquisitions=lost, loads_failed=failed)
+        self.recovery.forget_shard(worker)
+        self.recovery.schedule()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
 import os
+import time
 import uuid
-from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import numpy as np
 from dask.utils import format_bytes
@@ -22,15 +24,15 @@ from .calls import QueryFuture, call, call_async
 from .catalog import PLUGIN_NAME, Catalog
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
-from .shard import Shard, check_saved_representation, wants_compressed
+from .shard import Shard, check_saved_representation, shard_key, wants_compressed
 
 PathLike = str | os.PathLike
 MASKS_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
+REHOME_WAIT = 600.0  # seconds a query waits for an acquisition of a lost shard to be held again
 
 
-def shard_key(address: str) -> str:
-    """The actor key of the shard on ``address`` (the same from every client)."""
-    return f"qgpu-shard-{address}"
+class AcquisitionLost(RuntimeError):
+    """An acquisition's shard was lost and no surviving shard could hold it again."""
 
 
 class Service:
@@ -41,6 +43,7 @@ class Service:
         self.cluster = cluster
         self.budget = parse_bytes(budget)
         self.masks_sent: set[tuple[str, str]] = set()
+        self.owners: dict[str, str] = {}  # the owner last seen of each acquisition name
         client.register_plugin(Catalog(), name=PLUGIN_NAME)
         self.ensure_shards()
 
@@ -123,25 +126,71 @@ class Service:
         """A direct call of a shard method on worker ``address``."""
         return call(self.client, address, shard_key(address), method, *args, **kwargs)
 
-    def call_virtual_images(self, address: str, names: list[str], stack: np.ndarray) -> concurrent.futures.Future:
+    async def send_virtual_images(self, address: str, names: list[str], stack: np.ndarray) -> np.ndarray:
         """``virtual_images`` on a shard, sending the mask stack only if that shard has not got it."""
         digest = mask_digest(stack)
         sent = (address, digest)
+        args = (self.client, address, shard_key(address), "virtual_images", names, digest)
+        if sent in self.masks_sent:
+            try:
+                return await call_async(*args)
+            except MaskNotCached:
+                pass
+        result = await call_async(*args, stack)
+        if len(self.masks_sent) > MASKS_REMEMBERED:
+            self.masks_sent.clear()
+        self.masks_sent.add(sent)
+        return result
 
-        async def run() -> np.ndarray:
-            args = (self.client, address, shard_key(address), "virtual_images", names, digest)
-            if sent in self.masks_sent:
-                try:
-                    return await call_async(*args)
-                except MaskNotCached:
-                    pass
-            result = await call_async(*args, stack)
-            if len(self.masks_sent) > MASKS_REMEMBERED:
-                self.masks_sent.clear()
-            self.masks_sent.add(sent)
-            return result
+    def routed(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> concurrent.futures.Future:
+        """``send(owner, names of that owner)`` once per owning shard; a future of [(reply, positions in
+        ``names``)]. Names whose shard was lost, or that moved, go again to their new owner."""
+        return asyncio.run_coroutine_threadsafe(self.routed_async(names, send), self.client.loop.asyncio_loop)
 
-        return asyncio.run_coroutine_threadsafe(run(), self.client.loop.asyncio_loop)
+    def routed_method(self, names: list[str], method: str, *args) -> concurrent.futures.Future:
+        """:meth:`routed` of a shard method taking the names of its own acquisitions first."""
+        return self.routed(names, lambda owner, mine: call_async(self.client, owner, shard_key(owner), method, mine, *args))
+
+    async def routed_async(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> list[tuple[Any, list[int]]]:
+        todo = list(range(len(names)))
+        replies = []
+        deadline = time.monotonic() + REHOME_WAIT
+        while todo:
+            groups: dict[str, list[int]] = {}
+            for i in todo:
+                groups.setdefault(self.owners[names[i]], []).append(i)
+            outcomes = await asyncio.gather(*(send(o, [names[i] for i in idx]) for o, idx in groups.items()), return_exceptions=True)
+            todo = []
+            for (owner, idx), outcome in zip(groups.items(), outcomes):
+                if not isinstance(outcome, BaseException):
+                    replies.append((outcome, idx))
+                elif await self.rerouted([names[i] for i in idx], owner, outcome, deadline):
+                    todo += idx
+                else:
+                    raise outcome
+        return replies
+
+    async def rerouted(self, names: list[str], owner: str, error: BaseException, deadline: float) -> bool:
+        """Whether ``error`` from ``owner`` means these acquisitions' shard was lost (or they moved): then wait
+        until each is ready again, remember the new owners, and say to send again."""
+        if not isinstance(error, (OSError, KeyError)):
+            return False
+        while True:
+            entries = (await self.client.scheduler.qgpu_state())["acquisitions"]
+            if any(n not in entries for n in names):
+                return False  # released: the error stands
+            for n in names:
+                if entries[n]["state"] == "lost" and "error" in entries[n]:
+                    raise AcquisitionLost(f"acquisition {n!r} was lost with worker {owner} and could not be held again: {entries[n]['error']}")
+            if all(entries[n]["state"] in ("ready", "moving") for n in names):
+                if any(entries[n]["owner"] != owner for n in names):
+                    self.owners.update({n: entries[n]["owner"] for n in names})
+                    return True
+                if isinstance(error, KeyError):
+                    return False  # the shard is there and says so: a real error
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"acquisitions {names} of worker {owner} were not held again within {REHOME_WAIT:.0f} s ({error})")
+            await asyncio.sleep(0.1)
 
     # -- loading ------------------------------------------------------------------
 
@@ -230,7 +279,10 @@ class Service:
                 self[f.result()["name"]].release()
 
     def put(self, array: np.ndarray, name: str | None = None, worker: str | None = None, representation: str = "auto") -> Acquisition:
-        """Send an in-memory 4-D array to a shard as a new acquisition (``representation`` as in :meth:`load`)."""
+        """Send an in-memory 4-D array to a shard as a new acquisition (``representation`` as in :meth:`load`).
+
+        The scheduler keeps a copy (``np.save`` bytes; 2 GiB in all) to hold it again if its worker is lost.
+        """
         array = np.asarray(array)
         if array.ndim != 4:
             raise ValueError(f"an acquisition is 4-D (scan_rows, scan_cols, det_rows, det_cols), got shape {array.shape}")
@@ -240,7 +292,14 @@ class Service:
         state = self.state()
         self.check_new_names([name], state)
         owner = place([array.nbytes], state, pinned=worker)[0]
-        record = self.call(owner, "put", name, np.ascontiguousarray(array), representation).result()
+        copy = io.BytesIO()
+        np.save(copy, array, allow_pickle=False)
+        self.client.sync(self.client.scheduler.qgpu_keep_copy, name=name, data=copy.getvalue())
+        try:
+            record = self.call(owner, "put", name, np.ascontiguousarray(array), representation).result()
+        except BaseException:
+            self.client.sync(self.client.scheduler.qgpu_forget_copy, name=name)
+            raise
         return Acquisition(self, record | {"name": name, "owner": owner})
 
     def gather(self, loads: "Loads", progress: bool, verb: str) -> list[dict]:
@@ -295,7 +354,8 @@ class Service:
     def submit(self, fn: Callable, acq: Acquisition | str, *args, **kwargs) -> QueryFuture:
         """Run ``fn(resident, *args, **kwargs)`` on the owner of ``acq``; CuPy results return as NumPy."""
         acq = acq if isinstance(acq, Acquisition) else self[acq]
-        return QueryFuture([self.call(acq.owner, "run", acq.name, fn, args, kwargs)], lambda r: r[0])
+        run = self.routed([acq.name], lambda owner, names: call_async(self.client, owner, shard_key(owner), "run", names[0], fn, args, kwargs))
+        return QueryFuture(run, lambda replies, positions: replies[0])
 
     def info(self) -> "ServiceInfo":
         """Shards (worker, device, resident bytes, budget) and acquisitions with their owners."""
@@ -355,6 +415,10 @@ class ServiceInfo(dict):
         for a in self["acquisitions"]:
             shape = "x".join(str(x) for x in a.get("shape", ()))
             lines.append(f"  {a['name']:<20} {shape:<18} {a.get('dtype', ''):<8} {format_bytes(a['nbytes']):>10}  {a['state']:<8} on {a['owner']}")
+        lines.append("recent events:")
+        for e in self["events"][-10:]:
+            details = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event"))
+            lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {e['event']:<14} {details}")
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:

@@ -11,6 +11,7 @@ thread and back would cost more than they do.
 from __future__ import annotations
 
 import asyncio
+import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -99,6 +100,11 @@ def run_together(plans: list[Plan]) -> list[np.ndarray]:
     return results
 
 
+def shard_key(address: str) -> str:
+    """The actor key of the shard on ``address`` (the same from every client and the catalog)."""
+    return f"qgpu-shard-{address}"
+
+
 # Queries reading at most this many bytes run on the event loop itself: they
 # take microseconds, less than handing them to the query thread and back.
 INLINE_BYTES = 1 << 20
@@ -114,7 +120,8 @@ class Shard:
         self.residents: dict[str, Resident] = {}
         self.reserved = 0
         self.device = device_info()
-        self.budget = int(budget) if budget else default_budget(self.worker.memory_manager.memory_limit)
+        self.requested = int(budget) if budget else None
+        self.budget = self.requested or default_budget(self.worker.memory_manager.memory_limit)
         self.masks = MaskCache()
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="qgpu-query", initializer=use_own_stream)
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
@@ -124,7 +131,7 @@ class Shard:
     async def start(self) -> dict:
         """Announce this shard to the catalog (idempotent); returns :meth:`info`."""
         await self.worker.scheduler.qgpu_register_shard(
-            address=self.address, key=self.key, device=asdict(self.device), budget=self.budget
+            address=self.address, key=self.key, device=asdict(self.device), budget=self.budget, requested=self.requested
         )
         return await self.info()
 
@@ -264,6 +271,26 @@ class Shard:
             raise
         finally:
             self.reserved -= nbytes
+
+    async def restore(self, name: str, how: dict) -> dict:
+        """Hold ``name`` again after its shard was lost, or take it over from another shard (the catalog
+        names this shard its target): from its source file or saved resident, else from the bytes the
+        catalog kept of a put array. ``how``: source (or None), layout, copy (or None)."""
+        if how["source"] is not None:
+            described = dict(how["source"])
+            if described["scan_shape"] is not None:
+                described["scan_shape"] = tuple(described["scan_shape"])
+            return await self.load(name, Source(**described), how["layout"])
+        if how["copy"] is not None:
+            array = np.load(io.BytesIO(how["copy"]), allow_pickle=False)
+            return await self.put(name, array, how["layout"])
+        raise ValueError(f"acquisition {name!r} has no source file and no copy to be held again from")
+
+    async def discard(self, name: str) -> None:
+        """Free ``name`` here without touching the catalog: it has moved to another shard."""
+        if self.residents.pop(name, None) is not None:
+            self.masks.forget(name)
+            await self.run_in(self.queries, self.free_device_memory)
 
     async def release(self, name: str) -> None:
         """Drop ``name`` from this shard and the catalog, returning its device memory."""
