@@ -97,9 +97,11 @@ template <bool C, class X, class Y> struct Pick { typedef X type; };
 template <class X, class Y> struct Pick<false, X, Y> { typedef Y type; };
 
 // One product term in the inner type I. Integer I wraps (unsigned) or is
-// proven in range (int), so the bits are those of the exact product.
+// proven in range (int), so the bits are those of the exact product. A zero
+// float weight leaves its pixel out: a masked-out NaN or inf never reaches the sum.
 template <class I, class W, class T>
 __device__ __forceinline__ I term(W w, T x) {
+    if constexpr (I(0.5) != I(0)) return w == W(0) ? I(0) : I(w) * I(x);
     return I(w) * I(x);
 }
 

@@ -7,7 +7,8 @@ bits for integer results):
   ``prepare_mask_sums(...) -> run``, the same with the per-mask work done once): ``data`` is (n_frames,
   frame_len) C-contiguous in the native dtype; ``weights`` is (n_masks,
   span_len) C-contiguous in the accumulator dtype (uint32, uint64, int64 or
-  float64); ``out[m, f] = sum_j weights[m, j] * data[f, span_start + j]``,
+  float64); ``out[m, f] = sum_j weights[m, j] * data[f, span_start + j]`` over the
+  nonzero weights (a masked-out NaN or inf count does not reach the sum),
   (n_masks, n_frames) in the accumulator dtype. The caller has proven that no
   partial sum can overflow it. The CUDA twin also takes NumPy weights.
 - ``roi_reduce(data, indices, op) -> out``: ``indices`` is a non-empty int64
@@ -25,7 +26,7 @@ import numba
 import numpy as np
 
 
-def mask_sums_loop(data, span_start, weights, starts, stops, out):
+def mask_sums_loop(data, span_start, weights, starts, stops, out, floats):
     n_frames = data.shape[0]
     n_masks = weights.shape[0]
     for f in numba.prange(n_frames):
@@ -34,8 +35,13 @@ def mask_sums_loop(data, span_start, weights, starts, stops, out):
             w = weights[m, a:b]
             row = data[f, span_start + a : span_start + b]
             acc = weights[m, 0] * 0
-            for j in range(b - a):
-                acc += w[j] * row[j]
+            if floats:  # a zero weight leaves its pixel out, NaN and inf counts included
+                for j in range(b - a):
+                    if w[j] != 0:
+                        acc += w[j] * row[j]
+            else:
+                for j in range(b - a):
+                    acc += w[j] * row[j]
             out[m, f] = acc
 
 
@@ -123,7 +129,7 @@ def prepare_mask_sums(data: np.ndarray, span_start: int, weights: np.ndarray) ->
     def run() -> np.ndarray:
         out = np.empty((weights.shape[0], data.shape[0]), dtype=weights.dtype)
         if data.shape[0]:
-            kernel(data, span_start, weights, starts, stops, out)
+            kernel(data, span_start, weights, starts, stops, out, weights.dtype.kind == "f")
         return out
 
     return run
