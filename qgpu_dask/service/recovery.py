@@ -119,7 +119,7 @@ class Recovery:
         t0 = time.perf_counter()
         tried: dict[str, list[str]] = {n: [] for n in lost}
         errors: dict[str, list[str]] = {n: [] for n in lost}
-        moved = 0
+        moved = raw = 0
         while lost:
             attempts = []
             for name in lost:
@@ -135,10 +135,11 @@ class Recovery:
             for (name, target), error in zip(attempts, outcomes):
                 if error is None:
                     moved += entries[name]["nbytes"]
+                    raw += entries[name].get("raw_bytes", entries[name]["nbytes"])
                 elif name in entries:
                     errors[name].append(f"{target}: {error}")
                     lost.append(name)
-        self.catalog.log("rehome-done", seconds=time.perf_counter() - t0, bytes=moved)
+        self.catalog.log("rehome-done", seconds=time.perf_counter() - t0, bytes=moved, raw_bytes=raw)
 
     def choose(self, name: str, exclude: list[str]) -> str | None:
         """The shard that would take ``name`` now (as a new load is placed), not one of ``exclude``."""

@@ -1,0 +1,81 @@
+"""Many client threads at once, and memory: placement by free budget, refusal before allocation, release.
+
+The full load test (8 threads x 500 queries, with latencies) is
+``benchmarks/reliability.py``; here a shorter run of the same kind of mix.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+import qgpu_dask as qd
+
+DET = (16, 12)
+
+
+def test_mixed_queries_from_eight_threads(svc, names, rng):
+    arrays = [rng.poisson(0.5 + i, (6, 7) + DET).astype(np.uint16) for i in range(4)]
+    acqs = [svc.put(a, name=names(), representation="dense" if i % 2 else "auto") for i, a in enumerate(arrays)]
+    series = qd.Series(svc, acqs)
+    masks = [qd.masks.disk(DET, (8, 6), r) for r in (2, 4, 6)]
+    images = [[(a.astype(np.uint64) * m).sum(axis=(2, 3)) for m in masks] for a in arrays]
+    roi = np.zeros((6, 7), bool)
+    roi[1:4, 2:6] = True
+    wrong, errors = [], []
+
+    def client(seed: int) -> None:
+        r = np.random.default_rng(seed)
+        for _ in range(40):
+            i, m = int(r.integers(4)), int(r.integers(3))
+            kind = r.integers(5)
+            try:
+                if kind == 0:
+                    ok = (acqs[i].virtual_image(masks[m]) == images[i][m]).all()
+                elif kind == 1:
+                    ok = (acqs[i].frame(2, 3) == arrays[i][2, 3]).all()
+                elif kind == 2:
+                    ok = (acqs[i].reduce(roi, "max") == arrays[i][roi].max(axis=0)).all()
+                elif kind == 3:
+                    ok = (series.virtual_images(masks[m]) == np.stack([im[m] for im in images])).all()
+                else:
+                    ok = (series.reduce(op="sum", total=True) == sum(a.sum(axis=(0, 1), dtype=np.uint64) for a in arrays)).all()
+            except Exception as err:  # noqa: BLE001 - every error fails the test
+                errors.append(repr(err))
+                continue
+            if not ok:
+                wrong.append(int(kind))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and wrong == []
+
+
+def test_a_load_goes_where_it_fits(svc, names):
+    """Budget 256 MiB a shard: with one shard nearly full, the next acquisition is placed on another."""
+    shards = sorted(s["worker"] for s in svc.info()["shards"])
+    filler = svc.put(np.zeros((200, 1, 1024, 512), np.uint16), name=names(), worker=shards[0])
+    try:
+        other = svc.put(np.ones((100, 1, 1024, 512), np.uint16), name=names())
+        assert other.owner != shards[0]
+        assert (other.reduce(op="max") == 1).all()
+        other.release()
+    finally:
+        filler.release()
+
+
+def test_release_returns_the_memory(svc, names):
+    shards = sorted(s["worker"] for s in svc.info()["shards"])
+    before = {s["worker"]: s for s in svc.info()["shards"]}[shards[1]]
+    acq = svc.put(np.ones((128, 1, 1024, 512), np.uint16), name=names(), worker=shards[1], representation="dense")
+    held = {s["worker"]: s for s in svc.info()["shards"]}[shards[1]]
+    assert held["resident_bytes"] - before["resident_bytes"] == 128 * 2**20
+    acq.release()
+    after = {s["worker"]: s for s in svc.info()["shards"]}[shards[1]]
+    assert after["resident_bytes"] == before["resident_bytes"] and after["reserved_bytes"] == 0
+    if after["device"]["kind"] == "cuda":  # the GPU's own count: CuPy's pool handed the blocks back
+        assert after["device"]["free_bytes"] - held["device"]["free_bytes"] >= 0.9 * 128 * 2**20
