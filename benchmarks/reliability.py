@@ -83,8 +83,9 @@ class Workload:
 def drive(work: Workload, threads: int, per_thread: int, seed: int) -> dict:
     """``threads`` client threads, ``per_thread`` queries each: latencies by kind, wrong results and errors."""
     latencies: dict[str, list[float]] = {op: [] for op in OPS}
-    wrong, errors = [], []
+    wrong, errors, slow = [], [], []
     lock = threading.Lock()
+    t0 = time.perf_counter()
 
     def client(k: int) -> None:
         rng = np.random.default_rng(seed + k)
@@ -97,10 +98,11 @@ def drive(work: Workload, threads: int, per_thread: int, seed: int) -> dict:
                 continue
             with lock:
                 latencies[op].append(seconds)
+                if seconds > 1.0:  # (kind, seconds, finished at s into the run): waits on a lost shard, cold workers
+                    slow.append((op, round(seconds, 2), round(time.perf_counter() - t0, 2)))
                 if not ok:
                     wrong.append(op)
 
-    t0 = time.perf_counter()
     pool = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
     for t in pool:
         t.start()
@@ -110,7 +112,8 @@ def drive(work: Workload, threads: int, per_thread: int, seed: int) -> dict:
     every = np.concatenate([np.asarray(v) for v in latencies.values()]) * 1e3
     summary = {"threads": threads, "queries": threads * per_thread, "wall_s": wall, "queries_per_s": threads * per_thread / wall,
                "wrong": len(wrong), "errors": len(errors), "error_samples": errors[:5],
-               "p50_ms": float(np.percentile(every, 50)), "p95_ms": float(np.percentile(every, 95)), "p99_ms": float(np.percentile(every, 99))}
+               "p50_ms": float(np.percentile(every, 50)), "p95_ms": float(np.percentile(every, 95)), "p99_ms": float(np.percentile(every, 99)),
+               "max_ms": float(every.max()), "over_1s": len(slow), "slow_samples": sorted(slow, key=lambda x: x[2])[:40]}
     summary["by_kind"] = {op: {"n": len(v), "p50_ms": float(np.percentile(np.asarray(v) * 1e3, 50)) if v else None} for op, v in latencies.items()}
     return summary
 
@@ -199,11 +202,13 @@ def main() -> int:
         kills = []
         background: dict = {}
         runner = threading.Thread(target=lambda: background.update(drive(work, args.threads, args.queries, seed=300)))
+        started = time.perf_counter()
         runner.start()
         for k in range(args.kills):
             time.sleep(1.0)
             victim = sorted(svc.state()["shards"])[k % args.workers]
-            kills.append(kill_and_recover(svc, victim, args.workers))
+            at = time.perf_counter() - started
+            kills.append(kill_and_recover(svc, victim, args.workers) | {"at_s": at})
             print(f"kill {k + 1}: {kills[-1]}", flush=True)
         runner.join()
         for kill in kills:
@@ -211,8 +216,9 @@ def main() -> int:
                 kill["rehome_GBps"] = kill["rehome_raw_bytes"] / kill["rehome_s"] / 1e9  # of counts, like the first load
                 kill["rehome_over_first_load"] = kill["rehome_GBps"] / results["first_load"]["GBps"]
         results["faults"] = {"kills": kills, "queries": background}
-        print(f"under faults: {background['queries']} queries, wrong {background['wrong']}, errors {background['errors']}, "
-              f"p99 {background['p99_ms']:.1f} ms", flush=True)
+        print(f"under faults: {background['queries']} queries in {background['wall_s']:.1f} s, wrong {background['wrong']}, "
+              f"errors {background['errors']}, p99 {background['p99_ms']:.1f} ms, max {background['max_ms']:.0f} ms, "
+              f"{background['over_1s']} over 1 s: {background['slow_samples'][:12]}", flush=True)
 
         shards = svc.info()["shards"]
         target = min(shards, key=lambda s: s["budget"] - s["resident_bytes"])

@@ -16,8 +16,7 @@ import numpy as np
 from ..resident import combine_parts, finish_reduce
 from ..resident.base import AcquisitionShape
 from ..resident.masks import as_mask_stack
-from .calls import QueryFuture, call_async
-from .shard import shard_key
+from .calls import QueryFuture
 
 if TYPE_CHECKING:
     from .service import Service
@@ -66,8 +65,7 @@ class Acquisition(AcquisitionShape):
 
     def query(self, method: str, *args, assemble: Callable[[Any], Any] = lambda r: r) -> QueryFuture:
         """Shard method ``method(name, *args)`` on this acquisition's owner."""
-        client = self.service.client
-        future = self.service.routed([self.name], lambda owner, names: call_async(client, owner, shard_key(owner), method, names[0], *args))
+        future = self.service.routed([self.name], lambda owner, names: self.service.send(owner, method, names[0], *args))
         return QueryFuture(future, lambda replies, positions: assemble(replies[0]))
 
     def virtual_image(self, mask, wait: bool = True):

@@ -10,11 +10,11 @@ shard a call goes to, and going again after a shard is lost, is
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 from typing import Any, Callable
 
 from distributed import Client
+from distributed.core import ConnectionPool
 from distributed.protocol import to_serialize
 
 
@@ -32,9 +32,19 @@ def wrap(value: Any) -> Any:
     return to_serialize(value)
 
 
-async def call_async(client: Client, address: str, key: str, method: str, *args, **kwargs) -> Any:
+SHARD_CONNECT_TIMEOUT = 3.0  # seconds to open a connection to a shard: a dead worker is noticed this soon
+
+
+def shard_pool(client: Client) -> ConnectionPool:
+    """Connections from this client to the shards, with a short connect timeout: the client's own pool
+    would retry a dead worker's address for the full ``distributed.comm.timeouts.connect``
+    (30 s) before a query could go to the acquisition's new owner."""
+    return ConnectionPool(limit=512, deserialize=True, connection_args=client.connection_args, timeout=SHARD_CONNECT_TIMEOUT)
+
+
+async def call_async(pool: ConnectionPool, address: str, key: str, method: str, *args, **kwargs) -> Any:
     """Run ``method`` of the actor ``key`` on worker ``address``; raise its exception if it failed."""
-    reply = await client.rpc(address).actor_execute(
+    reply = await pool(address).actor_execute(
         function=method,
         actor=key,
         args=[wrap(a) for a in args],
@@ -43,13 +53,6 @@ async def call_async(client: Client, address: str, key: str, method: str, *args,
     if reply["status"] == "OK":
         return reply["result"]
     raise reply["exception"]
-
-
-def call(client: Client, address: str, key: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
-    """Start :func:`call_async` on the client's event loop; a thread-safe future of its result."""
-    return asyncio.run_coroutine_threadsafe(
-        call_async(client, address, key, method, *args, **kwargs), client.loop.asyncio_loop
-    )
 
 
 class QueryFuture:

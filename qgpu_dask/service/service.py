@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ..device import has_gpu, parse_bytes
 from ..io.source import Source
 from .acquisition import Acquisition, Series
-from .calls import QueryFuture, call, call_async
+from .calls import QueryFuture, call_async, shard_pool
 from .catalog import PLUGIN_NAME, Catalog
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
@@ -44,6 +44,8 @@ class Service:
         self.budget = parse_bytes(budget)
         self.masks_sent: set[tuple[str, str]] = set()
         self.owners: dict[str, str] = {}  # the owner last seen of each acquisition name
+        self.pool = shard_pool(client)
+        client.sync(self.pool.start)
         client.register_plugin(Catalog(), name=PLUGIN_NAME)
         self.ensure_shards()
 
@@ -87,6 +89,8 @@ class Service:
 
     def close(self) -> None:
         """Disconnect; a cluster started by :meth:`local` is shut down with its residents."""
+        if self.client.status == "running":
+            self.client.sync(self.pool.close)
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
@@ -124,13 +128,17 @@ class Service:
 
     def call(self, address: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
         """A direct call of a shard method on worker ``address``."""
-        return call(self.client, address, shard_key(address), method, *args, **kwargs)
+        return asyncio.run_coroutine_threadsafe(self.send(address, method, *args, **kwargs), self.client.loop.asyncio_loop)
+
+    async def send(self, address: str, method: str, *args, **kwargs) -> Any:
+        """Call a shard method on worker ``address`` (on the client's event loop)."""
+        return await call_async(self.pool, address, shard_key(address), method, *args, **kwargs)
 
     async def send_virtual_images(self, address: str, names: list[str], stack: np.ndarray) -> np.ndarray:
         """``virtual_images`` on a shard, sending the mask stack only if that shard has not got it."""
         digest = mask_digest(stack)
         sent = (address, digest)
-        args = (self.client, address, shard_key(address), "virtual_images", names, digest)
+        args = (self.pool, address, shard_key(address), "virtual_images", names, digest)
         if sent in self.masks_sent:
             try:
                 return await call_async(*args)
@@ -149,7 +157,7 @@ class Service:
 
     def routed_method(self, names: list[str], method: str, *args) -> concurrent.futures.Future:
         """:meth:`routed` of a shard method taking the names of its own acquisitions first."""
-        return self.routed(names, lambda owner, mine: call_async(self.client, owner, shard_key(owner), method, mine, *args))
+        return self.routed(names, lambda owner, mine: self.send(owner, method, mine, *args))
 
     async def routed_async(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> list[tuple[Any, list[int]]]:
         todo = list(range(len(names)))
@@ -175,6 +183,7 @@ class Service:
         until each is ready again, remember the new owners, and say to send again."""
         if not isinstance(error, (OSError, KeyError)):
             return False
+        started = time.monotonic()
         while True:
             entries = (await self.client.scheduler.qgpu_state())["acquisitions"]
             if any(n not in entries for n in names):
@@ -183,11 +192,13 @@ class Service:
                 if entries[n]["state"] == "lost" and "error" in entries[n]:
                     raise AcquisitionLost(f"acquisition {n!r} was lost with worker {owner} and could not be held again: {entries[n]['error']}")
             if all(entries[n]["state"] in ("ready", "moving") for n in names):
-                if any(entries[n]["owner"] != owner for n in names):
-                    self.owners.update({n: entries[n]["owner"] for n in names})
+                if any(entries[n]["owner"] != owner for n in names):  # learn every new owner, not only these
+                    self.owners.update({n: e["owner"] for n, e in entries.items() if e["state"] in ("ready", "moving")})
                     return True
                 if isinstance(error, KeyError):
                     return False  # the shard is there and says so: a real error
+                if time.monotonic() > started + 1.0:
+                    return True  # still the owner a second later: the connection failed, not the worker
             if time.monotonic() > deadline:
                 raise TimeoutError(f"acquisitions {names} of worker {owner} were not held again within {REHOME_WAIT:.0f} s ({error})")
             await asyncio.sleep(0.1)
@@ -354,7 +365,7 @@ class Service:
     def submit(self, fn: Callable, acq: Acquisition | str, *args, **kwargs) -> QueryFuture:
         """Run ``fn(resident, *args, **kwargs)`` on the owner of ``acq``; CuPy results return as NumPy."""
         acq = acq if isinstance(acq, Acquisition) else self[acq]
-        run = self.routed([acq.name], lambda owner, names: call_async(self.client, owner, shard_key(owner), "run", names[0], fn, args, kwargs))
+        run = self.routed([acq.name], lambda owner, names: self.send(owner, "run", names[0], fn, args, kwargs))
         return QueryFuture(run, lambda replies, positions: replies[0])
 
     def info(self) -> "ServiceInfo":
