@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 import qgpu_dask as qd
 
@@ -79,3 +80,26 @@ def test_release_returns_the_memory(svc, names):
     assert after["resident_bytes"] == before["resident_bytes"] and after["reserved_bytes"] == 0
     if after["device"]["kind"] == "cuda":  # the GPU's own count: CuPy's pool handed the blocks back
         assert after["device"]["free_bytes"] - held["device"]["free_bytes"] >= 0.9 * 128 * 2**20
+
+
+def test_shards_sharing_a_gpu_share_its_memory():
+    """Three shards on one GPU with the default budget (each 100 B here) hold 100 B in all; a given budget stands alone."""
+    from qgpu_dask.service.placement import free_bytes, place
+
+    def shard(uuid: str, given: bool = False) -> dict:
+        return {"budget": 100, "budget_given": given, "device": {"kind": "cuda", "uuid": uuid}}
+
+    state = {
+        "shards": {"a": shard("gpu0"), "b": shard("gpu0"), "c": shard("gpu0"), "d": shard("gpu1"), "e": shard("gpu1", given=True)},
+        "acquisitions": {"x": {"owner": "a", "nbytes": 60, "state": "ready"},
+                         "y": {"owner": "e", "nbytes": 30, "state": "lost", "target": "d"}},  # being re-homed onto d
+    }
+    assert free_bytes(state) == {"a": 40, "b": 40, "c": 40, "d": 70, "e": 100}
+    assert place([50, 45], state) == ["e", "d"]
+    state["shards"]["e"]["budget"] = 0
+    with pytest.raises(ValueError, match="acquisition 1 needs 45 B, more than fits on any shard"):
+        place([50, 45], state)
+    state["shards"]["e"]["budget"] = 100
+    state["shards"]["d"]["budget"] = 0
+    with pytest.raises(ValueError, match="acquisition 2 needs 30 B"):  # 40 B left on gpu0 in all, not 40 B a shard
+        place([100, 30, 30], state)

@@ -17,6 +17,7 @@ from typing import Any
 from dask.utils import format_bytes
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .placement import free_bytes
 from .recovery import Recovery
 
 PLUGIN_NAME = "qgpu-catalog"
@@ -62,7 +63,7 @@ class Catalog(SchedulerPlugin):
     def register_shard(self, *, address: str, key: str, device: dict, budget: int, requested: int | None = None) -> None:
         """A shard actor announces itself; one on a worker that joined later gets a share of the acquisitions."""
         new = address not in self.shards
-        self.shards[address] = {"address": address, "key": key, "device": device, "budget": int(budget)}
+        self.shards[address] = {"address": address, "key": key, "device": device, "budget": int(budget), "budget_given": requested is not None}
         self.budget_request = requested
         if new:
             self.log("shard-added", address=address)
@@ -77,6 +78,12 @@ class Catalog(SchedulerPlugin):
             raise ValueError(f"an acquisition named {name!r} already exists (on {held['owner']}, {held['state']}): release it or choose another name")
         if owner not in self.shards:
             raise KeyError(f"no shard on worker {owner}")
+        free = free_bytes(self.state())[owner]
+        if nbytes > free:  # the shard's own budget was checked by the shard: this is its GPU, shared with other shards
+            raise ValueError(
+                f"acquisition {name!r} needs {format_bytes(nbytes)}, but the GPU of {owner}, shared with other shards, "
+                f"has {format_bytes(max(free, 0))} of its budget left"
+            )
         self.acquisitions[name] = {"name": name, "owner": owner, "nbytes": int(nbytes), "state": "loading"}
 
     def commit(self, *, name: str, owner: str, record: dict) -> None:
