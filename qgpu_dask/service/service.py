@@ -126,9 +126,13 @@ class Service:
         for s in starts:
             s.result()
 
+    def on_loop(self, coroutine) -> concurrent.futures.Future:
+        """Run ``coroutine`` on the client's event loop; a thread-safe future of its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
+
     def call(self, address: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
         """A direct call of a shard method on worker ``address``."""
-        return asyncio.run_coroutine_threadsafe(self.send(address, method, *args, **kwargs), self.client.loop.asyncio_loop)
+        return self.on_loop(self.send(address, method, *args, **kwargs))
 
     async def send(self, address: str, method: str, *args, **kwargs) -> Any:
         """Call a shard method on worker ``address`` (on the client's event loop)."""
@@ -153,7 +157,7 @@ class Service:
     def routed(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> concurrent.futures.Future:
         """``send(owner, names of that owner)`` once per owning shard; a future of [(reply, positions in
         ``names``)]. Names whose shard was lost, or that moved, go again to their new owner."""
-        return asyncio.run_coroutine_threadsafe(self.routed_async(names, send), self.client.loop.asyncio_loop)
+        return self.on_loop(self.routed_async(names, send))
 
     def routed_method(self, names: list[str], method: str, *args) -> concurrent.futures.Future:
         """:meth:`routed` of a shard method taking the names of its own acquisitions first."""
@@ -279,8 +283,34 @@ class Service:
             else:
                 wants_compressed(representation, meta["dtype"])
         owners = place([m["load_bytes"] for m in metas], state, pinned=worker)
-        futures = [self.call(o, "load", n, s, representation) for o, n, s in zip(owners, names, sources)]
-        return Loads(futures, names, owners, [m["raw_bytes"] for m in metas])
+        futures = [
+            self.on_loop(self.placed(n, o, m["load_bytes"], worker is not None, "load", s, representation))
+            for o, n, s, m in zip(owners, names, sources, metas)
+        ]
+        return Loads(futures, names, [m["raw_bytes"] for m in metas])
+
+    async def placed(self, name: str, owner: str, nbytes: int, pinned: bool, method: str, *args) -> dict:
+        """Shard method ``load`` or ``put`` of a new acquisition on ``owner``; its record with the owner.
+        If that worker dies first, the acquisition is placed again on a survivor (unless pinned) and sent there."""
+        deadline = time.monotonic() + REHOME_WAIT
+        while True:
+            try:
+                return await self.send(owner, method, name, *args) | {"owner": owner}
+            except OSError as err:
+                started = time.monotonic()
+                while True:  # until the catalog has settled what became of it
+                    state = await self.client.scheduler.qgpu_state()
+                    entry = state["acquisitions"].get(name)
+                    if entry is not None and entry["state"] == "ready":
+                        return dict(entry)  # it was held after all: the reply was lost
+                    alive = owner in state["shards"]
+                    if entry is None and (not alive or time.monotonic() > started + 1.0):
+                        break
+                    if time.monotonic() > deadline or (pinned and not alive):
+                        raise err
+                    await asyncio.sleep(0.1)
+                if not alive:
+                    owner = place([nbytes], state)[0]
 
     def release_loaded(self, futures) -> None:
         """Wait for ``futures`` (loads) and release the acquisitions they made."""
@@ -307,11 +337,11 @@ class Service:
         np.save(copy, array, allow_pickle=False)
         self.client.sync(self.client.scheduler.qgpu_keep_copy, name=name, data=copy.getvalue())
         try:
-            record = self.call(owner, "put", name, np.ascontiguousarray(array), representation).result()
+            record = self.on_loop(self.placed(name, owner, array.nbytes, worker is not None, "put", np.ascontiguousarray(array), representation)).result()
         except BaseException:
             self.client.sync(self.client.scheduler.qgpu_forget_copy, name=name)
             raise
-        return Acquisition(self, record | {"name": name, "owner": owner})
+        return Acquisition(self, record | {"name": name})
 
     def gather(self, loads: "Loads", progress: bool, verb: str) -> list[dict]:
         """Wait for loads; if any fails, release those that succeeded and raise the first error."""
@@ -381,17 +411,15 @@ class Service:
 
 @dataclass
 class Loads:
-    """Loads in flight: one future per file, with its acquisition's name, owner and raw bytes."""
+    """Loads in flight: one future per file (its record with the owner), with its acquisition's name and raw bytes."""
 
     futures: list
     names: list[str]
-    owners: list[str]
     raw_bytes: list[int]
 
     def record(self, future) -> dict:
         """The catalog record of a finished load, with its name and owner."""
-        i = self.futures.index(future)
-        return future.result() | {"name": self.names[i], "owner": self.owners[i]}
+        return future.result() | {"name": self.names[self.futures.index(future)]}
 
 
 class LoadProgress:
