@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ..detector.masks import annulus
 from ..resident import combine_parts, finish_reduce
 from ..resident.base import AcquisitionShape
 from ..resident.masks import as_mask_stack
+from ..ssb import calibration
+from ..ssb.optics import Optics
 from .calls import QueryFuture
 
 if TYPE_CHECKING:
@@ -88,6 +91,33 @@ class Acquisition(AcquisitionShape):
         """Per detector pixel over a bool scan ROI (None: all): "sum" (uint64; int64 signed), "mean" (float64), "max" (native)."""
         future = self.service.routed_method([self.name], "reduce", roi, op, False)
         return finish(QueryFuture(future, lambda replies, positions: finish_reduce(*replies[0][0], op)), wait)
+
+    def center_of_mass(self, center: tuple[float, float] | None = None) -> np.ndarray:
+        """(2, scan_rows, scan_cols) float64 centre of mass (row, col) of every pattern, in detector pixels
+        from ``center`` (default: the bright-field disk's centre), from exact moment images."""
+        if center is None:
+            center, _ = calibration.bright_field_disk(self.reduce(op="mean"))
+        return calibration.center_of_mass(self.virtual_images(calibration.moment_masks(self.det_shape)), center)
+
+    def calibrate(self, optics: Optics) -> Optics:
+        """``optics`` with det_sampling_mrad (from the bright-field disk radius, unless given), bf_center_px,
+        rotation_deg and flip (least CoM curl, the 180 deg twin by the iCoM-ADF sign, unless given) filled in."""
+        mean = self.reduce(op="mean")
+        center, radius = calibration.bright_field_disk(mean)
+        outer = min(self.det_shape) / 2 - 0.5
+        inner = min(1.5 * radius, outer - 1)
+        if inner <= radius:
+            raise ValueError(f"the bright-field disk (radius {radius:.1f} px) leaves no dark field on a {self.det_shape} detector to orient the phase by")
+        masks = np.concatenate([calibration.moment_masks(self.det_shape), annulus(self.det_shape, center, inner, outer)[None].astype(np.int64)])
+        images = self.virtual_images(masks)
+        return calibration.calibrated(optics, mean, images[:3], images[3])[0]
+
+    def dpc(self, optics: Optics) -> np.ndarray:
+        """iCoM (integrated centre of mass) phase in rad, mean 0, (scan_rows, scan_cols) float64, with calibrated ``optics``."""
+        optics.require("det_sampling_mrad", "rotation_deg", "flip", "bf_center_px", purpose="dpc")
+        com = self.center_of_mass(optics.bf_center_px)
+        k = calibration.to_scan(com, optics.rotation_deg, optics.flip) * optics.k_per_pixel()
+        return calibration.icom(k, optics.scan_step_A)
 
     def checksum(self) -> str:
         """SHA-256 hex digest of the counts (C order, native dtype, 4-D shape), the same for every reader

@@ -1,0 +1,1 @@
+"""Phase from the residents: optics, detector calibration, DPC (and, next, parallax and SSB)."""

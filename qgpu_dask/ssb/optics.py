@@ -1,0 +1,140 @@
+"""The electron optics of an acquisition: beam energy, probe aperture, scan step, detector geometry, aberrations.
+
+Conventions (docs/physics.md): spatial frequencies k in 1/A, angles
+alpha = lambda |k| in rad, phi = atan2(k_y, k_x); the aberration function
+
+    chi(k) = (2 pi / lambda) sum_nm C_nm alpha^(n+1) / (n+1) cos(m (phi - phi_nm)),
+
+C_nm in A and phi_nm in rad, as abTEM, py4DSTEM and quantem define it;
+defocus = -C10, Cs = C30. Aberrations are given as {"C10": A, "C12": A,
+"phi12": rad, ...}; a missing angle is 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+# Physical constants (CODATA 2018), SI.
+ELECTRON_MASS = 9.1093837015e-31  # kg
+ELEMENTARY_CHARGE = 1.602176634e-19  # C
+PLANCK = 6.62607015e-34  # J s
+LIGHT_SPEED = 299792458.0  # m / s
+
+# The aberration terms (n, m) of chi, as the physics notes list them.
+TERMS = ((1, 0), (1, 2), (2, 1), (2, 3), (3, 0), (3, 2), (3, 4), (4, 1), (4, 3), (4, 5), (5, 0), (5, 2), (5, 4), (5, 6))
+NAMES = {f"C{n}{m}" for n, m in TERMS} | {f"phi{n}{m}" for n, m in TERMS if m}
+
+
+def wavelength_A(energy_eV: float) -> float:
+    """Relativistic electron wavelength in A for a beam of ``energy_eV`` (0.019687 A at 300 keV)."""
+    e = ELEMENTARY_CHARGE * energy_eV
+    momentum = math.sqrt(2 * ELECTRON_MASS * e * (1 + e / (2 * ELECTRON_MASS * LIGHT_SPEED**2)))
+    return PLANCK / momentum * 1e10
+
+
+def interaction_constant(energy_eV: float) -> float:
+    """sigma = 2 pi m_rel e lambda / h^2 in rad / (V A): phase shift per projected potential."""
+    e = ELEMENTARY_CHARGE * energy_eV
+    relativistic_mass = ELECTRON_MASS + e / LIGHT_SPEED**2
+    return 2 * math.pi * relativistic_mass * ELEMENTARY_CHARGE * wavelength_A(energy_eV) * 1e-10 / PLANCK**2 * 1e-10
+
+
+def positive(value, what: str) -> float:
+    """``value`` as a float, or ValueError naming ``what`` unless it is a finite number > 0."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class Optics:
+    """What a phase reconstruction needs to know of the microscope; ``acq.calibrate`` fills in the detector fields.
+
+    ``det_sampling_mrad``: mrad per detector pixel; ``bf_center_px``: the
+    bright-field disk centre (row, col) in detector pixels; ``rotation_deg``:
+    the angle turning detector directions into scan directions; ``flip``:
+    whether detector rows and columns are swapped against the scan's.
+    """
+
+    energy_eV: float
+    semiangle_mrad: float
+    scan_step_A: float
+    det_sampling_mrad: float | None = None
+    rotation_deg: float | None = None
+    flip: bool | None = None
+    aberrations: dict = field(default_factory=dict)
+    bf_center_px: tuple[float, float] | None = None
+
+    def __post_init__(self):
+        for name in ("energy_eV", "semiangle_mrad", "scan_step_A"):
+            object.__setattr__(self, name, positive(getattr(self, name), name))
+        if self.det_sampling_mrad is not None:
+            object.__setattr__(self, "det_sampling_mrad", positive(self.det_sampling_mrad, "det_sampling_mrad"))
+        aberrations = dict(self.aberrations or {})
+        unknown = sorted(set(aberrations) - NAMES)
+        if unknown:
+            raise ValueError(f"unknown aberrations {unknown}: use C_nm (A) and phi_nm (rad) with nm in {[f'{n}{m}' for n, m in TERMS]}")
+        for name, value in aberrations.items():
+            if not math.isfinite(float(value)):
+                raise ValueError(f"aberration {name} must be finite, got {value!r}")
+        object.__setattr__(self, "aberrations", {k: float(v) for k, v in aberrations.items()})
+
+    @property
+    def wavelength_A(self) -> float:
+        return wavelength_A(self.energy_eV)
+
+    def with_(self, **changes) -> "Optics":
+        """A copy with some fields changed (aberrations replaced whole)."""
+        return replace(self, **changes)
+
+    def require(self, *names: str, purpose: str) -> None:
+        """ValueError naming every field of ``names`` still None (``acq.calibrate`` fills them)."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"{purpose} needs {', '.join(missing)} in the optics: run acq.calibrate(optics) first or give them")
+
+    def k_per_pixel(self) -> float:
+        """Detector sampling in 1/A per pixel."""
+        self.require("det_sampling_mrad", purpose="converting detector pixels to spatial frequency")
+        return self.det_sampling_mrad * 1e-3 / self.wavelength_A
+
+
+def polar(kx: np.ndarray, ky: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """(alpha in rad, phi in rad) of spatial frequencies (kx, ky) in 1/A."""
+    return lam * np.hypot(kx, ky), np.arctan2(ky, kx)
+
+
+def chi(kx: np.ndarray, ky: np.ndarray, optics: Optics) -> np.ndarray:
+    """The aberration function chi(k) in rad at spatial frequencies (kx, ky) in 1/A."""
+    lam = optics.wavelength_A
+    alpha, phi = polar(np.asarray(kx, np.float64), np.asarray(ky, np.float64), lam)
+    total = np.zeros(np.broadcast(alpha, phi).shape)
+    for n, m in TERMS:
+        c = optics.aberrations.get(f"C{n}{m}", 0.0)
+        if c:
+            total += c * alpha ** (n + 1) / (n + 1) * np.cos(m * (phi - optics.aberrations.get(f"phi{n}{m}", 0.0)))
+    return 2 * np.pi / lam * total
+
+
+def grad_chi(kx: np.ndarray, ky: np.ndarray, optics: Optics) -> tuple[np.ndarray, np.ndarray]:
+    """(d chi / d k_x, d chi / d k_y) in rad A at (kx, ky) in 1/A: the probe shift is -grad chi / (2 pi)."""
+    lam = optics.wavelength_A
+    alpha, phi = polar(np.asarray(kx, np.float64), np.asarray(ky, np.float64), lam)
+    radial = np.zeros(np.broadcast(alpha, phi).shape)
+    angular = np.zeros_like(radial)
+    for n, m in TERMS:
+        c = optics.aberrations.get(f"C{n}{m}", 0.0)
+        if c:
+            turn = m * (phi - optics.aberrations.get(f"phi{n}{m}", 0.0))
+            radial += c * alpha**n * np.cos(turn)
+            angular -= c * m / (n + 1) * alpha**n * np.sin(turn)
+    radial *= 2 * np.pi
+    angular *= 2 * np.pi
+    return np.cos(phi) * radial - np.sin(phi) * angular, np.sin(phi) * radial + np.cos(phi) * angular
