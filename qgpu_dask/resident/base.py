@@ -123,6 +123,10 @@ class Resident(AcquisitionShape, ABC):
     def counts_flat(self):
         """Every count as a (n_frames, frame_len) device array: the held array, or a decoded copy."""
 
+    def pixel_images(self, indices: np.ndarray):
+        """(len(indices), n_frames) device array: the counts of the given flat detector pixels in every frame."""
+        return self.counts_flat()[:, self.xp.asarray(indices)].T
+
     @abstractmethod
     def frame_flat(self, index: int):
         """One frame, (frame_len,) native dtype, on the device."""

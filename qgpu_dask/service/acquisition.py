@@ -33,6 +33,13 @@ def single_mask(mask, det_shape) -> np.ndarray:
     return as_mask_stack(mask, det_shape)
 
 
+def sideband_ready(optics) -> None:
+    """TypeError unless ``optics`` is an Optics; ValueError naming the calibration fields it lacks."""
+    if not isinstance(optics, Optics):
+        raise TypeError(f"ssb takes a qd.Optics (from acq.calibrate), got {type(optics).__name__}")
+    optics.require("det_sampling_mrad", "rotation_deg", "flip", "bf_center_px", purpose="ssb")
+
+
 def finish(future: QueryFuture, wait: bool):
     return future.result() if wait else future
 
@@ -118,6 +125,13 @@ class Acquisition(AcquisitionShape):
         com = self.center_of_mass(optics.bf_center_px)
         k = calibration.to_scan(com, optics.rotation_deg, optics.flip) * optics.k_per_pixel()
         return calibration.icom(k, optics.scan_step_A)
+
+    def ssb(self, optics: Optics, wait: bool = True):
+        """Aberration-corrected single-sideband phase (rad, mean 0, float32 (scan_rows, scan_cols)) with
+        calibrated ``optics`` (``calibrate``), computed on the owner; its preparation is kept there."""
+        sideband_ready(optics)
+        future = self.service.routed_method([self.name], "ssb", optics)
+        return finish(QueryFuture(future, lambda replies, positions: replies[0][0]), wait)
 
     def checksum(self) -> str:
         """SHA-256 hex digest of the counts (C order, native dtype, 4-D shape), the same for every reader
@@ -212,6 +226,19 @@ class Series(Sequence):
             return np.stack(patterns)
 
         return finish(QueryFuture(self.service.routed_method(self.names, "reduce", roi, op, total), assemble), wait)
+
+    def ssb(self, optics: Optics, wait: bool = True):
+        """(n_acquisitions, scan_rows, scan_cols) SSB phases with the same calibrated ``optics``: one call per shard."""
+        sideband_ready(optics)
+
+        def assemble(replies, positions):
+            out: list[Any] = [None] * len(self)
+            for reply, where in zip(replies, positions):
+                for image, i in zip(reply, where):
+                    out[i] = image
+            return np.stack(out)
+
+        return finish(QueryFuture(self.service.routed_method(self.names, "ssb", optics), assemble), wait)
 
     def release(self) -> None:
         """Release every acquisition of the series."""

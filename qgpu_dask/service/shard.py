@@ -29,7 +29,10 @@ from ..io.source import Source, detect_format, open_reader
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
 from ..resident.compressed import CompressedCounts, compressible
+from ..ssb import sideband
+from ..ssb.optics import Optics
 from .maskcache import MaskCache
+from .spectrumcache import SpectrumCache
 
 
 def use_own_stream() -> None:
@@ -123,6 +126,7 @@ class Shard:
         self.requested = int(budget) if budget else None
         self.budget = self.requested or default_budget(self.worker.memory_manager.memory_limit)
         self.masks = MaskCache()
+        self.spectra = SpectrumCache(self.budget // 2)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="qgpu-query", initializer=use_own_stream)
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
 
@@ -147,6 +151,7 @@ class Shard:
             "budget": self.budget,
             "resident_bytes": used,
             "reserved_bytes": self.reserved,
+            "ssb_cache_bytes": self.spectra.nbytes,
             "acquisitions": {n: r.describe() for n, r in self.residents.items()},
         }
 
@@ -161,6 +166,9 @@ class Shard:
         if name in self.residents:
             raise ValueError(f"an acquisition named {name!r} is already resident on {self.address}")
         used = sum(r.nbytes for r in self.residents.values()) + self.reserved
+        if nbytes > self.budget - used - self.spectra.nbytes:  # cached SSB spectra make room for residents
+            self.spectra.release(nbytes - (self.budget - used - self.spectra.nbytes))
+        used += self.spectra.nbytes
         free = self.budget - used
         if nbytes > free:
             raise ValueError(
@@ -260,6 +268,7 @@ class Shard:
         try:
             resident = await self.run_in(self.loads, build)
             self.masks.forget(name)
+            self.spectra.forget(name)
             self.residents[name] = resident
             record = {**resident.describe(), "source": source}
             await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record=record)
@@ -290,6 +299,7 @@ class Shard:
         """Free ``name`` here without touching the catalog: it has moved to another shard."""
         if self.residents.pop(name, None) is not None:
             self.masks.forget(name)
+            self.spectra.forget(name)
             await self.run_in(self.queries, self.free_device_memory)
 
     async def release(self, name: str) -> None:
@@ -297,6 +307,7 @@ class Shard:
         self.resident(name)
         del self.residents[name]
         self.masks.forget(name)
+        self.spectra.forget(name)
         await self.worker.scheduler.qgpu_drop(name=name, owner=self.address)
         await self.run_in(self.queries, self.free_device_memory)
 
@@ -344,6 +355,22 @@ class Shard:
         """One diffraction pattern, native dtype."""
         resident = self.resident(name)
         return await self.query(resident.frame_len * resident.dtype.itemsize, resident.frame, row, col)
+
+    async def ssb(self, names: list[str], optics: Optics) -> list[np.ndarray]:
+        """Aberration-corrected SSB phase (float32 (scan_rows, scan_cols), rad) of each resident; G of the
+        bright-field pixels is kept, so other aberrations on the same calibration cost only the final sum."""
+        residents = [self.resident(n) for n in names]
+
+        def compute() -> list[np.ndarray]:
+            images = []
+            for r in residents:
+                indices, ky, kx = sideband.bright_field_pixels(optics, r.det_shape)
+                G = self.spectra.get(r.name, indices, lambda r=r, indices=indices: sideband.spectrum(r.pixel_images(indices), r.scan_shape, r.xp))
+                images.append(to_host(sideband.phase(G, ky, kx, optics, r.xp)))
+            synchronize()
+            return images
+
+        return await self.run_in(self.queries, compute)
 
     async def checksum(self, name: str) -> str:
         """SHA-256 of the counts of ``name`` (see Resident.checksum), on the load thread: it reads everything."""

@@ -106,35 +106,41 @@ class Optics:
         return self.det_sampling_mrad * 1e-3 / self.wavelength_A
 
 
-def polar(kx: np.ndarray, ky: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+def polar(kx, ky, lam: float, xp=np):
     """(alpha in rad, phi in rad) of spatial frequencies (kx, ky) in 1/A."""
-    return lam * np.hypot(kx, ky), np.arctan2(ky, kx)
+    return lam * xp.hypot(kx, ky), xp.arctan2(ky, kx)
 
 
-def chi(kx: np.ndarray, ky: np.ndarray, optics: Optics) -> np.ndarray:
-    """The aberration function chi(k) in rad at spatial frequencies (kx, ky) in 1/A."""
+def chi(kx, ky, optics: Optics, xp=np):
+    """The aberration function chi(k) in rad at spatial frequencies (kx, ky) in 1/A (NumPy or CuPy arrays, as ``xp``)."""
     lam = optics.wavelength_A
-    alpha, phi = polar(np.asarray(kx, np.float64), np.asarray(ky, np.float64), lam)
-    total = np.zeros(np.broadcast(alpha, phi).shape)
+    alpha, phi = polar(xp.asarray(kx, xp.float64), xp.asarray(ky, xp.float64), lam, xp)
+    total = xp.zeros(xp.broadcast(alpha, phi).shape)
     for n, m in TERMS:
         c = optics.aberrations.get(f"C{n}{m}", 0.0)
         if c:
-            total += c * alpha ** (n + 1) / (n + 1) * np.cos(m * (phi - optics.aberrations.get(f"phi{n}{m}", 0.0)))
+            total += c * alpha ** (n + 1) / (n + 1) * xp.cos(m * (phi - optics.aberrations.get(f"phi{n}{m}", 0.0)))
     return 2 * np.pi / lam * total
 
 
-def grad_chi(kx: np.ndarray, ky: np.ndarray, optics: Optics) -> tuple[np.ndarray, np.ndarray]:
+def grad_chi(kx, ky, optics: Optics, xp=np):
     """(d chi / d k_x, d chi / d k_y) in rad A at (kx, ky) in 1/A: the probe shift is -grad chi / (2 pi)."""
     lam = optics.wavelength_A
-    alpha, phi = polar(np.asarray(kx, np.float64), np.asarray(ky, np.float64), lam)
-    radial = np.zeros(np.broadcast(alpha, phi).shape)
-    angular = np.zeros_like(radial)
+    alpha, phi = polar(xp.asarray(kx, xp.float64), xp.asarray(ky, xp.float64), lam, xp)
+    radial = xp.zeros(xp.broadcast(alpha, phi).shape)
+    angular = xp.zeros_like(radial)
     for n, m in TERMS:
         c = optics.aberrations.get(f"C{n}{m}", 0.0)
         if c:
             turn = m * (phi - optics.aberrations.get(f"phi{n}{m}", 0.0))
-            radial += c * alpha**n * np.cos(turn)
-            angular -= c * m / (n + 1) * alpha**n * np.sin(turn)
+            radial += c * alpha**n * xp.cos(turn)
+            angular -= c * m / (n + 1) * alpha**n * xp.sin(turn)
     radial *= 2 * np.pi
     angular *= 2 * np.pi
-    return np.cos(phi) * radial - np.sin(phi) * angular, np.sin(phi) * radial + np.cos(phi) * angular
+    return xp.cos(phi) * radial - xp.sin(phi) * angular, xp.sin(phi) * radial + xp.cos(phi) * angular
+
+
+def probe_spectrum(kx, ky, optics: Optics, xp=np):
+    """psi(k) = A(k) exp(-i chi(k)): the hard aperture of the semiangle, with the optics' aberrations."""
+    inside = optics.wavelength_A * xp.hypot(kx, ky) <= optics.semiangle_mrad * 1e-3
+    return inside * xp.exp(-1j * chi(kx, ky, optics, xp))
