@@ -133,6 +133,14 @@ class Acquisition(AcquisitionShape):
         future = self.service.routed_method([self.name], "ssb", optics)
         return finish(QueryFuture(future, lambda replies, positions: replies[0][0]), wait)
 
+    def fit_aberrations(self, optics: Optics, c10_range_A: float = 500.0) -> Optics:
+        """``optics`` (calibrated) with the defocus C10 and twofold astigmatism C12, phi12 that maximise the
+        coherent SSB signal (robust on crystals), searched over C10 within +/- ``c10_range_A`` of the given
+        one; their standard errors in ``uncertainties``. Runs on the owner."""
+        sideband_ready(optics)
+        future = self.service.routed_method([self.name], "fit_aberrations", optics, float(c10_range_A))
+        return QueryFuture(future, lambda replies, positions: replies[0][0]["optics"]).result()
+
     def checksum(self) -> str:
         """SHA-256 hex digest of the counts (C order, native dtype, 4-D shape), the same for every reader
         and layout: compare it with ``hashlib.sha256(array.tobytes()).hexdigest()`` of the source."""

@@ -29,7 +29,7 @@ from ..io.source import Source, detect_format, open_reader
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
 from ..resident.compressed import CompressedCounts, compressible
-from ..ssb import sideband
+from ..ssb import fit, sideband
 from ..ssb.optics import Optics
 from .maskcache import MaskCache
 from .spectrumcache import SpectrumCache
@@ -362,13 +362,24 @@ class Shard:
         residents = [self.resident(n) for n in names]
 
         def compute() -> list[np.ndarray]:
-            images = []
-            for r in residents:
-                indices, ky, kx = sideband.bright_field_pixels(optics, r.det_shape)
-                G = self.spectra.get(r.name, indices, lambda r=r, indices=indices: sideband.spectrum(r.pixel_images(indices), r.scan_shape, r.xp))
-                images.append(to_host(sideband.phase(G, ky, kx, optics, r.xp)))
+            images = [to_host(sideband.phase(*self.spectrum(r, optics), optics, r.xp)) for r in residents]
             synchronize()
             return images
+
+        return await self.run_in(self.queries, compute)
+
+    def spectrum(self, resident: Resident, optics: Optics) -> tuple[Any, np.ndarray, np.ndarray]:
+        """(G, k_y, k_x) of a resident's bright-field pixels under ``optics``' calibration, G from the cache."""
+        indices, ky, kx = sideband.bright_field_pixels(optics, resident.det_shape)
+        G = self.spectra.get(resident.name, indices, lambda: sideband.spectrum(resident.pixel_images(indices), resident.scan_shape, resident.xp))
+        return G, ky, kx
+
+    async def fit_aberrations(self, names: list[str], optics: Optics, c10_range_A: float) -> list[dict]:
+        """Defocus and twofold astigmatism of each resident by the coherent SSB signal (``ssb.fit``)."""
+        residents = [self.resident(n) for n in names]
+
+        def compute() -> list[dict]:
+            return [fit.fit(*self.spectrum(r, optics), optics, c10_range_A, r.xp) for r in residents]
 
         return await self.run_in(self.queries, compute)
 

@@ -60,7 +60,8 @@ class Optics:
     ``det_sampling_mrad``: mrad per detector pixel; ``bf_center_px``: the
     bright-field disk centre (row, col) in detector pixels; ``rotation_deg``:
     the angle turning detector directions into scan directions; ``flip``:
-    whether detector rows and columns are swapped against the scan's.
+    whether detector rows and columns are swapped against the scan's;
+    ``uncertainties``: standard errors of fitted aberrations (``acq.fit_aberrations``), same keys.
     """
 
     energy_eV: float
@@ -71,6 +72,7 @@ class Optics:
     flip: bool | None = None
     aberrations: dict = field(default_factory=dict)
     bf_center_px: tuple[float, float] | None = None
+    uncertainties: dict = field(default_factory=dict)
 
     def __post_init__(self):
         for name in ("energy_eV", "semiangle_mrad", "scan_step_A"):

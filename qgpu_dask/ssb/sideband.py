@@ -46,8 +46,8 @@ def spectrum(images, scan_shape: tuple[int, int], xp=np):
     return xp.fft.fft2(stack / mean, axes=(1, 2)).astype(xp.complex64)
 
 
-def phase(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np) -> np.ndarray:
-    """The aberration-corrected SSB phase (rad, mean 0, float32 (scan_rows, scan_cols)) from G and the pixels' k."""
+def corrected_sum(G, ky, kx, optics: Optics, xp=np):
+    """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > GAMMA_FLOOR, each (scan_rows, scan_cols)."""
     n, rows, cols = G.shape
     qy = xp.asarray(np.fft.fftfreq(rows, optics.scan_step_A))[:, None]
     qx = xp.asarray(np.fft.fftfreq(cols, optics.scan_step_A))[None, :]
@@ -63,6 +63,18 @@ def phase(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np) -> np.ndarra
         keep = size > GAMMA_FLOOR
         total += xp.where(keep, G[lo : lo + step] * xp.conj(gamma) / xp.where(keep, size, 1.0), 0).sum(axis=0)
         weight += xp.where(keep, size, 0).sum(axis=0)
+    return total, weight
+
+
+def phase(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np) -> np.ndarray:
+    """The aberration-corrected SSB phase (rad, mean 0, float32 (scan_rows, scan_cols)) from G and the pixels' k."""
+    total, weight = corrected_sum(G, ky, kx, optics, xp)
     psi = xp.where(weight > 0, total / xp.where(weight > 0, weight, 1.0), 0)
     image = xp.fft.ifft2(-1j * psi).real
     return (image - image.mean()).astype(xp.float32)
+
+
+def signal(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np) -> float:
+    """The coherent SSB signal sum_Q |sum_k G conj(Gamma) / |Gamma||: largest when the optics' aberrations are the sample's."""
+    total, _ = corrected_sum(G, ky, kx, optics, xp)
+    return float(xp.abs(total).sum())
