@@ -46,11 +46,15 @@ def spectrum(images, scan_shape: tuple[int, int], xp=np):
     return xp.fft.fft2(stack / mean, axes=(1, 2)).astype(xp.complex64)
 
 
-def corrected_sum(G, ky, kx, optics: Optics, xp=np):
-    """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > GAMMA_FLOOR, each (scan_rows, scan_cols)."""
-    n, rows, cols = G.shape
-    qy = xp.asarray(np.fft.fftfreq(rows, optics.scan_step_A))[:, None]
-    qx = xp.asarray(np.fft.fftfreq(cols, optics.scan_step_A))[None, :]
+def corrected_sum(G, ky, kx, optics: Optics, xp=np, stride: int = 1):
+    """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > GAMMA_FLOOR, each (scan_rows, scan_cols),
+    or on every ``stride``-th scan frequency along both axes."""
+    rows, cols = G.shape[1:]
+    G = G[:, ::stride, ::stride]
+    n = G.shape[0]
+    qy = xp.asarray(np.fft.fftfreq(rows, optics.scan_step_A)[::stride])[:, None]
+    qx = xp.asarray(np.fft.fftfreq(cols, optics.scan_step_A)[::stride])[None, :]
+    rows, cols = G.shape[1:]
     ky, kx = xp.asarray(ky), xp.asarray(kx)
     total = xp.zeros((rows, cols), xp.complex128)
     weight = xp.zeros((rows, cols), xp.float64)
@@ -74,7 +78,8 @@ def phase(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np) -> np.ndarra
     return (image - image.mean()).astype(xp.float32)
 
 
-def signal(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np) -> float:
-    """The coherent SSB signal sum_Q |sum_k G conj(Gamma) / |Gamma||: largest when the optics' aberrations are the sample's."""
-    total, _ = corrected_sum(G, ky, kx, optics, xp)
+def signal(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np, stride: int = 1) -> float:
+    """The coherent SSB signal sum_Q |sum_k G conj(Gamma) / |Gamma||: largest when the optics' aberrations
+    are the sample's (over every ``stride``-th scan frequency along both axes)."""
+    total, _ = corrected_sum(G, ky, kx, optics, xp, stride)
     return float(xp.abs(total).sum())
