@@ -99,3 +99,14 @@ def test_fit_aberrations_recovers_defocus_and_astigmatism(svc, names, simulated)
     assert abs(fitted.aberrations["phi12"] - ABERRATED["phi12"]) <= 0.1
     assert set(fitted.uncertainties) == {"C10", "C12", "phi12"} and all(v >= 0 for v in fitted.uncertainties.values())
     assert correlation(acq.ssb(fitted), truth) >= 0.9
+
+
+def test_parallax_of_a_known_object(svc, names, simulated):
+    runs, truth = simulated
+    acq = svc.put(runs["aberrated"], name=names())
+    cal = acq.calibrate(qd.Optics(300e3, 20.0, STEP, rotation_deg=0.0, flip=False)).with_(aberrations=ABERRATED)
+    image = acq.parallax(cal, upsampling=1)
+    assert image.shape == SCAN and image.dtype == np.float32 and correlation(image, truth) >= 0.8
+    assert acq.parallax(cal).shape == (2 * SCAN[0], 2 * SCAN[1])
+    with pytest.raises(ValueError, match="upsampling must be an integer from 1 to 8, got 0"):
+        acq.parallax(cal, upsampling=0)

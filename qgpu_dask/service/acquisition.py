@@ -133,6 +133,15 @@ class Acquisition(AcquisitionShape):
         future = self.service.routed_method([self.name], "ssb", optics)
         return finish(QueryFuture(future, lambda replies, positions: replies[0][0]), wait)
 
+    def parallax(self, optics: Optics, upsampling: int = 2, wait: bool = True):
+        """Tilt-corrected bright field with contrast correction, float32 (scan_rows * u, scan_cols * u), mean 0,
+        with calibrated ``optics`` carrying the aberrations (``fit_aberrations``); computed on the owner."""
+        sideband_ready(optics)
+        if not isinstance(upsampling, int) or isinstance(upsampling, bool) or not 1 <= upsampling <= 8:
+            raise ValueError(f"upsampling must be an integer from 1 to 8, got {upsampling!r}")
+        future = self.service.routed_method([self.name], "parallax", optics, upsampling)
+        return finish(QueryFuture(future, lambda replies, positions: replies[0][0]), wait)
+
     def fit_aberrations(self, optics: Optics, c10_range_A: float = 500.0) -> Optics:
         """``optics`` (calibrated) with the defocus C10 and twofold astigmatism C12, phi12 that maximise the
         coherent SSB signal (robust on crystals), searched over C10 within +/- ``c10_range_A`` of the given

@@ -29,7 +29,7 @@ from ..io.source import Source, detect_format, open_reader
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
 from ..resident.compressed import CompressedCounts, compressible
-from ..ssb import fit, sideband
+from ..ssb import fit, parallax, sideband
 from ..ssb.optics import Optics
 from .maskcache import MaskCache
 from .spectrumcache import SpectrumCache
@@ -373,6 +373,20 @@ class Shard:
         indices, ky, kx = sideband.bright_field_pixels(optics, resident.det_shape)
         G = self.spectra.get(resident.name, indices, lambda: sideband.spectrum(resident.pixel_images(indices), resident.scan_shape, resident.xp))
         return G, ky, kx
+
+    async def parallax(self, names: list[str], optics: Optics, upsampling: int) -> list[np.ndarray]:
+        """Contrast-corrected tilt-corrected bright field of each resident (``ssb.parallax``), float32."""
+        residents = [self.resident(n) for n in names]
+
+        def compute() -> list[np.ndarray]:
+            images = []
+            for r in residents:
+                indices, ky, kx = sideband.bright_field_pixels(optics, r.det_shape)
+                images.append(to_host(parallax.parallax(r.pixel_images(indices), r.scan_shape, ky, kx, optics, upsampling, r.xp)))
+            synchronize()
+            return images
+
+        return await self.run_in(self.queries, compute)
 
     async def fit_aberrations(self, names: list[str], optics: Optics, c10_range_A: float) -> list[dict]:
         """Defocus and twofold astigmatism of each resident by the coherent SSB signal (``ssb.fit``)."""

@@ -1,1 +1,1 @@
-"""Phase from the residents: optics, detector calibration, DPC (and, next, parallax and SSB)."""
+"""Phase from the residents: optics, detector calibration and DPC, parallax, the aberration fit, SSB."""
