@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from . import sideband
-from .optics import Optics
+from .optics import Optics, chi
 
 FINEST = 1 / 32
 Q_SIDE = 32  # the signal is summed on about this many scan frequencies per axis: enough to locate its peak
@@ -61,27 +61,72 @@ def refine(score, start: np.ndarray, step: float) -> tuple[np.ndarray, float]:
     return best, value
 
 
+class Signal:
+    """The SSB signal as a function of (C10, C12a, C12b), the rest of the optics fixed.
+
+    chi is linear in the coefficients: chi = pi lambda [C10 (kx^2 + ky^2) + C12a (kx^2 - ky^2)
+    + C12b 2 kx ky] + the other terms, so the phase differences chi(k) - chi(k - Q) and
+    chi(k + Q) - chi(k) of Gamma are three fixed arrays each, weighted by the coefficients
+    (plus a fixed part): an evaluation costs two complex exponentials per (k, Q), not three
+    aberration functions.
+    """
+
+    def __init__(self, G, ky: np.ndarray, kx: np.ndarray, optics: Optics, stride: int, xp=np):
+        rows, cols = G.shape[1:]
+        self.G = G[:, ::stride, ::stride]
+        self.xp = xp
+        qy = xp.asarray(np.fft.fftfreq(rows, optics.scan_step_A)[::stride])[None, :, None]
+        qx = xp.asarray(np.fft.fftfreq(cols, optics.scan_step_A)[::stride])[None, None, :]
+        y, x = xp.asarray(ky)[:, None, None], xp.asarray(kx)[:, None, None]
+        rest = optics.with_(aberrations={k: v for k, v in optics.aberrations.items() if k not in ("C10", "C12", "phi12")})
+        lam, cutoff = optics.wavelength_A, optics.semiangle_mrad * 1e-3
+
+        def basis(bx, by):
+            return xp.stack([bx * bx + by * by, bx * bx - by * by, 2 * bx * by]) * (np.pi * lam)
+
+        def inside(bx, by):
+            return lam * xp.hypot(bx, by) <= cutoff
+
+        here, minus, plus = (x, y), (x - qx, y - qy), (x + qx, y + qy)
+        self.minus_basis = basis(*here) - basis(*minus)
+        self.plus_basis = basis(*plus) - basis(*here)
+        self.minus_fixed = chi(*here, rest, xp) - chi(*minus, rest, xp)
+        self.plus_fixed = chi(*plus, rest, xp) - chi(*here, rest, xp)
+        self.minus_overlap = inside(*here) & inside(*minus)
+        self.plus_overlap = inside(*here) & inside(*plus)
+
+    def __call__(self, p: np.ndarray, pixels=slice(None)) -> float:
+        xp = self.xp
+        c = [float(v) for v in p]
+        minus = c[0] * self.minus_basis[0, pixels] + c[1] * self.minus_basis[1, pixels] + c[2] * self.minus_basis[2, pixels] + self.minus_fixed[pixels]
+        plus = c[0] * self.plus_basis[0, pixels] + c[1] * self.plus_basis[1, pixels] + c[2] * self.plus_basis[2, pixels] + self.plus_fixed[pixels]
+        gamma = self.minus_overlap[pixels] * xp.exp(1j * minus) - self.plus_overlap[pixels] * xp.exp(1j * plus)
+        size = xp.abs(gamma)
+        keep = size > sideband.GAMMA_FLOOR
+        total = xp.where(keep, self.G[pixels] * xp.conj(gamma) / xp.where(keep, size, 1.0), 0).sum(axis=0)
+        return float(xp.abs(total).sum())
+
+
 def fit(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, c10_range_A: float, xp=np) -> dict:
     """``optics`` with the (C10, C12, phi12) that maximise the SSB signal and their standard errors
     (``uncertainties``), the signal there and the evaluations it took."""
     q = quantum(optics)
-    stride = max(1, min(G.shape[1:]) // Q_SIDE)
+    signal = Signal(G, ky, kx, optics, max(1, min(G.shape[1:]) // Q_SIDE), xp)
     evaluations = [0]
 
-    def score_on(rows):
+    def score_on(pixels):
         def score(p):
             evaluations[0] += 1
-            return sideband.signal(G[rows], ky[rows], kx[rows], with_terms(optics, *p), xp, stride)
+            return signal(p, pixels)
         return score
 
-    everything = np.arange(len(ky))
     start = optics.aberrations.get("C10", 0.0)
     grid = np.arange(start - c10_range_A, start + c10_range_A + q / 2, q)
-    coarse_score = score_on(everything[::2])
+    coarse_score = score_on(slice(None, None, 2))
     coarse = [coarse_score(np.array([c, 0.0, 0.0])) for c in grid]
     seed = np.array([grid[int(np.argmax(coarse))], 0.0, 0.0])
-    best, value = refine(score_on(everything), seed, q / 2)
-    halves = [refine(score_on(everything[h::2]), best, q / 4)[0] for h in (0, 1)]
+    best, value = refine(score_on(slice(None)), seed, q / 2)
+    halves = [refine(score_on(slice(h, None, 2)), best, q / 4)[0] for h in (0, 1)]
     error = np.abs(halves[0] - halves[1]) / 2
     c12 = math.hypot(best[1], best[2])
     phi_error = math.hypot(error[1], error[2]) / (2 * c12) if c12 > 0 else math.pi / 2
