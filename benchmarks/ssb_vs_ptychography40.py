@@ -30,13 +30,6 @@ from qgpu_dask.ssb.optics import interaction_constant, wavelength_A
 import record
 
 
-def band_limited(fine: np.ndarray, over: int) -> np.ndarray:
-    spectrum = np.fft.fft2(fine)
-    index = np.fft.fftfreq(fine.shape[0]) * fine.shape[0]
-    keep = (np.abs(index)[:, None] < fine.shape[0] / over / 2) & (np.abs(index)[None, :] < fine.shape[1] / over / 2)
-    return np.fft.ifft2(np.where(keep, spectrum, 0)).real[::over, ::over]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scan", type=int, default=64)
@@ -48,7 +41,7 @@ def main() -> int:
     scan, det, over, step = (args.scan, args.scan), (args.det, args.det), 4, 0.5
     optics = qd.Optics(300e3, 20.0, step)
     potential = simulate.atoms_potential((scan[0] * over, scan[1] * over), step / over, 3.9)
-    truth = band_limited(interaction_constant(300e3) * potential, over)
+    truth = simulate.band_limited(interaction_constant(300e3) * potential, over)
     counts = simulate.acquisition(optics, scan, det, potential, over, dose=1e5, seed=1)
     lam = wavelength_A(300e3)
     sampling = lam * 1e3 / (scan[0] * step)  # mrad per pixel of the simulation

@@ -19,19 +19,10 @@ SCAN, DET, OVER, STEP = (32, 32), (64, 64), 4, 0.5
 ABERRATED = {"C10": -60.0, "C12": 20.0, "phi12": 0.5}
 
 
-def band_limited(fine: np.ndarray, over: int) -> np.ndarray:
-    """A fine-grid image low-passed to the coarse grid's band, sampled on it."""
-    spectrum = np.fft.fft2(fine)
-    ky = np.fft.fftfreq(fine.shape[0]) * fine.shape[0]
-    kx = np.fft.fftfreq(fine.shape[1]) * fine.shape[1]
-    keep = (np.abs(ky)[:, None] < fine.shape[0] / over / 2) & (np.abs(kx)[None, :] < fine.shape[1] / over / 2)
-    return np.fft.ifft2(np.where(keep, spectrum, 0)).real[::over, ::over]
-
-
 @pytest.fixture(scope="module")
 def simulated():
     potential = simulate.atoms_potential((SCAN[0] * OVER, SCAN[1] * OVER), STEP / OVER, 3.9)
-    truth = band_limited(interaction_constant(300e3) * potential, OVER)
+    truth = simulate.band_limited(interaction_constant(300e3) * potential, OVER)
     runs = {}
     for label, aberrations in (("focus", {}), ("aberrated", ABERRATED)):
         optics = qd.Optics(300e3, 20.0, STEP, aberrations=aberrations)

@@ -19,6 +19,7 @@ from ..resident.base import AcquisitionShape
 from ..resident.masks import as_mask_stack
 from ..ssb import calibration
 from ..ssb.optics import Optics
+from ..ssb.parallax import check_upsampling
 from .calls import QueryFuture
 
 if TYPE_CHECKING:
@@ -37,7 +38,16 @@ def sideband_ready(optics) -> None:
     """TypeError unless ``optics`` is an Optics; ValueError naming the calibration fields it lacks."""
     if not isinstance(optics, Optics):
         raise TypeError(f"ssb takes a qd.Optics (from acq.calibrate), got {type(optics).__name__}")
-    optics.require("det_sampling_mrad", "rotation_deg", "flip", "bf_center_px", purpose="ssb")
+    optics.require_calibration("ssb")
+
+
+def in_order(replies: list, positions: list[list[int]], each: Callable[[Any], Any] = lambda part: part) -> np.ndarray:
+    """Per-acquisition parts of per-shard replies, back in series order, stacked (``each`` applied to every part)."""
+    out: list[Any] = [None] * sum(len(where) for where in positions)
+    for reply, where in zip(replies, positions):
+        for part, i in zip(reply, where):
+            out[i] = each(part)
+    return np.stack(out)
 
 
 def finish(future: QueryFuture, wait: bool):
@@ -78,6 +88,10 @@ class Acquisition(AcquisitionShape):
         future = self.service.routed([self.name], lambda owner, names: self.service.send(owner, method, names[0], *args))
         return QueryFuture(future, lambda replies, positions: assemble(replies[0]))
 
+    def query_listed(self, method: str, *args, assemble: Callable[[Any], Any] = lambda r: r) -> QueryFuture:
+        """Shard method ``method([name], *args)`` (one serving several acquisitions) on this acquisition's owner; its one result."""
+        return QueryFuture(self.service.routed_method([self.name], method, *args), lambda replies, positions: assemble(replies[0][0]))
+
     def virtual_image(self, mask, wait: bool = True):
         """Exact virtual image (scan_rows, scan_cols) of one mask (bool, integer or float weights)."""
         stack = single_mask(mask, self.det_shape)
@@ -96,8 +110,7 @@ class Acquisition(AcquisitionShape):
 
     def reduce(self, roi=None, op: str = "sum", wait: bool = True):
         """Per detector pixel over a bool scan ROI (None: all): "sum" (uint64; int64 signed), "mean" (float64), "max" (native)."""
-        future = self.service.routed_method([self.name], "reduce", roi, op, False)
-        return finish(QueryFuture(future, lambda replies, positions: finish_reduce(*replies[0][0], op)), wait)
+        return finish(self.query_listed("reduce", roi, op, False, assemble=lambda part: finish_reduce(*part, op)), wait)
 
     def center_of_mass(self, center: tuple[float, float] | None = None) -> np.ndarray:
         """(2, scan_rows, scan_cols) float64 centre of mass (row, col) of every pattern, in detector pixels
@@ -109,19 +122,18 @@ class Acquisition(AcquisitionShape):
     def calibrate(self, optics: Optics) -> Optics:
         """``optics`` with det_sampling_mrad (from the bright-field disk radius, unless given), bf_center_px,
         rotation_deg and flip (least CoM curl, the 180 deg twin by the iCoM-ADF sign, unless given) filled in."""
-        mean = self.reduce(op="mean")
-        center, radius = calibration.bright_field_disk(mean)
+        center, radius = calibration.bright_field_disk(self.reduce(op="mean"))
         outer = min(self.det_shape) / 2 - 0.5
         inner = min(1.5 * radius, outer - 1)
         if inner <= radius:
             raise ValueError(f"the bright-field disk (radius {radius:.1f} px) leaves no dark field on a {self.det_shape} detector to orient the phase by")
         masks = np.concatenate([calibration.moment_masks(self.det_shape), annulus(self.det_shape, center, inner, outer)[None].astype(np.int64)])
         images = self.virtual_images(masks)
-        return calibration.calibrated(optics, mean, images[:3], images[3])[0]
+        return calibration.calibrated(optics, (center, radius), images[:3], images[3])[0]
 
     def dpc(self, optics: Optics) -> np.ndarray:
         """iCoM (integrated centre of mass) phase in rad, mean 0, (scan_rows, scan_cols) float64, with calibrated ``optics``."""
-        optics.require("det_sampling_mrad", "rotation_deg", "flip", "bf_center_px", purpose="dpc")
+        optics.require_calibration("dpc")
         com = self.center_of_mass(optics.bf_center_px)
         k = calibration.to_scan(com, optics.rotation_deg, optics.flip) * optics.k_per_pixel()
         return calibration.icom(k, optics.scan_step_A)
@@ -130,25 +142,21 @@ class Acquisition(AcquisitionShape):
         """Aberration-corrected single-sideband phase (rad, mean 0, float32 (scan_rows, scan_cols)) with
         calibrated ``optics`` (``calibrate``), computed on the owner; its preparation is kept there."""
         sideband_ready(optics)
-        future = self.service.routed_method([self.name], "ssb", optics)
-        return finish(QueryFuture(future, lambda replies, positions: replies[0][0]), wait)
+        return finish(self.query_listed("ssb", optics), wait)
 
     def parallax(self, optics: Optics, upsampling: int = 2, wait: bool = True):
         """Tilt-corrected bright field with contrast correction, float32 (scan_rows * u, scan_cols * u), mean 0,
         with calibrated ``optics`` carrying the aberrations (``fit_aberrations``); computed on the owner."""
         sideband_ready(optics)
-        if not isinstance(upsampling, int) or isinstance(upsampling, bool) or not 1 <= upsampling <= 8:
-            raise ValueError(f"upsampling must be an integer from 1 to 8, got {upsampling!r}")
-        future = self.service.routed_method([self.name], "parallax", optics, upsampling)
-        return finish(QueryFuture(future, lambda replies, positions: replies[0][0]), wait)
+        check_upsampling(upsampling)
+        return finish(self.query_listed("parallax", optics, upsampling), wait)
 
     def fit_aberrations(self, optics: Optics, c10_range_A: float = 500.0) -> Optics:
         """``optics`` (calibrated) with the defocus C10 and twofold astigmatism C12, phi12 that maximise the
         coherent SSB signal (robust on crystals), searched over C10 within +/- ``c10_range_A`` of the given
         one; their standard errors in ``uncertainties``. Runs on the owner."""
         sideband_ready(optics)
-        future = self.service.routed_method([self.name], "fit_aberrations", optics, float(c10_range_A))
-        return QueryFuture(future, lambda replies, positions: replies[0][0]["optics"]).result()
+        return self.query_listed("fit_aberrations", optics, float(c10_range_A), assemble=lambda fitted: fitted["optics"]).result()
 
     def checksum(self) -> str:
         """SHA-256 hex digest of the counts (C order, native dtype, 4-D shape), the same for every reader
@@ -236,26 +244,14 @@ class Series(Sequence):
         def assemble(replies, positions):
             if total:
                 return finish_reduce(*combine_parts([r[0] for r in replies], op), op)
-            patterns: list[Any] = [None] * len(self)
-            for reply, where in zip(replies, positions):
-                for part, i in zip(reply, where):
-                    patterns[i] = finish_reduce(*part, op)
-            return np.stack(patterns)
+            return in_order(replies, positions, lambda part: finish_reduce(*part, op))
 
         return finish(QueryFuture(self.service.routed_method(self.names, "reduce", roi, op, total), assemble), wait)
 
     def ssb(self, optics: Optics, wait: bool = True):
         """(n_acquisitions, scan_rows, scan_cols) SSB phases with the same calibrated ``optics``: one call per shard."""
         sideband_ready(optics)
-
-        def assemble(replies, positions):
-            out: list[Any] = [None] * len(self)
-            for reply, where in zip(replies, positions):
-                for image, i in zip(reply, where):
-                    out[i] = image
-            return np.stack(out)
-
-        return finish(QueryFuture(self.service.routed_method(self.names, "ssb", optics), assemble), wait)
+        return finish(QueryFuture(self.service.routed_method(self.names, "ssb", optics), in_order), wait)
 
     def release(self) -> None:
         """Release every acquisition of the series."""

@@ -166,8 +166,9 @@ class Shard:
         if name in self.residents:
             raise ValueError(f"an acquisition named {name!r} is already resident on {self.address}")
         used = sum(r.nbytes for r in self.residents.values()) + self.reserved
-        if nbytes > self.budget - used - self.spectra.nbytes:  # cached SSB spectra make room for residents
-            self.spectra.release(nbytes - (self.budget - used - self.spectra.nbytes))
+        short = nbytes - (self.budget - used - self.spectra.nbytes)
+        if short > 0:  # cached SSB spectra make room for residents
+            self.spectra.release(short)
         used += self.spectra.nbytes
         free = self.budget - used
         if nbytes > free:
@@ -267,8 +268,7 @@ class Shard:
             raise
         try:
             resident = await self.run_in(self.loads, build)
-            self.masks.forget(name)
-            self.spectra.forget(name)
+            self.forget(name)
             self.residents[name] = resident
             record = {**resident.describe(), "source": source}
             await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record=record)
@@ -295,19 +295,22 @@ class Shard:
             return await self.put(name, array, how["layout"])
         raise ValueError(f"acquisition {name!r} has no source file and no copy to be held again from")
 
+    def forget(self, name: str) -> None:
+        """Drop the mask plans and SSB spectra kept for ``name`` (released, moved, or its name reused)."""
+        self.masks.forget(name)
+        self.spectra.forget(name)
+
     async def discard(self, name: str) -> None:
         """Free ``name`` here without touching the catalog: it has moved to another shard."""
         if self.residents.pop(name, None) is not None:
-            self.masks.forget(name)
-            self.spectra.forget(name)
+            self.forget(name)
             await self.run_in(self.queries, self.free_device_memory)
 
     async def release(self, name: str) -> None:
         """Drop ``name`` from this shard and the catalog, returning its device memory."""
         self.resident(name)
         del self.residents[name]
-        self.masks.forget(name)
-        self.spectra.forget(name)
+        self.forget(name)
         await self.worker.scheduler.qgpu_drop(name=name, owner=self.address)
         await self.run_in(self.queries, self.free_device_memory)
 

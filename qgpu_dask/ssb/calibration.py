@@ -121,10 +121,11 @@ def correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum() / norm) if norm else 0.0
 
 
-def calibrated(optics: Optics, mean_pattern: np.ndarray, moments: np.ndarray, adf: np.ndarray) -> tuple[Optics, dict]:
-    """``optics`` with det_sampling_mrad (unless given), bf_center_px, rotation_deg and flip (unless given) filled in,
-    and what the search saw (disk radius, curls, iCoM-ADF correlation)."""
-    center, radius = bright_field_disk(mean_pattern)
+def calibrated(optics: Optics, disk: tuple[tuple[float, float], float], moments: np.ndarray, adf: np.ndarray) -> tuple[Optics, dict]:
+    """``optics`` with det_sampling_mrad (unless given), bf_center_px, rotation_deg and flip (unless given) filled in
+    from the bright-field ``disk`` (centre, radius) and the moment and ADF images, and what the search saw
+    (disk radius, curls, iCoM-ADF correlation)."""
+    center, radius = disk
     sampling = optics.det_sampling_mrad or optics.semiangle_mrad / radius
     com = center_of_mass(moments, center)
     report = {"bf_radius_px": radius, "bf_center_px": center}

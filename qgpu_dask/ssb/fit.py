@@ -62,7 +62,8 @@ def refine(score, start: np.ndarray, step: float) -> tuple[np.ndarray, float]:
 
 
 class Signal:
-    """The SSB signal as a function of (C10, C12a, C12b), the rest of the optics fixed.
+    """The coherent SSB signal sum_Q |sum_k G conj(Gamma) / |Gamma||, on every ``stride``-th scan
+    frequency, as a function of (C10, C12a, C12b), the rest of the optics fixed.
 
     chi is linear in the coefficients: chi = pi lambda [C10 (kx^2 + ky^2) + C12a (kx^2 - ky^2)
     + C12b 2 kx ky] + the other terms, so the phase differences chi(k) - chi(k - Q) and
@@ -101,9 +102,7 @@ class Signal:
         minus = c[0] * self.minus_basis[0, pixels] + c[1] * self.minus_basis[1, pixels] + c[2] * self.minus_basis[2, pixels] + self.minus_fixed[pixels]
         plus = c[0] * self.plus_basis[0, pixels] + c[1] * self.plus_basis[1, pixels] + c[2] * self.plus_basis[2, pixels] + self.plus_fixed[pixels]
         gamma = self.minus_overlap[pixels] * xp.exp(1j * minus) - self.plus_overlap[pixels] * xp.exp(1j * plus)
-        size = xp.abs(gamma)
-        keep = size > sideband.GAMMA_FLOOR
-        total = xp.where(keep, self.G[pixels] * xp.conj(gamma) / xp.where(keep, size, 1.0), 0).sum(axis=0)
+        total, _ = sideband.projected(self.G[pixels], gamma, xp)
         return float(xp.abs(total).sum())
 
 

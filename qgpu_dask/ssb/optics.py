@@ -26,6 +26,7 @@ LIGHT_SPEED = 299792458.0  # m / s
 # The aberration terms (n, m) of chi, as the physics notes list them.
 TERMS = ((1, 0), (1, 2), (2, 1), (2, 3), (3, 0), (3, 2), (3, 4), (4, 1), (4, 3), (4, 5), (5, 0), (5, 2), (5, 4), (5, 6))
 NAMES = {f"C{n}{m}" for n, m in TERMS} | {f"phi{n}{m}" for n, m in TERMS if m}
+CALIBRATION = ("det_sampling_mrad", "rotation_deg", "flip", "bf_center_px")  # what acq.calibrate fills in
 
 
 def wavelength_A(energy_eV: float) -> float:
@@ -101,6 +102,10 @@ class Optics:
         missing = [n for n in names if getattr(self, n) is None]
         if missing:
             raise ValueError(f"{purpose} needs {', '.join(missing)} in the optics: run acq.calibrate(optics) first or give them")
+
+    def require_calibration(self, purpose: str) -> None:
+        """ValueError naming the detector fields ``acq.calibrate`` fills that are still None."""
+        self.require(*CALIBRATION, purpose=purpose)
 
     def k_per_pixel(self) -> float:
         """Detector sampling in 1/A per pixel."""

@@ -19,10 +19,15 @@ from .optics import Optics, chi, grad_chi
 CHUNK_SAMPLES = 1 << 24
 
 
-def parallax(images, scan_shape: tuple[int, int], ky: np.ndarray, kx: np.ndarray, optics: Optics, upsampling: int, xp=np):
-    """The contrast-corrected tilt-corrected bright field, float32 (scan_rows * u, scan_cols * u), mean 0."""
+def check_upsampling(upsampling) -> None:
+    """ValueError unless ``upsampling`` is an integer from 1 to 8."""
     if not isinstance(upsampling, (int, np.integer)) or isinstance(upsampling, bool) or not 1 <= upsampling <= 8:
         raise ValueError(f"upsampling must be an integer from 1 to 8, got {upsampling!r}")
+
+
+def parallax(images, scan_shape: tuple[int, int], ky: np.ndarray, kx: np.ndarray, optics: Optics, upsampling: int, xp=np):
+    """The contrast-corrected tilt-corrected bright field, float32 (scan_rows * u, scan_cols * u), mean 0."""
+    check_upsampling(upsampling)
     rows, cols = scan_shape
     u = int(upsampling)
     fine = optics.scan_step_A / u

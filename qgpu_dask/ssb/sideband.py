@@ -25,7 +25,7 @@ CHUNK_BYTES = 256 * 2**20  # complex temporaries per chunk of bright-field pixel
 
 def bright_field_pixels(optics: Optics, det_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(flat detector indices, k_y, k_x in 1/A in scan coordinates) of the pixels inside the bright-field disk."""
-    optics.require("det_sampling_mrad", "rotation_deg", "flip", "bf_center_px", purpose="ssb")
+    optics.require_calibration("ssb")
     rows, cols = np.indices(det_shape, dtype=np.float64)
     offsets = np.stack([rows - optics.bf_center_px[0], cols - optics.bf_center_px[1]])
     radius_px = optics.semiangle_mrad / optics.det_sampling_mrad
@@ -46,15 +46,18 @@ def spectrum(images, scan_shape: tuple[int, int], xp=np):
     return xp.fft.fft2(stack / mean, axes=(1, 2)).astype(xp.complex64)
 
 
-def corrected_sum(G, ky, kx, optics: Optics, xp=np, stride: int = 1):
-    """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > GAMMA_FLOOR, each (scan_rows, scan_cols),
-    or on every ``stride``-th scan frequency along both axes."""
-    rows, cols = G.shape[1:]
-    G = G[:, ::stride, ::stride]
-    n = G.shape[0]
-    qy = xp.asarray(np.fft.fftfreq(rows, optics.scan_step_A)[::stride])[:, None]
-    qx = xp.asarray(np.fft.fftfreq(cols, optics.scan_step_A)[::stride])[None, :]
-    rows, cols = G.shape[1:]
+def projected(G, gamma, xp=np):
+    """(sum over pixels (axis 0) of G conj(Gamma) / |Gamma| where |Gamma| > GAMMA_FLOOR, and |Gamma| there, 0 elsewhere)."""
+    size = xp.abs(gamma)
+    kept = xp.where(size > GAMMA_FLOOR, size, 0)
+    return xp.where(kept > 0, G * xp.conj(gamma) / xp.where(kept > 0, kept, 1.0), 0).sum(axis=0), kept
+
+
+def corrected_sum(G, ky, kx, optics: Optics, xp=np):
+    """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > GAMMA_FLOOR, each (scan_rows, scan_cols)."""
+    n, rows, cols = G.shape
+    qy = xp.asarray(np.fft.fftfreq(rows, optics.scan_step_A))[:, None]
+    qx = xp.asarray(np.fft.fftfreq(cols, optics.scan_step_A))[None, :]
     ky, kx = xp.asarray(ky), xp.asarray(kx)
     total = xp.zeros((rows, cols), xp.complex128)
     weight = xp.zeros((rows, cols), xp.float64)
@@ -63,10 +66,9 @@ def corrected_sum(G, ky, kx, optics: Optics, xp=np, stride: int = 1):
         y, x = ky[lo : lo + step, None, None], kx[lo : lo + step, None, None]
         here = probe_spectrum(x, y, optics, xp)
         gamma = xp.conj(here) * probe_spectrum(x - qx, y - qy, optics, xp) - here * xp.conj(probe_spectrum(x + qx, y + qy, optics, xp))
-        size = xp.abs(gamma)
-        keep = size > GAMMA_FLOOR
-        total += xp.where(keep, G[lo : lo + step] * xp.conj(gamma) / xp.where(keep, size, 1.0), 0).sum(axis=0)
-        weight += xp.where(keep, size, 0).sum(axis=0)
+        part, kept = projected(G[lo : lo + step], gamma, xp)
+        total += part
+        weight += kept.sum(axis=0)
     return total, weight
 
 
@@ -76,10 +78,3 @@ def phase(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np) -> np.ndarra
     psi = xp.where(weight > 0, total / xp.where(weight > 0, weight, 1.0), 0)
     image = xp.fft.ifft2(-1j * psi).real
     return (image - image.mean()).astype(xp.float32)
-
-
-def signal(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np, stride: int = 1) -> float:
-    """The coherent SSB signal sum_Q |sum_k G conj(Gamma) / |Gamma||: largest when the optics' aberrations
-    are the sample's (over every ``stride``-th scan frequency along both axes)."""
-    total, _ = corrected_sum(G, ky, kx, optics, xp, stride)
-    return float(xp.abs(total).sum())

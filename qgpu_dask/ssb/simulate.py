@@ -68,3 +68,13 @@ def acquisition(
     if seed is None:
         return out
     return np.random.default_rng(seed).poisson(out).astype(np.uint32)
+
+
+def band_limited(fine: np.ndarray, over: int) -> np.ndarray:
+    """A fine-grid image low-passed to the band of a grid ``over`` times coarser, sampled on it: what a
+    phase method can recover at the scan's sampling, to compare its image with."""
+    spectrum = np.fft.fft2(fine)
+    ky = np.fft.fftfreq(fine.shape[0]) * fine.shape[0]
+    kx = np.fft.fftfreq(fine.shape[1]) * fine.shape[1]
+    keep = (np.abs(ky)[:, None] < fine.shape[0] / over / 2) & (np.abs(kx)[None, :] < fine.shape[1] / over / 2)
+    return np.fft.ifft2(np.where(keep, spectrum, 0)).real[::over, ::over]
