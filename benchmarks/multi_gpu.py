@@ -1,18 +1,20 @@
-"""Series queries and loads on 1, 2, ..., G GPUs (one dask-cuda worker per GPU): weak scaling.
+"""Series queries, loads and a worker loss on 1, 2, ..., G GPUs (one dask-cuda worker per GPU): weak scaling.
 
-8 acquisitions per GPU, all loaded from one HDF5 file, one disk mask; per G:
-time of a series virtual image (median), its weak-scaling efficiency against
-G = 1 (same work per GPU, so ideally the same time), the series load's
-throughput against reading the file in this process, and the no-op round trip
-of every shard. Without GPUs it runs the same on CPU workers (a dry run).
+Per representation (``--runs dense:6 compressed:8``: that many acquisitions per GPU, all loaded from one
+HDF5 file, one disk mask) and per G: time of a series virtual image (median) and its weak-scaling
+efficiency against G = 1 (same work per GPU, so ideally the same time), the series load's throughput
+against reading the file in this process, the no-op round trip of every shard and one acquisition's
+virtual image end to end. With ``--kill REPRESENTATION``, at the largest G the worker of the last GPU is
+SIGKILLed and the time until its acquisitions are held again (re-homed on the others) is measured.
+Without GPUs it runs the same on CPU workers (a dry run).
 
-    NCCL_NVLS_ENABLE=0 python benchmarks/multi_gpu.py --scan 256 256 --det 192 192
+    NCCL_NVLS_ENABLE=0 python benchmarks/multi_gpu.py --scan 512 512 --det 192 192 --runs dense:6
+    NCCL_NVLS_ENABLE=0 python benchmarks/multi_gpu.py --scan 512 512 --det 192 192 --runs compressed:8 --kill compressed
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import qgpu_dask as qd
 from qgpu_dask.device import cupy_or_none
 
 import record
+from reliability import kill_and_recover
 from timing import median_ms, write_counts
 
 
@@ -45,53 +48,69 @@ def file_read_gbps(path: Path) -> float:
     return path.stat().st_size / 1e9 / (time.perf_counter() - t0)
 
 
+def scaling_run(path: Path, g: int, n: int, representation: str, mask, repeat: int, kill: bool) -> dict:
+    """Load ``n`` acquisitions on ``g`` GPUs, check and time the queries, optionally kill the last worker."""
+    cluster = cluster_of(g)
+    with qd.Service(Client(cluster, direct_to_workers=True), cluster=cluster) as svc:
+        t0 = time.perf_counter()
+        series = svc.load([path] * n, dataset="/data", name=[f"s{i}" for i in range(n)], representation=representation, progress=False)
+        load_s = time.perf_counter() - t0
+        images = series.virtual_images(mask)
+        assert all((im == images[0]).all() for im in images), "series images differ"
+        owners = sorted({a.owner for a in series})
+        run = {
+            "acquisitions": n,
+            "shards": len(owners),
+            "series_query_ms": median_ms(lambda: series.virtual_images(mask), repeat),
+            "single_query_ms": median_ms(lambda: series[0].virtual_image(mask), 5 * repeat),
+            "load_s": load_s,
+            "load_GBps": n * series[0].nbytes / 1e9 / load_s,
+            "resident_bytes": sum(a["nbytes"] for a in svc.state()["acquisitions"].values()),
+            "ping_p50_ms_per_shard": [median_ms(lambda o=o: svc.call(o, "ping").result(), 200) for o in owners],
+        }
+        if kill:
+            victim = series[n - 1].owner
+            run["kill"] = kill_and_recover(svc, victim, len(owners))
+            after = series.virtual_images(mask)
+            run["kill"]["exact_after"] = all((im == images[0]).all() for im in after)
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scan", type=int, nargs=2, default=(64, 64))
     parser.add_argument("--det", type=int, nargs=2, default=(64, 64))
-    parser.add_argument("--per-gpu", type=int, default=8)
+    parser.add_argument("--runs", nargs="+", default=["dense:8", "compressed:8"], help="REPRESENTATION:ACQUISITIONS_PER_GPU")
+    parser.add_argument("--kill", default=None, help="representation whose largest-G run ends with a worker kill")
     parser.add_argument("--gpus", type=int, default=None, help="largest G (default: every GPU, or 2 CPU workers)")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--file", type=Path, default=Path("/tmp/qgpu-multi-gpu.h5"), help="kept and reused when its shape matches")
     args = parser.parse_args()
     cp = cupy_or_none()
     max_g = args.gpus or (cp.cuda.runtime.getDeviceCount() if cp is not None else 2)
     scan, det = tuple(args.scan), tuple(args.det)
-    results: dict = {"device": "cuda" if cp is not None else "cpu", "acquisition_shape": scan + det, "per_gpu": args.per_gpu, "runs": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_counts(Path(tmp) / "acq.h5", scan, det)
-        results["file_read_GBps"] = file_read_gbps(path)
-        mask = qd.masks.disk(det, (det[0] / 2, det[1] / 2), det[0] / 6)
-        reference = None
+    runs = [(r.split(":")[0], int(r.split(":")[1])) for r in args.runs]
+    results: dict = {"device": "cuda" if cp is not None else "cpu", "acquisition_shape": scan + det, "gpus": max_g, "representations": {}}
+    if not args.file.exists() or h5py.File(args.file, "r")["data"].shape != scan + det:
+        write_counts(args.file, scan, det)
+    results["file_read_GBps"] = file_read_gbps(args.file)
+    mask = qd.masks.disk(det, (det[0] / 2, det[1] / 2), det[0] / 6)
+    for representation, per_gpu in runs:
+        by_g: dict = {}
         for g in range(1, max_g + 1):
-            cluster = cluster_of(g)
-            with qd.Service(Client(cluster, direct_to_workers=True), cluster=cluster) as svc:
-                n = args.per_gpu * g
-                t0 = time.perf_counter()
-                series = svc.load([path] * n, dataset="/data", name=[f"s{i}" for i in range(n)], progress=False)
-                load_s = time.perf_counter() - t0
-                images = series.virtual_images(mask)
-                reference = images[0] if reference is None else reference
-                assert all((im == reference).all() for im in images)
-                query = median_ms(lambda: series.virtual_images(mask), args.repeat)
-                owners = sorted({a.owner for a in series})
-                pings = [median_ms(lambda o=o: svc.call(o, "ping").result(), 200) for o in owners]
-                results["runs"][g] = {
-                    "acquisitions": n,
-                    "shards": len(owners),
-                    "series_query_ms": query,
-                    "load_s": load_s,
-                    "load_GBps": n * series[0].nbytes / 1e9 / load_s,
-                    "ping_p50_ms_per_shard": pings,
-                }
-                print(f"G={g}: {n} acquisitions on {len(owners)} shard(s): series query {query:.2f} ms, "
-                      f"load {n * series[0].nbytes / 1e9 / load_s:.2f} GB/s, ping {max(pings):.3f} ms", flush=True)
-    base = results["runs"][1]["series_query_ms"]
-    for g, run in results["runs"].items():
-        run["weak_scaling_efficiency"] = base / run["series_query_ms"]
-        run["load_over_file_read"] = run["load_GBps"] / results["file_read_GBps"]
-    path = record.write(f"multi_gpu_{results['device']}", results)
-    for g, run in results["runs"].items():
-        print(f"G={g}: efficiency {run['weak_scaling_efficiency']:.2f}, load/file-read {run['load_over_file_read']:.2f}")
+            run = scaling_run(args.file, g, per_gpu * g, representation, mask, args.repeat, args.kill == representation and g == max_g)
+            run["weak_scaling_efficiency"] = by_g[1]["series_query_ms"] / run["series_query_ms"] if by_g else 1.0
+            run["load_over_file_read"] = run["load_GBps"] / results["file_read_GBps"]
+            by_g[g] = run
+            print(f"{representation} G={g}: {run['acquisitions']} acquisitions on {run['shards']} shard(s): "
+                  f"series query {run['series_query_ms']:.2f} ms (efficiency {run['weak_scaling_efficiency']:.2f}), "
+                  f"one query {run['single_query_ms']:.2f} ms, load {run['load_GBps']:.2f} GB/s "
+                  f"({run['load_over_file_read']:.2f} x file read), ping {max(run['ping_p50_ms_per_shard']):.3f} ms", flush=True)
+            if "kill" in run:
+                print(f"kill: {run['kill']}", flush=True)
+        results["representations"][f"{representation}:{per_gpu}"] = by_g
+    name = "_".join(r for r, _ in runs)
+    path = record.write(f"multi_gpu_{results['device']}_x{max_g}_{name}", results)
     print(f"file read in this process: {results['file_read_GBps']:.2f} GB/s; wrote {path}")
 
 
