@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import h5py
+import numpy as np
 from distributed import Client, LocalCluster
 
 import qgpu_dask as qd
@@ -55,6 +56,7 @@ def scaling_run(path: Path, g: int, n: int, representation: str, mask, repeat: i
         t0 = time.perf_counter()
         series = svc.load([path] * n, dataset="/data", name=[f"s{i}" for i in range(n)], representation=representation, progress=False)
         load_s = time.perf_counter() - t0
+        counts_bytes = int(np.prod(series[0].shape)) * series[0].dtype.itemsize
         images = series.virtual_images(mask)
         assert all((im == images[0]).all() for im in images), "series images differ"
         owners = sorted({a.owner for a in series})
@@ -64,7 +66,7 @@ def scaling_run(path: Path, g: int, n: int, representation: str, mask, repeat: i
             "series_query_ms": median_ms(lambda: series.virtual_images(mask), repeat),
             "single_query_ms": median_ms(lambda: series[0].virtual_image(mask), 5 * repeat),
             "load_s": load_s,
-            "load_GBps": n * series[0].nbytes / 1e9 / load_s,
+            "load_GBps": n * counts_bytes / 1e9 / load_s,  # of counts, whatever the resident's layout
             "resident_bytes": sum(a["nbytes"] for a in svc.state()["acquisitions"].values()),
             "ping_p50_ms_per_shard": [median_ms(lambda o=o: svc.call(o, "ping").result(), 200) for o in owners],
         }
