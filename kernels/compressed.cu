@@ -562,21 +562,25 @@ __global__ void frame(STREAM_PARAMS, i64 n_frames, int block, int table_stride, 
 template <class T>
 struct DenseEmit {
     T* out;
-    int frame_len;
-    __device__ void operator()(int pos, u32 v) { out[(i64)pos * frame_len] = (T)v; }
+    i64 frame_stride;
+    __device__ void operator()(int pos, u32 v) { out[(i64)pos * frame_stride] = (T)v; }
 };
 
-// Every count back into out (zeroed, n_frames x frame_len): one thread per stream.
+// The counts of the listed pixels back into out (zeroed): count[f, pixels[k]] goes to
+// out[k * pixel_stride + f * frame_stride], so one kernel gives frames x pixels (every pixel: the dense
+// counts) or pixels x frames (a pixel's image contiguous, as SSB wants). One thread per stream.
 template <class T>
-__global__ void decode_all(STREAM_PARAMS, i64 n_frames, int block, int table_stride, int n_blocks, T* out, u64* err) {
+__global__ void decode(STREAM_PARAMS, i64 n_frames, int block, int table_stride, int n_blocks, const i64* pixels, i64 n_pix,
+                       i64 pixel_stride, i64 frame_stride, T* out, u64* err) {
     MAKE_STREAMS
     extern __shared__ unsigned long long smem_words[];
-    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
-    if (p >= st.frame_len || b >= n_blocks) return;
+    if (k >= n_pix || b >= n_blocks) return;
+    int p = (int)pixels[k];
     PixelTables tb = thread_tables(model, p, smem_words, table_stride);
     i64 lo = (i64)b * block;
-    DenseEmit<T> emit{out + lo * frame_len + p, frame_len};
+    DenseEmit<T> emit{out + k * pixel_stride + lo * frame_stride, frame_stride};
     int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
     if (code) report(err, b, p, st.frame_len, code);
 }

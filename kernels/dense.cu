@@ -389,3 +389,29 @@ read_sum(const T* __restrict__ data, long long n_vec, long long tail,
         if (threadIdx.x == 0) partial[blockIdx.x] = S(s);
     }
 }
+
+// ---------------------------------------------------------------- pixel images
+
+// out[k, f] = data[f, pixels[k]] as float: the images of chosen detector pixels, each contiguous
+// (SSB and parallax take them so). A 32 x 32 tile of (frames, pixels) goes through shared memory, so
+// both the gather along each frame and the writes along each image are coalesced. Block 32 x 8.
+template <class T>
+__global__ void pixel_images(const T* __restrict__ data, i64 n_frames, int frame_len, const i64* __restrict__ pixels, int n_pix,
+                             float* __restrict__ out) {
+    __shared__ float tile[32][33];
+    i64 f0 = (i64)blockIdx.x * 32;
+    int k0 = blockIdx.y * 32;
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int k = k0 + tx;
+    i64 p = k < n_pix ? pixels[k] : 0;
+    for (int j = ty; j < 32; j += 8) {
+        i64 f = f0 + j;
+        tile[j][tx] = (f < n_frames && k < n_pix) ? (float)data[f * frame_len + p] : 0.f;
+    }
+    __syncthreads();
+    for (int j = ty; j < 32; j += 8) {
+        int kk = k0 + j;
+        i64 f = f0 + tx;
+        if (kk < n_pix && f < n_frames) out[(i64)kk * n_frames + f] = tile[tx][j];
+    }
+}

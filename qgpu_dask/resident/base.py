@@ -123,9 +123,10 @@ class Resident(AcquisitionShape, ABC):
     def counts_flat(self):
         """Every count as a (n_frames, frame_len) device array: the held array, or a decoded copy."""
 
+    @abstractmethod
     def pixel_images(self, indices: np.ndarray):
-        """(len(indices), n_frames) device array: the counts of the given flat detector pixels in every frame."""
-        return self.counts_flat()[:, self.xp.asarray(indices)].T
+        """(len(indices), n_frames) float32 C-contiguous device array: the image of each given flat detector
+        pixel (host int64 ``indices``), decoding only those pixels."""
 
     @abstractmethod
     def frame_flat(self, index: int):

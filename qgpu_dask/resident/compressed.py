@@ -171,6 +171,9 @@ class CompressedCounts(Resident):
     def counts_flat(self):
         return self.kernels.decode_all(self.streams, self.model, self.dtype)
 
+    def pixel_images(self, indices: np.ndarray):
+        return self.kernels.decode_pixels(self.streams, self.model, indices, np.float32, pixel_major=True)
+
     def check(self) -> None:
         """Decode every stream once; ValueError naming the first malformed one, or if the kept frame
         totals (which answer large masks) disagree with the streams."""

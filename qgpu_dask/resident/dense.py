@@ -63,3 +63,6 @@ class DenseCounts(Resident):
 
     def counts_flat(self):
         return self.flat
+
+    def pixel_images(self, indices: np.ndarray):
+        return self.kernels.pixel_images(self.flat, indices)

@@ -371,11 +371,11 @@ class Shard:
 
         return await self.run_in(self.queries, compute)
 
-    def spectrum(self, resident: Resident, optics: Optics) -> tuple[Any, np.ndarray, np.ndarray]:
+    def spectrum(self, resident: Resident, optics: Optics) -> tuple[sideband.Spectrum, np.ndarray, np.ndarray]:
         """(G, k_y, k_x) of a resident's bright-field pixels under ``optics``' calibration, G from the cache."""
         indices, ky, kx = sideband.bright_field_pixels(optics, resident.det_shape)
-        G = self.spectra.get(resident.name, indices, lambda: sideband.spectrum(resident.pixel_images(indices), resident.scan_shape, resident.xp))
-        return G, ky, kx
+        spec = self.spectra.get(resident.name, indices, lambda: sideband.spectrum(resident, indices))
+        return spec, ky, kx
 
     async def parallax(self, names: list[str], optics: Optics, upsampling: int) -> list[np.ndarray]:
         """Contrast-corrected tilt-corrected bright field of each resident (``ssb.parallax``), float32."""

@@ -6,8 +6,8 @@ does not (physics notes). The search: C10 over +/- ``c10_range_A`` in steps
 of the defocus that turns chi at the aperture edge by pi / 2
 (lambda / (2 alpha^2)), on every other bright-field pixel, then coordinate
 steps on (C10, C12a, C12b) with all of them, halved down to 1/32 of that
-quantum. The signal is summed on a strided subset of about 32 x 32 scan
-frequencies, which locates its peak as well at a fraction of the cost. Its
+quantum. The signal is summed on a strided subset of about 32 x 16 scan
+frequencies (half of them: the other half mirrors it), which locates its peak as well at a fraction of the cost. Its
 uncertainty: the same refinement on two
 disjoint halves of the bright-field pixels; half their difference estimates
 the standard error of each coefficient.
@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from . import sideband
+from .sideband import Spectrum
 from .optics import Optics, chi
 
 FINEST = 1 / 32
@@ -72,12 +73,12 @@ class Signal:
     aberration functions.
     """
 
-    def __init__(self, G, ky: np.ndarray, kx: np.ndarray, optics: Optics, stride: int, xp=np):
-        rows, cols = G.shape[1:]
-        self.G = G[:, ::stride, ::stride]
+    def __init__(self, spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, stride: int, xp=np):
+        rows, cols = spec.scan_shape
+        self.G = spec.G[:, ::stride, ::stride] * np.float32(spec.scale)
         self.xp = xp
         qy = xp.asarray(np.fft.fftfreq(rows, optics.scan_step_A)[::stride])[None, :, None]
-        qx = xp.asarray(np.fft.fftfreq(cols, optics.scan_step_A)[::stride])[None, None, :]
+        qx = xp.asarray(np.fft.rfftfreq(cols, optics.scan_step_A)[::stride])[None, None, :]
         y, x = xp.asarray(ky)[:, None, None], xp.asarray(kx)[:, None, None]
         rest = optics.with_(aberrations={k: v for k, v in optics.aberrations.items() if k not in ("C10", "C12", "phi12")})
         lam, cutoff = optics.wavelength_A, optics.semiangle_mrad * 1e-3
@@ -102,15 +103,17 @@ class Signal:
         minus = c[0] * self.minus_basis[0, pixels] + c[1] * self.minus_basis[1, pixels] + c[2] * self.minus_basis[2, pixels] + self.minus_fixed[pixels]
         plus = c[0] * self.plus_basis[0, pixels] + c[1] * self.plus_basis[1, pixels] + c[2] * self.plus_basis[2, pixels] + self.plus_fixed[pixels]
         gamma = self.minus_overlap[pixels] * xp.exp(1j * minus) - self.plus_overlap[pixels] * xp.exp(1j * plus)
-        total, _ = sideband.projected(self.G[pixels], gamma, xp)
+        size = xp.abs(gamma)
+        kept = size > sideband.GAMMA_FLOOR
+        total = xp.where(kept, self.G[pixels] * xp.conj(gamma) / xp.where(kept, size, 1.0), 0).sum(axis=0)
         return float(xp.abs(total).sum())
 
 
-def fit(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, c10_range_A: float, xp=np) -> dict:
+def fit(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, c10_range_A: float, xp=np) -> dict:
     """``optics`` with the (C10, C12, phi12) that maximise the SSB signal and their standard errors
     (``uncertainties``), the signal there and the evaluations it took."""
     q = quantum(optics)
-    signal = Signal(G, ky, kx, optics, max(1, min(G.shape[1:]) // Q_SIDE), xp)
+    signal = Signal(spec, ky, kx, optics, max(1, min(spec.scan_shape) // Q_SIDE), xp)
     evaluations = [0]
 
     def score_on(pixels):

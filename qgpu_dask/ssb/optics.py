@@ -118,16 +118,37 @@ def polar(kx, ky, lam: float, xp=np):
     return lam * xp.hypot(kx, ky), xp.arctan2(ky, kx)
 
 
-def chi(kx, ky, optics: Optics, xp=np):
-    """The aberration function chi(k) in rad at spatial frequencies (kx, ky) in 1/A (NumPy or CuPy arrays, as ``xp``)."""
+def chi_table(optics: Optics) -> np.ndarray:
+    """chi as a polynomial in k = (k_x, k_y) in 1/A: complex T (m + 1 rows, p + 1 columns, only as large as the
+    nonzero terms need) with chi(k) = sum_mp Re(T[m, p] (k_x + i k_y)^m) |k|^(2p). Each term C_nm maps to
+    m and p = (n + 1 - m) / 2 (always whole), with T = (2 pi / lambda) C_nm lambda^(n+1) / (n+1) exp(-i m phi_nm).
+    The SSB kernels take this table."""
     lam = optics.wavelength_A
-    alpha, phi = polar(xp.asarray(kx, xp.float64), xp.asarray(ky, xp.float64), lam, xp)
-    total = xp.zeros(xp.broadcast(alpha, phi).shape)
+    table = np.zeros((7, 4), np.complex128)
     for n, m in TERMS:
         c = optics.aberrations.get(f"C{n}{m}", 0.0)
         if c:
-            total += c * alpha ** (n + 1) / (n + 1) * xp.cos(m * (phi - optics.aberrations.get(f"phi{n}{m}", 0.0)))
-    return 2 * np.pi / lam * total
+            phi = optics.aberrations.get(f"phi{n}{m}", 0.0)
+            table[m, (n + 1 - m) // 2] += 2 * np.pi / lam * c * lam ** (n + 1) / (n + 1) * np.exp(-1j * m * phi)
+    used = np.argwhere(table != 0)
+    rows, cols = (used.max(axis=0) + 1) if used.size else (1, 1)
+    return table[:rows, :cols]
+
+
+def chi(kx, ky, optics: Optics, xp=np):
+    """The aberration function chi(k) in rad at spatial frequencies (kx, ky) in 1/A (NumPy or CuPy arrays, as ``xp``)."""
+    kx, ky = xp.asarray(kx, xp.float64), xp.asarray(ky, xp.float64)
+    z = kx + 1j * ky
+    r2 = kx * kx + ky * ky
+    total = xp.zeros(xp.broadcast(kx, ky).shape)
+    power = 1
+    for row in chi_table(optics):
+        poly = 0
+        for c in row[::-1]:
+            poly = poly * r2 + c
+        total = total + (poly * power).real
+        power = power * z
+    return total
 
 
 def grad_chi(kx, ky, optics: Optics, xp=np):

@@ -1,26 +1,56 @@
 """Single-sideband (SSB) ptychography from the bright-field pixels of a resident, on its own device.
 
 G(k, Q) = sum_R I(R, k) exp(-2 pi i Q.R) is the scan Fourier transform of
-every bright-field pixel's image, with I normalised by the mean bright-field
+every bright-field pixel's image, I normalised by the mean bright-field
 intensity. For a weak phase object G = i Phi(Q) Gamma(k, Q) where
 Gamma = conj(psi(k)) psi(k - Q) - psi(k) conj(psi(k + Q)) (Pennycook et al.,
 Ultramicroscopy 151 (2015) 160). The aberration-corrected sum
 Psi(Q) = sum_k G conj(Gamma) / |Gamma| over |Gamma| > 1e-3, normalised by
 sum |Gamma|, gives i Phi(Q); the phase image is Re IFFT(-i Psi), mean 0.
 
-The functions take NumPy or CuPy arrays (``xp``), so one code serves the CPU
-and the GPU; the sums over bright-field pixels go in chunks to bound memory.
+The counts are real, so G(k, -Q) = conj G(k, Q) and Gamma(k, -Q) = -conj Gamma(k, Q):
+half of the scan frequencies (an rfft2) carry everything. The sum over pixels
+is one fused kernel (``ssb.cuda``, twin ``ssb.cpu``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
+from ..resident.base import Resident
 from .calibration import to_scan
-from .optics import Optics, probe_spectrum
+from .optics import Optics, chi, chi_table
 
 GAMMA_FLOOR = 1e-3
-CHUNK_BYTES = 256 * 2**20  # complex temporaries per chunk of bright-field pixels
+CHUNK_BYTES = 1 << 30  # float32 images transformed at once
+
+
+@dataclass
+class Spectrum:
+    """G of a resident's bright-field pixels: ``G`` (n_pixels, scan_rows, scan_cols // 2 + 1) complex64 of the
+    counts as they are, ``scale`` = 1 / their mean, which normalises it."""
+
+    G: Any
+    scale: float
+    scan_shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.G.nbytes)
+
+
+def sum_kernels(xp):
+    """The sideband-sum twin for ``xp``'s arrays."""
+    if xp is np:
+        from . import cpu
+
+        return cpu
+    from . import cuda
+
+    return cuda
 
 
 def bright_field_pixels(optics: Optics, det_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -36,45 +66,39 @@ def bright_field_pixels(optics: Optics, det_shape: tuple[int, int]) -> tuple[np.
     return np.flatnonzero(inside.ravel()), k[0], k[1]
 
 
-def spectrum(images, scan_shape: tuple[int, int], xp=np):
-    """G: the scan FFT (complex64, (n_pixels, scan_rows, scan_cols)) of bright-field pixel images
-    (n_pixels, n_frames), normalised by their mean intensity."""
-    stack = images.reshape(images.shape[0], *scan_shape).astype(xp.float32)
-    mean = float(stack.mean())
+def spectrum(resident: Resident, indices: np.ndarray) -> Spectrum:
+    """G of the flat detector pixels ``indices``, on the resident's device, decoded and transformed
+    ``CHUNK_BYTES`` of images at a time."""
+    xp = resident.xp
+    rows, cols = resident.scan_shape
+    G = xp.empty((len(indices), rows, cols // 2 + 1), xp.complex64)
+    step = max(1, CHUNK_BYTES // (4 * rows * cols))
+    for lo in range(0, len(indices), step):
+        images = resident.pixel_images(indices[lo : lo + step]).reshape(-1, rows, cols)
+        G[lo : lo + step] = xp.fft.rfft2(images)
+    mean = float(G[:, 0, 0].real.sum()) / (G.shape[0] * rows * cols)
     if not mean > 0:
         raise ValueError("the bright-field pixels hold no counts: no phase can be formed")
-    return xp.fft.fft2(stack / mean, axes=(1, 2)).astype(xp.complex64)
+    return Spectrum(G, 1.0 / mean, (rows, cols))
 
 
-def projected(G, gamma, xp=np):
-    """(sum over pixels (axis 0) of G conj(Gamma) / |Gamma| where |Gamma| > GAMMA_FLOOR, and |Gamma| there, 0 elsewhere)."""
-    size = xp.abs(gamma)
-    kept = xp.where(size > GAMMA_FLOOR, size, 0)
-    return xp.where(kept > 0, G * xp.conj(gamma) / xp.where(kept > 0, kept, 1.0), 0).sum(axis=0), kept
+def frequency_steps(optics: Optics, scan_shape: tuple[int, int]) -> tuple[float, float]:
+    """(dq_y, dq_x) in 1/A between neighbouring scan frequencies."""
+    return 1.0 / (scan_shape[0] * optics.scan_step_A), 1.0 / (scan_shape[1] * optics.scan_step_A)
 
 
-def corrected_sum(G, ky, kx, optics: Optics, xp=np):
-    """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > GAMMA_FLOOR, each (scan_rows, scan_cols)."""
-    n, rows, cols = G.shape
-    qy = xp.asarray(np.fft.fftfreq(rows, optics.scan_step_A))[:, None]
-    qx = xp.asarray(np.fft.fftfreq(cols, optics.scan_step_A))[None, :]
-    ky, kx = xp.asarray(ky), xp.asarray(kx)
-    total = xp.zeros((rows, cols), xp.complex128)
-    weight = xp.zeros((rows, cols), xp.float64)
-    step = max(1, CHUNK_BYTES // (16 * rows * cols))
-    for lo in range(0, n, step):
-        y, x = ky[lo : lo + step, None, None], kx[lo : lo + step, None, None]
-        here = probe_spectrum(x, y, optics, xp)
-        gamma = xp.conj(here) * probe_spectrum(x - qx, y - qy, optics, xp) - here * xp.conj(probe_spectrum(x + qx, y + qy, optics, xp))
-        part, kept = projected(G[lo : lo + step], gamma, xp)
-        total += part
-        weight += kept.sum(axis=0)
-    return total, weight
+def corrected_sum(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np):
+    """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > GAMMA_FLOOR on the half spectrum, G normalised."""
+    kmax = optics.semiangle_mrad * 1e-3 / optics.wavelength_A
+    total, weight = sum_kernels(xp).sideband_sum(
+        spec.G, ky, kx, chi(kx, ky, optics), chi_table(optics), *frequency_steps(optics, spec.scan_shape), kmax**2, GAMMA_FLOOR
+    )
+    return total * spec.scale, weight
 
 
-def phase(G, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np) -> np.ndarray:
+def phase(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np) -> np.ndarray:
     """The aberration-corrected SSB phase (rad, mean 0, float32 (scan_rows, scan_cols)) from G and the pixels' k."""
-    total, weight = corrected_sum(G, ky, kx, optics, xp)
+    total, weight = corrected_sum(spec, ky, kx, optics, xp)
     psi = xp.where(weight > 0, total / xp.where(weight > 0, weight, 1.0), 0)
-    image = xp.fft.ifft2(-1j * psi).real
+    image = xp.fft.irfft2(-1j * psi, s=spec.scan_shape)
     return (image - image.mean()).astype(xp.float32)

@@ -658,24 +658,35 @@ def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
 
 
 @pjit
-def decode_all_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, out, errors):
-    n_blocks, frame_len = index.shape
-    for s in numba.prange(n_blocks * frame_len):
-        b, p = s // frame_len, s % frame_len
+def decode_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pixels, pixel_stride, frame_stride, out, errors):
+    n_blocks = index.shape[0]
+    n_pix = pixels.shape[0]
+    for s in numba.prange(n_blocks * n_pix):
+        b, k = s // n_pix, s % n_pix
+        p = pixels[k]
         pos = np.empty(block, dtype=np.int64)
-        val = np.empty(block, dtype=out.dtype)
+        val = np.empty(block, dtype=np.uint32)
         cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
         if failed(errors, b, p, cnt):
             continue
         for j in range(cnt):
-            out[b * block + pos[j], p] = val[j]
+            out[k * pixel_stride + (b * block + pos[j]) * frame_stride] = val[j]
+
+
+def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bool) -> np.ndarray:
+    """The counts of the int64 ``pixels`` in ``dtype``: (n_pixels, n_frames) when ``pixel_major``,
+    else (n_frames, n_pixels)."""
+    pixels = np.ascontiguousarray(pixels, dtype=np.int64)
+    shape = (pixels.size, model.n_frames) if pixel_major else (model.n_frames, pixels.size)
+    strides = (model.n_frames, 1) if pixel_major else (1, pixels.size)
+    out = np.zeros(shape, dtype=dtype)
+    run_checked(decode_loop, streams, model, pixels, strides[0], strides[1], out.reshape(-1))
+    return out
 
 
 def decode_all(streams: Streams, model: Model, dtype) -> np.ndarray:
     """Every count, (n_frames, frame_len) in ``dtype``: the dense counts back."""
-    out = np.zeros((model.n_frames, streams.index.shape[1]), dtype=dtype)
-    run_checked(decode_all_loop, streams, model, out)
-    return out
+    return decode_pixels(streams, model, np.arange(streams.index.shape[1]), dtype, pixel_major=False)
 
 
 @pjit

@@ -152,3 +152,8 @@ def roi_reduce(data: np.ndarray, indices: np.ndarray, op: str) -> np.ndarray:
         roi_max_kernels[parallel](data, indices, partial)
         return partial.max(axis=0)
     raise ValueError(f"unknown reduction op {op!r}")
+
+
+def pixel_images(data: np.ndarray, pixels: np.ndarray) -> np.ndarray:
+    """(len(pixels), n_frames) float32: the image of each flat detector pixel in int64 ``pixels``."""
+    return np.ascontiguousarray(data[:, np.asarray(pixels, dtype=np.int64)].T, dtype=np.float32)

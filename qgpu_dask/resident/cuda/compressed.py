@@ -9,17 +9,16 @@ ValueError, so no partial result leaves.
 
 from __future__ import annotations
 
-import functools
-
 import cupy
 import numpy as np
 
 from ...formats.codec import HIST_BINS, TOKEN_SLOTS, pack_index
 from ..cpu import compressed as twin
 from ..cpu.compressed import ERRORS
-from .dense import kernel_dir, limits
+from . import compile
+from .compile import limits
 
-__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_all", "check"]
+__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_pixels", "decode_all", "check"]
 
 THREADS = 256
 HIST_FRAMES = 1024  # frames per histogram block
@@ -29,26 +28,11 @@ MASK_SMEM = 64 * 1024  # shared accumulator bytes per mask_sums block
 NO_ERROR = 2**64 - 1
 LUT_SIZE = 64  # kernels/compressed.cu LUT_SIZE: starting symbols per table
 CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
-
-
-@functools.cache
-def source() -> str:
-    return (kernel_dir() / "compressed.cu").read_text()
-
-
-@functools.cache
-def compiled(name_expr: str, device_id: int) -> cupy.RawKernel:
-    """One kernel (template instantiation), compiled once per device."""
-    module = cupy.RawModule(code=source(), options=("-std=c++17",), name_expressions=[name_expr])
-    kern = module.get_function(name_expr)
-    optin = limits(device_id)[1]
-    if optin > 48 * 1024:
-        kern.max_dynamic_shared_size_bytes = optin - kern.shared_size_bytes
-    return kern
+DECODED_TYPES = {**CTYPES, np.dtype(np.float32): "float"}  # what decoded counts may be written as
 
 
 def kernel(name_expr: str) -> cupy.RawKernel:
-    return compiled(name_expr, cupy.cuda.Device().id)
+    return compile.kernel("compressed.cu", name_expr)
 
 
 def counts_type(flat: cupy.ndarray) -> str:
@@ -268,19 +252,29 @@ def frame(streams: Streams, model: Model, index: int) -> cupy.ndarray:
     return out
 
 
-def decode_all(streams: Streams, model: Model, dtype) -> cupy.ndarray:
-    """Every count, (n_frames, frame_len) in ``dtype``: the dense counts back."""
-    n_blocks, frame_len = streams.index.shape
-    out = cupy.zeros((model.n_frames, frame_len), dtype=dtype)
+def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bool) -> cupy.ndarray:
+    """The counts of the host int64 ``pixels`` in ``dtype``: (n_pixels, n_frames) when ``pixel_major``,
+    else (n_frames, n_pixels)."""
+    n_blocks = streams.index.shape[0]
+    pixels = cupy.asarray(np.asarray(pixels, dtype=np.int64))
+    n_pix = int(pixels.size)
+    shape = (n_pix, model.n_frames) if pixel_major else (model.n_frames, n_pix)
+    out = cupy.zeros(shape, dtype=dtype)
+    strides = (model.n_frames, 1) if pixel_major else (1, n_pix)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
-    kernel(f"decode_all<{CTYPES[np.dtype(dtype)]}>")(
-        (grid(frame_len, 128), n_blocks), (128,),
+    kernel(f"decode<{DECODED_TYPES[np.dtype(dtype)]}>")(
+        (grid(n_pix, 128), n_blocks), (128,),
         (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride),
-         np.int32(n_blocks), out, err),
+         np.int32(n_blocks), pixels, np.int64(n_pix), np.int64(strides[0]), np.int64(strides[1]), out, err),
         shared_mem=table_bytes(model, 128),
     )
-    raise_error(err, frame_len)
+    raise_error(err, streams.index.shape[1])
     return out
+
+
+def decode_all(streams: Streams, model: Model, dtype) -> cupy.ndarray:
+    """Every count, (n_frames, frame_len) in ``dtype``: the dense counts back."""
+    return decode_pixels(streams, model, np.arange(streams.index.shape[1]), dtype, pixel_major=False)
 
 
 def check(streams: Streams, model: Model) -> None:

@@ -18,17 +18,18 @@ which partials fit 32 bits so the kernels can accumulate narrow and widen.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
-from pathlib import Path
 
 import cupy
 import numpy as np
 
 from qgpu_dask.resident.cpu.dense import sum_dtype
 
-__all__ = ["mask_sums", "roi_reduce", "read_sum", "prepare_mask_sums", "prepare_roi_reduce", "sum_dtype"]
+from . import compile
+from .compile import limits
+
+__all__ = ["mask_sums", "roi_reduce", "read_sum", "prepare_mask_sums", "prepare_roi_reduce", "pixel_images", "sum_dtype"]
 
 # Load flavour compiled into the kernels (kernels/dense.cu QGPU_LOAD): 0 = plain
 # __ldg, measured fastest on an H200 (the L2 256-byte prefetch hint, variant 1,
@@ -63,49 +64,9 @@ READ_BLOCKS_PER_SM = 2
 # ---------------------------------------------------------------- compilation
 
 
-def kernel_dir() -> Path:
-    """Folder holding dense.cu: ``qgpu_dask/kernels`` when installed, the repo's ``kernels/`` in a checkout."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "kernels", here.parents[3] / "kernels"):
-        if (candidate / "dense.cu").is_file():
-            return candidate
-    raise FileNotFoundError(f"kernels/dense.cu not found near {here}")
-
-
-@functools.cache
-def kernel_source() -> str:
-    """The CUDA C++ source of the dense kernels."""
-    return (kernel_dir() / "dense.cu").read_text()
-
-
-@functools.cache
-def compiled(name_expr: str, load_variant: int, device_id: int) -> cupy.RawKernel:
-    """One template instantiation, compiled once per (expression, load flavour, device)."""
-    module = cupy.RawModule(
-        code=kernel_source(),
-        options=("-std=c++17", f"-DQGPU_LOAD={int(load_variant)}"),
-        name_expressions=[name_expr],
-    )
-    kern = module.get_function(name_expr)
-    optin = limits(device_id)[1]
-    if optin > 48 * 1024:
-        kern.max_dynamic_shared_size_bytes = optin - kern.shared_size_bytes
-    return kern
-
-
 def kernel(name_expr: str) -> cupy.RawKernel:
-    """The compiled kernel ``name_expr`` for the current device."""
-    return compiled(name_expr, LOAD_VARIANT, cupy.cuda.Device().id)
-
-
-@functools.cache
-def limits(device_id: int) -> tuple[int, int, int]:
-    """(multiprocessors, shared memory a block may opt into, shared memory per multiprocessor)."""
-    rt = cupy.cuda.runtime
-    sms = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMultiProcessorCount", 16), device_id)
-    optin = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMaxSharedMemoryPerBlockOptin", 97), device_id)
-    per_sm = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMaxSharedMemoryPerMultiprocessor", 81), device_id)
-    return int(sms), int(optin), int(per_sm)
+    """The compiled kernel ``name_expr`` of dense.cu for the current device, in the chosen load flavour."""
+    return compile.kernel("dense.cu", name_expr, (f"-DQGPU_LOAD={int(LOAD_VARIANT)}",))
 
 
 def ctype(dtype) -> str:
@@ -362,3 +323,20 @@ def read_sum(data: cupy.ndarray) -> cupy.ndarray:
         (grid,), (READ_THREADS,), (data, np.int64(n_vec), np.int64(tail), partial)
     )
     return partial.sum(dtype=acc)
+
+
+# ---------------------------------------------------------------- pixel images
+
+
+def pixel_images(data: cupy.ndarray, pixels: np.ndarray) -> cupy.ndarray:
+    """(len(pixels), n_frames) float32: the image of each flat detector pixel in host int64 ``pixels``."""
+    check_data(data)
+    n_frames, frame_len = data.shape
+    pixels = np.asarray(pixels, dtype=np.int64)
+    out = cupy.empty((pixels.size, n_frames), dtype=np.float32)
+    if pixels.size and n_frames:
+        kernel(f"pixel_images<{ctype(data.dtype)}>")(
+            (math.ceil(n_frames / 32), math.ceil(pixels.size / 32)), (32, 8),
+            (data, np.int64(n_frames), np.int32(frame_len), cupy.asarray(pixels), np.int32(pixels.size), out),
+        )
+    return out

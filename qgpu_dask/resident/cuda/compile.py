@@ -1,0 +1,49 @@
+"""CUDA sources of kernels/ compiled at run time (CuPy RawModule, NVRTC), one template instantiation at a time."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import cupy
+
+
+def kernel_dir() -> Path:
+    """Folder holding the .cu sources: ``qgpu_dask/kernels`` when installed, the repo's ``kernels/`` in a checkout."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[2] / "kernels", here.parents[3] / "kernels"):
+        if (candidate / "dense.cu").is_file():
+            return candidate
+    raise FileNotFoundError(f"kernels/dense.cu not found near {here}")
+
+
+@functools.cache
+def source(file: str) -> str:
+    return (kernel_dir() / file).read_text()
+
+
+@functools.cache
+def limits(device_id: int) -> tuple[int, int, int]:
+    """(multiprocessors, shared memory a block may opt into, shared memory per multiprocessor)."""
+    rt = cupy.cuda.runtime
+    sms = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMultiProcessorCount", 16), device_id)
+    optin = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMaxSharedMemoryPerBlockOptin", 97), device_id)
+    per_sm = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMaxSharedMemoryPerMultiprocessor", 81), device_id)
+    return int(sms), int(optin), int(per_sm)
+
+
+@functools.cache
+def compiled(file: str, name_expr: str, options: tuple[str, ...], device_id: int) -> cupy.RawKernel:
+    """One kernel of ``file``, compiled once per (expression, options, device), allowed all the shared memory
+    a block may opt into."""
+    module = cupy.RawModule(code=source(file), options=("-std=c++17", *options), name_expressions=[name_expr])
+    kern = module.get_function(name_expr)
+    optin = limits(device_id)[1]
+    if optin > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = optin - kern.shared_size_bytes
+    return kern
+
+
+def kernel(file: str, name_expr: str, options: tuple[str, ...] = ()) -> cupy.RawKernel:
+    """The compiled kernel ``name_expr`` of ``file`` for the current device."""
+    return compiled(file, name_expr, options, cupy.cuda.Device().id)

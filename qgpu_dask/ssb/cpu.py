@@ -1,0 +1,75 @@
+"""The single-sideband sum over bright-field pixels on the CPU (Numba): the twin of kernels/ssb.cu.
+
+Contract shared with ``qgpu_dask.ssb.cuda``: ``sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor)``
+takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each bright-field pixel's image),
+the pixels' k_y, k_x (1/A, scan axes) and chi there, the aberration table of ``optics.chi_table``, the scan
+frequency steps, the squared aperture radius (1/A^2) and the |Gamma| floor, and returns
+(sum_k G conj(Gamma) / |Gamma| complex128, sum_k |Gamma| float64), each (rows, half_cols), over the
+pixels and frequencies where |Gamma| > floor. Here every step is float64; the CUDA twin evaluates chi
+and Gamma in float32 and sums in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True)
+def chi_at(x, y, table):
+    r2 = x * x + y * y
+    z = complex(x, y)
+    power = complex(1.0, 0.0)
+    total = 0.0
+    for m in range(table.shape[0]):
+        poly = complex(0.0, 0.0)
+        for p in range(table.shape[1] - 1, -1, -1):
+            poly = poly * r2 + table[m, p]
+        total += (poly * power).real
+        power *= z
+    return total
+
+
+@numba.njit(parallel=True, cache=True)
+def sideband_sum_loop(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor, total, weight):
+    n_pix, rows, half = G.shape
+    for r in numba.prange(rows):
+        qy = (r if r < (rows + 1) // 2 else r - rows) * dqy
+        for k in range(n_pix):
+            y, x = ky[k], kx[k]
+            if x * x + y * y > kmax2:
+                continue
+            here = chi_k[k]
+            for c in range(half):
+                qx = c * dqx
+                my, mx, py, px = y - qy, x - qx, y + qy, x + qx
+                in_minus = mx * mx + my * my <= kmax2
+                in_plus = px * px + py * py <= kmax2
+                if not (in_minus or in_plus):
+                    continue
+                gr = 0.0
+                gi = 0.0
+                if in_minus:
+                    a = here - chi_at(mx, my, table)
+                    gr += math.cos(a)
+                    gi += math.sin(a)
+                if in_plus:
+                    a = chi_at(px, py, table) - here
+                    gr -= math.cos(a)
+                    gi -= math.sin(a)
+                size = math.sqrt(gr * gr + gi * gi)
+                if not size > floor:
+                    continue
+                total[r, c] += G[k, r, c] * complex(gr, -gi) / size
+                weight[r, c] += size
+
+
+def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > ``floor``, each (rows, half_cols)."""
+    total = np.zeros(G.shape[1:], np.complex128)
+    weight = np.zeros(G.shape[1:], np.float64)
+    sideband_sum_loop(G, np.asarray(ky, np.float64), np.asarray(kx, np.float64), np.asarray(chi_k, np.float64),
+                      np.asarray(table, np.complex128), float(dqy), float(dqx), float(kmax2), float(floor), total, weight)
+    return total, weight
