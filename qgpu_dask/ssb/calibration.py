@@ -76,23 +76,34 @@ def to_scan(com: np.ndarray, rotation_deg: float, flip: bool) -> np.ndarray:
     return np.stack([math.cos(t) * rows - math.sin(t) * cols, math.sin(t) * rows + math.cos(t) * cols])
 
 
-def mean_curl(field: np.ndarray) -> float:
-    """Mean squared curl (d f_row / d col - d f_col / d row) of a (2, rows, cols) field in scan coordinates:
-    squares rather than |curl|, so noise makes a smooth bowl around the true angle."""
-    curl = np.gradient(field[0], axis=1) - np.gradient(field[1], axis=0)
-    return float(np.nanmean(curl * curl))
+def curl_by_angle(field: np.ndarray, flip: bool):
+    """The mean squared curl of ``to_scan(field, t, flip)`` as a function of t (deg). Squares rather than
+    |curl|, so noise makes a smooth bowl around the true angle. The gradient is linear, so the curl after a
+    turn by t is cos t a - sin t b with a = d r / d col - d c / d row and b = d c / d col + d r / d row of the
+    unturned (row r, col c) field: three means answer every angle."""
+    r, c = (field[1], field[0]) if flip else (field[0], field[1])
+    a = np.gradient(r, axis=1) - np.gradient(c, axis=0)
+    b = np.gradient(c, axis=1) + np.gradient(r, axis=0)
+    aa, ab, bb = float(np.mean(a * a)), float(np.mean(a * b)), float(np.mean(b * b))
+
+    def curl(angle_deg: float) -> float:
+        t = math.radians(angle_deg)
+        return math.cos(t) ** 2 * aa - 2 * math.sin(t) * math.cos(t) * ab + math.sin(t) ** 2 * bb
+
+    return curl
 
 
 def rotation_search(com: np.ndarray) -> tuple[float, bool, dict]:
-    """(rotation_deg in [-89, 90], flip, curls) of least mean |curl|: 1 deg steps, then 0.05 deg around the best."""
+    """(rotation_deg in [-89, 90], flip, curls) of least mean squared curl: 1 deg steps, then 0.05 deg around the best."""
     field = np.nan_to_num(com - np.nanmean(com, axis=(1, 2), keepdims=True))
     scale = float(np.abs(field).mean()) or 1.0
     best = None
     curls = {}
     for flip in (False, True):
-        coarse = {float(t): mean_curl(to_scan(field, t, flip)) for t in range(-89, 91)}
+        curl = curl_by_angle(field, flip)
+        coarse = {float(t): curl(t) for t in range(-89, 91)}
         angle = min(coarse, key=coarse.get)
-        fine = {float(t): mean_curl(to_scan(field, t, flip)) for t in np.arange(angle - 1, angle + 1.0001, 0.05)}
+        fine = {float(t): curl(t) for t in np.arange(angle - 1, angle + 1.0001, 0.05)}
         angle = min(fine, key=fine.get)
         curls[flip] = fine[angle] / scale
         if best is None or fine[angle] < best[2]:
