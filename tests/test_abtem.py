@@ -76,8 +76,9 @@ def test_calibration_matches_abtem(svc, names, strontium_titanate):
 def test_fit_and_ssb_match_abtem(svc, names, strontium_titanate):
     counts, _, truth = strontium_titanate
     acq = svc.put(counts, name=names())
-    cal = acq.calibrate(qd.Optics(300e3, 20.0, STEP, rotation_deg=0.0, flip=False))
+    cal = acq.calibrate(qd.Optics(300e3, 20.0, STEP))
     fitted = acq.fit_aberrations(cal, c10_range_A=300.0)
+    assert abs(fitted.rotation_deg) <= 1.0 and fitted.flip is False
     assert abs(fitted.aberrations["C10"] / ABERRATIONS["C10"] - 1) <= 0.10
     assert abs(fitted.aberrations["C12"] / ABERRATIONS["C12"] - 1) <= 0.20
     ours = math.pi / 2 - ABERRATIONS["phi12"]

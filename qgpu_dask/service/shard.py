@@ -392,11 +392,16 @@ class Shard:
         return await self.run_in(self.queries, compute)
 
     async def fit_aberrations(self, names: list[str], optics: Optics, c10_range_A: float) -> list[dict]:
-        """Defocus and twofold astigmatism of each resident by the coherent SSB signal (``ssb.fit``)."""
+        """Rotation, defocus and twofold astigmatism of each resident by the coherent SSB signal (``ssb.fit``)."""
         residents = [self.resident(n) for n in names]
 
         def compute() -> list[dict]:
-            return [fit.fit(*self.spectrum(r, optics), optics, c10_range_A, r.xp) for r in residents]
+            fits = []
+            for r in residents:
+                spec = self.spectrum(r, optics)[0]
+                k_at = lambda t, r=r: sideband.bright_field_pixels(optics.with_(rotation_deg=t), r.det_shape)[1:]  # noqa: E731
+                fits.append(fit.fit(spec, k_at, optics, c10_range_A, r.xp))
+            return fits
 
         return await self.run_in(self.queries, compute)
 
