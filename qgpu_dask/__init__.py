@@ -11,7 +11,8 @@ from .detector import masks
 from .formats.png import save_png
 from .io.load import inspect_file as inspect
 from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
+from .ssb.direct import DirectResult
 from .ssb.optics import Optics
 
-__all__ = ["Acquisition", "Optics", "QueryFuture", "Series", "Service", "ServiceInfo", "device", "inspect", "masks", "save_png"]
+__all__ = ["Acquisition", "DirectResult", "Optics", "QueryFuture", "Series", "Service", "ServiceInfo", "device", "inspect", "masks", "save_png"]
 __version__ = "0.1.0"

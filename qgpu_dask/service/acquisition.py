@@ -17,7 +17,7 @@ from ..detector.masks import annulus
 from ..resident import combine_parts, finish_reduce
 from ..resident.base import AcquisitionShape
 from ..resident.masks import as_mask_stack
-from ..ssb import calibration
+from ..ssb import calibration, direct
 from ..ssb.optics import Optics
 from ..ssb.parallax import check_upsampling
 from .calls import QueryFuture
@@ -150,6 +150,17 @@ class Acquisition(AcquisitionShape):
         sideband_ready(optics)
         check_upsampling(upsampling)
         return finish(self.query_listed("parallax", optics, upsampling), wait)
+
+    def direct_ptycho(self, optics: Optics, method: str = "phase", upsampling="auto", strength: float = 0.1, wait: bool = True):
+        """Regularized direct ptychography on a grid ``upsampling`` times finer than the scan ("auto": the
+        smallest whose Nyquist covers 2 alpha / lambda), with calibrated ``optics`` carrying the aberrations:
+        a ``DirectResult`` with ``phase`` (and ``amplitude`` for method "complex"), float32
+        (scan_rows * u, scan_cols * u). The equations are prepared on the owner once per optics and
+        upsampling for each method, so another ``strength`` only re-solves."""
+        sideband_ready(optics)
+        direct.check_method(method)
+        direct.upsampling_of(optics, upsampling)
+        return finish(self.query_listed("direct_ptycho", optics, method, upsampling, direct.check_strength(strength)), wait)
 
     def fit_aberrations(self, optics: Optics, c10_range_A: float = 500.0) -> Optics:
         """``optics`` (calibrated) with the defocus C10 and twofold astigmatism C12, phi12 that maximise the

@@ -14,7 +14,7 @@ import asyncio
 import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,10 +29,11 @@ from ..io.source import Source, detect_format, open_reader
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
 from ..resident.compressed import CompressedCounts, compressible
-from ..ssb import fit, parallax, sideband
+from ..ssb import direct, fit, parallax, sideband
+from ..ssb.direct import DirectResult
 from ..ssb.optics import Optics
 from .maskcache import MaskCache
-from .spectrumcache import SpectrumCache
+from .preparedcache import PreparedCache, pixels_key
 
 
 def use_own_stream() -> None:
@@ -126,7 +127,7 @@ class Shard:
         self.requested = int(budget) if budget else None
         self.budget = self.requested or default_budget(self.worker.memory_manager.memory_limit)
         self.masks = MaskCache()
-        self.spectra = SpectrumCache(self.budget // 2)
+        self.prepared = PreparedCache(self.budget // 2)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="qgpu-query", initializer=use_own_stream)
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
 
@@ -151,7 +152,7 @@ class Shard:
             "budget": self.budget,
             "resident_bytes": used,
             "reserved_bytes": self.reserved,
-            "ssb_cache_bytes": self.spectra.nbytes,
+            "ssb_cache_bytes": self.prepared.nbytes,
             "acquisitions": {n: r.describe() for n, r in self.residents.items()},
         }
 
@@ -166,10 +167,10 @@ class Shard:
         if name in self.residents:
             raise ValueError(f"an acquisition named {name!r} is already resident on {self.address}")
         used = sum(r.nbytes for r in self.residents.values()) + self.reserved
-        short = nbytes - (self.budget - used - self.spectra.nbytes)
-        if short > 0:  # cached SSB spectra make room for residents
-            self.spectra.release(short)
-        used += self.spectra.nbytes
+        short = nbytes - (self.budget - used - self.prepared.nbytes)
+        if short > 0:  # cached phase preparations make room for residents
+            self.prepared.release(short)
+        used += self.prepared.nbytes
         free = self.budget - used
         if nbytes > free:
             raise ValueError(
@@ -296,9 +297,9 @@ class Shard:
         raise ValueError(f"acquisition {name!r} has no source file and no copy to be held again from")
 
     def forget(self, name: str) -> None:
-        """Drop the mask plans and SSB spectra kept for ``name`` (released, moved, or its name reused)."""
+        """Drop the mask plans and phase preparations kept for ``name`` (released, moved, or its name reused)."""
         self.masks.forget(name)
-        self.spectra.forget(name)
+        self.prepared.forget(name)
 
     async def discard(self, name: str) -> None:
         """Free ``name`` here without touching the catalog: it has moved to another shard."""
@@ -374,7 +375,7 @@ class Shard:
     def spectrum(self, resident: Resident, optics: Optics) -> tuple[sideband.Spectrum, np.ndarray, np.ndarray]:
         """(G, k_y, k_x) of a resident's bright-field pixels under ``optics``' calibration, G from the cache."""
         indices, ky, kx = sideband.bright_field_pixels(optics, resident.det_shape)
-        spec = self.spectra.get(resident.name, indices, lambda: sideband.spectrum(resident, indices))
+        spec, _ = self.prepared.get(resident.name, "G:" + pixels_key(indices), lambda: sideband.spectrum(resident, indices))
         return spec, ky, kx
 
     async def parallax(self, names: list[str], optics: Optics, upsampling: int) -> list[np.ndarray]:
@@ -402,6 +403,27 @@ class Shard:
                 k_at = lambda t, r=r: sideband.bright_field_pixels(optics.with_(rotation_deg=t), r.det_shape)[1:]  # noqa: E731
                 fits.append(fit.fit(spec, k_at, optics, c10_range_A, r.xp))
             return fits
+
+        return await self.run_in(self.queries, compute)
+
+    async def direct_ptycho(self, names: list[str], optics: Optics, method: str, upsampling, strength: float) -> list[DirectResult]:
+        """Regularized direct ptychography of each resident (``ssb.direct``). Its equations are kept per
+        acquisition, optics and upsampling, for each method: a strength change only re-solves; another
+        optics or upsampling drops both methods' equations."""
+        residents = [self.resident(n) for n in names]
+        u = direct.upsampling_of(optics, upsampling)
+        key = "direct:" + direct.optics_key(optics, u)
+
+        def compute() -> list[DirectResult]:
+            results = []
+            for r in residents:
+                spec, ky, kx = self.spectrum(r, optics)
+                self.prepared.retain(r.name, "direct:", key)
+                prep, made = self.prepared.get(r.name, f"{key}:{method}", lambda: direct.prepare(spec, ky, kx, optics, u, method, r.xp))
+                result = direct.solve(prep, strength, r.xp)
+                results.append(replace(result, phase=to_host(result.phase), amplitude=to_host(result.amplitude), prepared=made))
+            synchronize()
+            return results
 
         return await self.run_in(self.queries, compute)
 

@@ -37,13 +37,15 @@ METHODS = ("phase", "complex")
 @dataclass
 class DirectResult:
     """A direct-ptychography image on the fine grid: ``phase`` (rad, mean 0) and, for the complex method,
-    ``amplitude`` (mean 1), float32 (scan_rows * u, scan_cols * u)."""
+    ``amplitude`` (mean 1), float32 (scan_rows * u, scan_cols * u); ``prepared``: whether this call built the
+    equations (False: they were kept from an earlier call)."""
 
     phase: np.ndarray
     amplitude: np.ndarray | None
     method: str
     upsampling: int
     strength: float
+    prepared: bool = True
 
 
 def check_method(method) -> None:

@@ -1,7 +1,7 @@
 """A wave-optical 4D-STEM forward model of a thin object, for tests and benchmarks of the phase methods.
 
-The object O(r) = exp(i sigma V(r)) (a phase object; ``absorption`` adds an
-amplitude) lives on a periodic grid ``oversample`` times finer than the scan.
+The object O(r) = exp((i - absorption) sigma V(r)) (a phase object unless
+``absorption`` > 0) lives on a periodic grid ``oversample`` times finer than the scan.
 The probe psi(k) = A(k) exp(-i chi(k)) (hard aperture of the optics'
 semiangle, the optics' aberrations) is shifted to every scan position R; the
 pattern is |FFT[P(r - R) O(r)]|^2, cropped to the detector around the optic
@@ -40,18 +40,20 @@ def acquisition(
     oversample: int,
     dose: float = 1e4,
     seed: int | None = 0,
+    absorption: float = 0.0,
 ) -> np.ndarray:
     """I[scan_row, scan_col, det_row, det_col]: uint32 Poisson counts (``seed``), or float64 intensities (seed None).
 
     ``potential`` is (scan_rows * oversample, scan_cols * oversample) in V A on
     a grid of scan_step / oversample; the optic axis falls on detector pixel
-    (det_rows // 2, det_cols // 2).
+    (det_rows // 2, det_cols // 2). ``absorption`` makes the object exp((i - absorption) sigma V): an
+    amplitude that falls where the potential is high.
     """
     grid = (scan_shape[0] * oversample, scan_shape[1] * oversample)
     if potential.shape != grid:
         raise ValueError(f"potential has shape {potential.shape}, expected {grid} (scan shape x oversample)")
     pixel = optics.scan_step_A / oversample
-    transmission = np.exp(1j * interaction_constant(optics.energy_eV) * potential)
+    transmission = np.exp((1j - absorption) * interaction_constant(optics.energy_eV) * potential)
     ky = np.fft.fftfreq(grid[0], pixel)[:, None]
     kx = np.fft.fftfreq(grid[1], pixel)[None, :]
     probe = np.fft.ifft2(probe_spectrum(kx, ky, optics))

@@ -1,0 +1,193 @@
+"""Regularized direct ptychography: the normal equations against explicit per-frequency matrices and
+np.linalg.solve, noise-free data of the model back to the truth, and the service on a forward-model
+acquisition scanned coarser than the probe's information limit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+from qgpu_dask.ssb import cpu, direct, simulate
+from qgpu_dask.ssb.calibration import correlation
+from qgpu_dask.ssb.optics import chi, chi_table, interaction_constant, probe_spectrum
+from qgpu_dask.ssb.sideband import Spectrum
+
+OPTICS = qd.Optics(300e3, 20.0, 1.0, det_sampling_mrad=1.0, rotation_deg=0.0, flip=False, bf_center_px=(0.0, 0.0),
+                   aberrations={"C10": -50.0, "C12": 20.0, "phi12": 0.3})
+SCAN, U = (10, 8), 3
+
+
+def bright_field(optics: qd.Optics) -> tuple[np.ndarray, np.ndarray]:
+    """(k_y, k_x) of a square detector's pixels inside the aperture, 1/A."""
+    kmax = optics.semiangle_mrad * 1e-3 / optics.wavelength_A
+    side = np.arange(-21, 22) * optics.k_per_pixel()
+    ky, kx = np.meshgrid(side, side, indexing="ij")
+    inside = np.hypot(ky, kx) <= kmax
+    return ky[inside], kx[inside]
+
+
+def transfer(ky, kx, qy, qx, optics):
+    """(Gamma_plus, Gamma_minus) of every pixel at frequency (q_y, q_x)."""
+    here = probe_spectrum(kx, ky, optics)
+    return np.conj(here) * probe_spectrum(kx - qx, ky - qy, optics), here * np.conj(probe_spectrum(kx + qx, ky + qy, optics))
+
+
+def model_data(eps: np.ndarray, ky, kx, optics=OPTICS, scan=SCAN, u=U) -> Spectrum:
+    """G of the weak-object model for a fine-grid eps, the unscattered beam at j = 0, as a Spectrum."""
+    fine = (scan[0] * u, scan[1] * u)
+    E, Ec = np.fft.fft2(eps), np.fft.fft2(np.conj(eps))
+    G = np.zeros((len(ky), scan[0], scan[1] // 2 + 1), np.complex128)
+    for jr in range(scan[0]):
+        for jc in range(scan[1] // 2 + 1):
+            for mr in range(u):
+                for mc in range(u):
+                    J = ((jr + mr * scan[0]) % fine[0], (jc + mc * scan[1]) % fine[1])
+                    q = [(j if j < (n + 1) // 2 else j - n) / (s * optics.scan_step_A) for j, n, s in zip(J, fine, scan)]
+                    plus, minus = transfer(ky, kx, q[0], q[1], optics)
+                    G[:, jr, jc] += (plus * E[J] + minus * Ec[J]) / u**2
+    G[:, 0, 0] += scan[0] * scan[1]
+    return Spectrum(G.astype(np.complex64), 1.0, scan)
+
+
+def band_limited_noise(shape, band_per_A: float, seed: int, optics=OPTICS, u=U) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    fy = np.fft.fftfreq(shape[0], optics.scan_step_A / u)[:, None]
+    fx = np.fft.fftfreq(shape[1], optics.scan_step_A / u)[None, :]
+    return np.fft.ifft2(np.fft.fft2(rng.standard_normal(shape)) * (np.hypot(fy, fx) < band_per_A)).real
+
+
+def without_unseen(image: np.ndarray, scan=SCAN) -> np.ndarray:
+    """The image less its mean and the multiples of the scan frequency (the j = 0 aliases, left at 0)."""
+    spectrum = np.fft.fft2(image)
+    spectrum[:: scan[0], :: scan[1]] = 0
+    return np.fft.ifft2(spectrum).real
+
+
+def test_normal_equations_against_explicit_matrices():
+    ky, kx = bright_field(OPTICS)
+    rng = np.random.default_rng(0)
+    G = (rng.standard_normal((len(ky), *SCAN[:1], SCAN[1] // 2 + 1)) + 1j * rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1))).astype(np.complex64)
+    weights = rng.uniform(0.5, 2.0, len(ky))
+    q, fine, valid = direct.aliases(SCAN, OPTICS, U)
+    kmax = OPTICS.semiangle_mrad * 1e-3 / OPTICS.wavelength_A
+    assert not valid[0, 0].any() and valid.sum(axis=-1).max() == valid.shape[-1] >= 3
+    for complex_method in (False, True):
+        gram, rhs = cpu.normal_equations(G, ky, kx, weights, chi(kx, ky, OPTICS), chi_table(OPTICS), q, valid, complex_method, U, kmax**2)
+        for jr, jc in ((1, 2), (7, 4), (0, 3), (5, 0)):
+            columns = []
+            for m in range(valid.shape[-1]):
+                plus, minus = transfer(ky, kx, *q[jr, jc, m], OPTICS) if valid[jr, jc, m] else (0 * ky, 0 * ky)
+                columns.append((plus, minus))
+            if complex_method:
+                T = np.stack([p for p, _ in columns] + [m for _, m in columns], axis=1) / U**2
+            else:
+                T = np.stack([1j * (p - m) for p, m in columns], axis=1) / U**2
+            A = T.conj().T @ (weights[:, None] * T)
+            b = T.conj().T @ (weights * G[:, jr, jc])
+            assert np.abs(gram[jr, jc] - A).max() <= 1e-12 * np.abs(A).max()
+            assert np.abs(rhs[jr, jc] - b).max() <= 1e-9 * np.abs(b).max()
+
+
+@pytest.mark.parametrize("method", ["phase", "complex"])
+def test_strengths_solve_the_regularized_equations(method):
+    """The eigenbasis evaluation equals np.linalg.solve of (A + s level D) x = b at each frequency."""
+    ky, kx = bright_field(OPTICS)
+    fine = (SCAN[0] * U, SCAN[1] * U)
+    eps = 1j * band_limited_noise(fine, 1.5, 1) - 0.3 * band_limited_noise(fine, 1.5, 2)
+    spec = model_data(eps, ky, kx)
+    prep = direct.prepare(spec, ky, kx, OPTICS, U, method)
+    q, _, valid = direct.aliases(SCAN, OPTICS, U)
+    kmax = OPTICS.semiangle_mrad * 1e-3 / OPTICS.wavelength_A
+    weights = 1 / (spec.G[:, 0, 0].real / (SCAN[0] * SCAN[1]))
+    gram, rhs = cpu.normal_equations(spec.G, ky, kx, weights, chi(kx, ky, OPTICS), chi_table(OPTICS), q, valid, method == "complex", U, kmax**2)
+    prior = np.where(valid, (1 + (q[..., 0] ** 2 + q[..., 1] ** 2) / kmax**2) ** 2, 1.0)
+    if method == "complex":
+        prior = np.concatenate([prior, prior], axis=-1)
+    for strength in (1e-3, 0.1, 1.0):
+        s = strength * prep.level
+        x = prep.scale * np.einsum("...ij,...j->...i", prep.vectors, prep.projected / (prep.values + s))
+        for jr, jc in ((1, 2), (6, 4), (3, 0)):
+            solved = np.linalg.solve(gram[jr, jc] + s * np.diag(prior[jr, jc]), rhs[jr, jc])
+            assert np.abs(x[jr, jc] - solved).max() <= 1e-8 * np.abs(solved).max()
+
+
+@pytest.mark.parametrize("method", ["phase", "complex"])
+def test_noise_free_model_data_come_back(method):
+    ky, kx = bright_field(OPTICS)
+    fine = (SCAN[0] * U, SCAN[1] * U)
+    kmax = OPTICS.semiangle_mrad * 1e-3 / OPTICS.wavelength_A
+    phase = band_limited_noise(fine, 1.7 * kmax, 3)  # inside the band every frequency has bright-field pixels in its trotters
+    absorption = band_limited_noise(fine, 1.7 * kmax, 4) if method == "complex" else 0 * phase
+    result = direct.solve(direct.prepare(model_data(1j * phase - absorption, ky, kx), ky, kx, OPTICS, U, method), 1e-9)
+    truth = without_unseen(phase)
+    assert result.phase.shape == fine and result.phase.dtype == np.float32
+    assert np.linalg.norm(result.phase - truth) <= 1e-3 * np.linalg.norm(truth)
+    if method == "complex":
+        amplitude = without_unseen(-absorption)
+        assert np.linalg.norm(result.amplitude - 1 - amplitude) <= 1e-3 * np.linalg.norm(amplitude)
+
+
+def test_auto_upsampling_and_bad_input():
+    assert direct.auto_upsampling(OPTICS) == 5  # 2 alpha / lambda = 2.03 / A needs u / (2 x 1 A) >= 2.03
+    assert direct.auto_upsampling(OPTICS.with_(scan_step_A=0.2)) == 1
+    for bad, message in ((0, "upsampling must be 'auto' or an integer from 1 to 8, got 0"), (2.5, "got 2.5"), ("x", "got 'x'")):
+        with pytest.raises(ValueError, match=message):
+            direct.upsampling_of(OPTICS, bad)
+    with pytest.raises(ValueError, match="method must be one of"):
+        direct.check_method("amplitude")
+    with pytest.raises(ValueError, match="strength must be a finite number >= 0, got -1"):
+        direct.check_strength(-1)
+
+
+SIM_SCAN, SIM_DET, OVER, STEP = (24, 24), (64, 64), 6, 1.0
+
+
+@pytest.fixture(scope="module")
+def coarse_scan():
+    """A forward-model crystal scanned at 1 A with 20 mrad (information limit 0.49 A, scan Nyquist 1 A);
+    a phase object and an absorbing one."""
+    optics = qd.Optics(300e3, 20.0, STEP, aberrations={"C10": -40.0})
+    potential = simulate.atoms_potential((SIM_SCAN[0] * OVER, SIM_SCAN[1] * OVER), STEP / OVER, 3.9)
+    counts = {a: simulate.acquisition(optics, SIM_SCAN, SIM_DET, potential, OVER, dose=1e6, seed=1, absorption=a) for a in (0.0, 0.3)}
+    sampling = optics.wavelength_A * 1e3 / (SIM_SCAN[0] * STEP)
+    cal = optics.with_(det_sampling_mrad=sampling, rotation_deg=0.0, flip=False, bf_center_px=(32.0, 32.0))
+    return counts, cal, interaction_constant(300e3) * potential
+
+
+def test_direct_ptycho_beyond_the_scan_nyquist(svc, names, coarse_scan):
+    counts, cal, phase = coarse_scan
+    acq = svc.put(counts[0.0], name=names())
+    for u in (2, 3):
+        result = acq.direct_ptycho(cal, "phase", upsampling=u, strength=0.1)
+        assert result.phase.shape == (SIM_SCAN[0] * u, SIM_SCAN[1] * u) and result.amplitude is None
+        assert correlation(result.phase, simulate.band_limited(phase, OVER // u)) >= 0.95
+    coarse = acq.ssb(cal)
+    assert correlation(coarse, simulate.band_limited(phase, OVER)) < correlation(result.phase, simulate.band_limited(phase, OVER // 3))
+
+
+def test_direct_ptycho_keeps_its_equations(svc, names, coarse_scan):
+    counts, cal, _ = coarse_scan
+    acq = svc.put(counts[0.0], name=names())
+    steps = [("phase", cal, 0.1, True), ("phase", cal, 0.03, False), ("complex", cal, 0.1, True), ("phase", cal, 0.3, False),
+             ("complex", cal, 0.01, False), ("phase", cal.with_(aberrations={"C10": -41.0}), 0.1, True),
+             ("complex", cal.with_(aberrations={"C10": -41.0}), 0.1, True), ("phase", cal, 0.1, True)]
+    for method, optics, strength, prepared in steps:
+        result = acq.direct_ptycho(optics, method, upsampling=2, strength=strength)
+        assert result.prepared is prepared and result.method == method and result.strength == strength, (method, strength)
+    owner = {s["worker"]: s for s in svc.info()["shards"]}[acq.owner]
+    assert owner["ssb_cache_bytes"] > 0
+    with pytest.raises(ValueError, match="method must be one of"):
+        acq.direct_ptycho(cal, "amplitude")
+    with pytest.raises(ValueError, match="direct_ptycho needs|ssb needs|needs det_sampling_mrad"):
+        acq.direct_ptycho(qd.Optics(300e3, 20.0, STEP))
+    assert acq.direct_ptycho(cal, "phase", upsampling=2).phase.shape == (48, 48)  # still usable
+
+
+def test_complex_method_sees_absorption(svc, names, coarse_scan):
+    counts, cal, phase = coarse_scan
+    acq = svc.put(counts[0.3], name=names())
+    result = acq.direct_ptycho(cal, "complex", upsampling=2, strength=0.1)
+    amplitude = simulate.band_limited(np.exp(-0.3 * phase), OVER // 2)
+    assert correlation(result.amplitude, amplitude) >= 0.9
+    assert correlation(result.phase, simulate.band_limited(phase, OVER // 2)) >= 0.9
