@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
+from conftest import cupy_available
 from qgpu_dask.ssb import cpu, direct, simulate
 from qgpu_dask.ssb.calibration import correlation
 from qgpu_dask.ssb.optics import chi, chi_table, interaction_constant, probe_spectrum
@@ -191,3 +192,26 @@ def test_complex_method_sees_absorption(svc, names, coarse_scan):
     amplitude = simulate.band_limited(np.exp(-0.3 * phase), OVER // 2)
     assert correlation(result.amplitude, amplitude) >= 0.9
     assert correlation(result.phase, simulate.band_limited(phase, OVER // 2)) >= 0.9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+@pytest.mark.parametrize("complex_method", [False, True])
+def test_cuda_normal_equations_against_the_cpu_twin(complex_method):
+    import cupy
+
+    from qgpu_dask.ssb import cuda
+
+    ky, kx = bright_field(OPTICS)
+    rng = np.random.default_rng(5)
+    shape = (len(ky), SCAN[0], SCAN[1] // 2 + 1)
+    G = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+    weights = rng.uniform(0.5, 2.0, len(ky))
+    q, _, valid = direct.aliases(SCAN, OPTICS, U)
+    kmax = OPTICS.semiangle_mrad * 1e-3 / OPTICS.wavelength_A
+    args = (weights, chi(kx, ky, OPTICS), chi_table(OPTICS), q, valid, complex_method, U, kmax**2)
+    gram, rhs = cpu.normal_equations(G, ky, kx, *args)
+    on_gpu = cuda.normal_equations(cupy.asarray(G), ky, kx, *args)
+    # transfers in float32 registers, sums in float64: agreement to float32 rounding of the terms
+    assert np.abs(on_gpu[0].get() - gram).max() <= 1e-5 * np.abs(gram).max()
+    assert np.abs(on_gpu[1].get() - rhs).max() <= 1e-5 * np.abs(rhs).max()
