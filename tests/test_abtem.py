@@ -25,28 +25,34 @@ STEP = CELLS * A / POSITIONS
 ABERRATIONS = {"C10": -60.0, "C12": 20.0, "phi12": 0.5}  # abTEM's frame
 
 
-@pytest.fixture(scope="session")
-def strontium_titanate(tmp_path_factory):
-    """(counts (40, 40, 65, 65) uint32, abTEM's detector sampling in mrad, sigma V_proj on the scan grid)."""
+def simulated(tmp_path_factory, positions: int) -> tuple[np.ndarray, float, np.ndarray]:
+    """(counts (positions, positions, 65, 65) uint32, abTEM's detector sampling in mrad, abTEM's projected
+    potential in V A) of the 4 x 4 cells scanned on positions x positions, cached for the session."""
     abtem = pytest.importorskip("abtem")
     from ase import Atoms
 
-    cache = tmp_path_factory.getbasetemp() / "abtem-srtio3.npz"
+    cache = tmp_path_factory.getbasetemp() / f"abtem-srtio3-{positions}.npz"
     if not cache.exists():
         abtem.config.set({"device": "cpu"})
         cell = Atoms("SrTiO3", scaled_positions=[(0, 0, 0), (0.5, 0.5, 0.5), (0.5, 0.5, 0), (0.5, 0, 0.5), (0, 0.5, 0.5)],
                      cell=[A, A, A], pbc=True)
         potential = abtem.Potential(cell * (CELLS, CELLS, 1), sampling=0.05, slice_thickness=A / 2, projection="infinite")
         probe = abtem.Probe(energy=300e3, semiangle_cutoff=20, aberrations=ABERRATIONS)
-        scan = abtem.GridScan(start=(0, 0), end=(CELLS * A, CELLS * A), gpts=(POSITIONS, POSITIONS), endpoint=False)
+        scan = abtem.GridScan(start=(0, 0), end=(CELLS * A, CELLS * A), gpts=(positions, positions), endpoint=False)
         measured = probe.scan(potential, scan=scan, detectors=abtem.PixelatedDetector(max_angle=40)).compute()
         projected = potential.project().compute()
         np.savez(cache, intensity=np.asarray(measured.array), sampling=np.asarray(measured.sampling), projected=np.asarray(projected.array))
     saved = np.load(cache)
     intensity = saved["intensity"]
     counts = np.random.default_rng(0).poisson(intensity / intensity.sum(axis=(2, 3), keepdims=True) * 1e5).astype(np.uint32)
-    sampling_mrad = float(saved["sampling"][0]) * wavelength_A(300e3) * 1e3
-    return counts, sampling_mrad, interaction_constant(300e3) * on_grid(saved["projected"], POSITIONS)
+    return counts, float(saved["sampling"][0]) * wavelength_A(300e3) * 1e3, saved["projected"]
+
+
+@pytest.fixture(scope="session")
+def strontium_titanate(tmp_path_factory):
+    """(counts (40, 40, 65, 65) uint32, abTEM's detector sampling in mrad, sigma V_proj on the scan grid)."""
+    counts, sampling_mrad, projected = simulated(tmp_path_factory, POSITIONS)
+    return counts, sampling_mrad, interaction_constant(300e3) * on_grid(projected, POSITIONS)
 
 
 def on_grid(fine: np.ndarray, positions: int) -> np.ndarray:
@@ -94,24 +100,8 @@ COARSE = 16  # positions over the 4 cells: a 0.98 A step, coarser than the 0.49 
 @pytest.fixture(scope="session")
 def coarse_strontium_titanate(tmp_path_factory):
     """(counts (16, 16, 65, 65) uint32 of a 0.98 A scan, abTEM's detector sampling in mrad, sigma V_proj on abTEM's grid)."""
-    abtem = pytest.importorskip("abtem")
-    from ase import Atoms
-
-    cache = tmp_path_factory.getbasetemp() / "abtem-srtio3-coarse.npz"
-    if not cache.exists():
-        abtem.config.set({"device": "cpu"})
-        cell = Atoms("SrTiO3", scaled_positions=[(0, 0, 0), (0.5, 0.5, 0.5), (0.5, 0.5, 0), (0.5, 0, 0.5), (0, 0.5, 0.5)],
-                     cell=[A, A, A], pbc=True)
-        potential = abtem.Potential(cell * (CELLS, CELLS, 1), sampling=0.05, slice_thickness=A / 2, projection="infinite")
-        probe = abtem.Probe(energy=300e3, semiangle_cutoff=20, aberrations=ABERRATIONS)
-        scan = abtem.GridScan(start=(0, 0), end=(CELLS * A, CELLS * A), gpts=(COARSE, COARSE), endpoint=False)
-        measured = probe.scan(potential, scan=scan, detectors=abtem.PixelatedDetector(max_angle=40)).compute()
-        projected = potential.project().compute()
-        np.savez(cache, intensity=np.asarray(measured.array), sampling=np.asarray(measured.sampling), projected=np.asarray(projected.array))
-    saved = np.load(cache)
-    intensity = saved["intensity"]
-    counts = np.random.default_rng(0).poisson(intensity / intensity.sum(axis=(2, 3), keepdims=True) * 1e5).astype(np.uint32)
-    return counts, float(saved["sampling"][0]) * wavelength_A(300e3) * 1e3, interaction_constant(300e3) * saved["projected"]
+    counts, sampling_mrad, projected = simulated(tmp_path_factory, COARSE)
+    return counts, sampling_mrad, interaction_constant(300e3) * projected
 
 
 def test_direct_ptycho_beyond_the_scan_nyquist_matches_abtem(svc, names, coarse_strontium_titanate):
