@@ -166,12 +166,18 @@ def solve(prep: Prepared, strength: float, xp=np) -> DirectResult:
         here, mirrored = x.reshape(-1)[valid], xp.conj(x.reshape(-1)[valid])
     else:
         here, mirrored = x[..., :d].reshape(-1)[valid], xp.conj(x[..., d:].reshape(-1)[valid])
-    real, imag, count = (xp.zeros(shape, xp.float64) for _ in range(3))
+    # Each fine frequency is an alias of one coarse class, so both assignments have distinct indices; only
+    # the self-conjugate columns (j_x = 0, N/2) reach a frequency from both sides: there, the mean.
+    spectrum = xp.zeros(shape, xp.complex128)
+    count = xp.zeros(shape, xp.float64)
     for values_at, (r, c) in ((here, (fine_r, fine_c)), (mirrored, ((-fine_r) % shape[0], (-fine_c) % shape[1]))):
-        xp.add.at(real, (r, c), values_at.real)
-        xp.add.at(imag, (r, c), values_at.imag)
-        xp.add.at(count, (r, c), 1.0)
-    spectrum = (real + 1j * imag) / xp.maximum(count, 1.0)  # a frequency reached from both sides: the mean
+        part = xp.zeros(shape, xp.complex128)
+        part[r, c] = values_at
+        seen = xp.zeros(shape, xp.float64)
+        seen[r, c] = 1.0
+        spectrum += part
+        count += seen
+    spectrum /= xp.maximum(count, 1.0)
     spectrum[0, 0] = 0
     image = xp.fft.ifft2(spectrum)
     if prep.method == "phase":
