@@ -145,7 +145,7 @@ def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, u: i
     matrix = scale[..., :, None] * gram * scale[..., None, :]
     values, vectors = xp.linalg.eigh(matrix)
     projected = xp.einsum("...ji,...j->...i", vectors.conj(), scale * rhs)
-    diagonal = xp.real(xp.einsum("...ii->...i", matrix))
+    diagonal = xp.real(xp.diagonal(matrix, axis1=-2, axis2=-1))
     used = xp.asarray(np.concatenate([valid, valid], axis=-1) if method == "complex" else valid)
     level = float(diagonal[used].mean()) if bool(used.any()) else 1.0
     return Prepared(method, u, spec.scan_shape, xp.asarray(fine), xp.asarray(valid), scale, vectors, values, projected, level)
