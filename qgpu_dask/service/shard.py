@@ -399,9 +399,11 @@ class Shard:
         def compute() -> list[dict]:
             fits = []
             for r in residents:
-                spec = self.spectrum(r, optics)[0]
-                k_at = lambda t, r=r: sideband.bright_field_pixels(optics.with_(rotation_deg=t), r.det_shape)[1:]  # noqa: E731
-                fits.append(fit.fit(spec, k_at, optics, c10_range_A, r.xp))
+
+                def k_at(rotation_deg: float, det_shape=r.det_shape) -> tuple[np.ndarray, np.ndarray]:
+                    return sideband.bright_field_pixels(optics.with_(rotation_deg=rotation_deg), det_shape)[1:]
+
+                fits.append(fit.fit(self.spectrum(r, optics)[0], k_at, optics, c10_range_A, r.xp))
             return fits
 
         return await self.run_in(self.queries, compute)
