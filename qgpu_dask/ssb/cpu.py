@@ -1,12 +1,13 @@
-"""The single-sideband sum over bright-field pixels on the CPU (Numba): the twin of kernels/ssb.cu.
+"""The SSB kernels on the CPU (Numba), twins of kernels/ssb.cu: the sideband sum and the normal equations
+of direct ptychography (``normal_equations``, contract in its docstring).
 
-Contract shared with ``qgpu_dask.ssb.cuda``: ``sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor)``
-takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each bright-field pixel's image),
-the pixels' k_y, k_x (1/A, scan axes) and chi there, the aberration table of ``optics.chi_table``, the scan
-frequency steps, the squared aperture radius (1/A^2) and the |Gamma| floor, and returns
-(sum_k G conj(Gamma) / |Gamma| complex128, sum_k |Gamma| float64), each (rows, half_cols), over the
-pixels and frequencies where |Gamma| > floor. Here every step is float64; the CUDA twin evaluates chi
-and Gamma in float32 and sums in float64.
+Contract of ``sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor)``, shared with
+``qgpu_dask.ssb.cuda``: it takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each
+bright-field pixel's image), the pixels' k_y, k_x (1/A, scan axes) and chi there, the aberration table of
+``optics.chi_table``, the scan frequency steps, the squared aperture radius (1/A^2) and the |Gamma| floor,
+and returns (sum_k G conj(Gamma) / |Gamma| complex128, sum_k |Gamma| float64), each (rows, half_cols),
+over the pixels and frequencies where |Gamma| > floor. Here every step is float64; the CUDA twins
+evaluate chi and Gamma in float32 and sum in float64.
 """
 
 from __future__ import annotations

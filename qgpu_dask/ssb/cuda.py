@@ -1,6 +1,7 @@
-"""The single-sideband sum over bright-field pixels on the GPU (kernels/ssb.cu): the twin of ``qgpu_dask.ssb.cpu``.
+"""The SSB kernels on the GPU (kernels/ssb.cu), twins of ``qgpu_dask.ssb.cpu``: the sideband sum over
+bright-field pixels and the normal equations of direct ptychography.
 
-Same contract as the CPU twin (see its docstring). chi and Gamma are evaluated in float32 registers
+Same contracts as the CPU twins (see their docstrings). chi and Gamma are evaluated in float32 registers
 (the phases they give differ from float64 by about 1e-6 rad), the sums over pixels in float64.
 """
 
