@@ -185,6 +185,16 @@ def test_direct_ptycho_keeps_its_equations(svc, names, coarse_scan):
     assert acq.direct_ptycho(cal, "phase", upsampling=2).phase.shape == (48, 48)  # still usable
 
 
+def test_direct_ptycho_of_a_series(svc, names, coarse_scan):
+    counts, cal, _ = coarse_scan
+    series = qd.Series(svc, [svc.put(counts[0.0], name=names(), representation="dense"), svc.put(counts[0.0], name=names())])
+    result = series.direct_ptycho(cal, "complex", upsampling=2, strength=0.1)
+    assert result.phase.shape == result.amplitude.shape == (2, 48, 48) and result.prepared
+    assert (result.phase[0] == result.phase[1]).all() and (result.amplitude[0] == result.amplitude[1]).all()  # dense, compressed
+    again = series.direct_ptycho(cal, "complex", upsampling=2, strength=0.05)
+    assert not again.prepared and not (again.phase == result.phase).all()
+
+
 def test_complex_method_sees_absorption(svc, names, coarse_scan):
     counts, cal, phase = coarse_scan
     acq = svc.put(counts[0.3], name=names())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -41,13 +42,25 @@ def sideband_ready(optics) -> None:
     optics.require_calibration("ssb")
 
 
-def in_order(replies: list, positions: list[list[int]], each: Callable[[Any], Any] = lambda part: part) -> np.ndarray:
-    """Per-acquisition parts of per-shard replies, back in series order, stacked (``each`` applied to every part)."""
+def ordered(replies: list, positions: list[list[int]]) -> list:
+    """Per-acquisition parts of per-shard replies, back in series order."""
     out: list[Any] = [None] * sum(len(where) for where in positions)
     for reply, where in zip(replies, positions):
         for part, i in zip(reply, where):
-            out[i] = each(part)
-    return np.stack(out)
+            out[i] = part
+    return out
+
+
+def in_order(replies: list, positions: list[list[int]], each: Callable[[Any], Any] = lambda part: part) -> np.ndarray:
+    """Per-acquisition parts of per-shard replies, back in series order, stacked (``each`` applied to every part)."""
+    return np.stack([each(part) for part in ordered(replies, positions)])
+
+
+def stacked(results: list[direct.DirectResult]) -> direct.DirectResult:
+    """One DirectResult whose images stack those of a series (n, rows * u, cols * u); ``prepared`` if any was."""
+    first = results[0]
+    amplitude = np.stack([r.amplitude for r in results]) if first.amplitude is not None else None
+    return replace(first, phase=np.stack([r.phase for r in results]), amplitude=amplitude, prepared=any(r.prepared for r in results))
 
 
 def finish(future: QueryFuture, wait: bool):
@@ -263,6 +276,16 @@ class Series(Sequence):
         """(n_acquisitions, scan_rows, scan_cols) SSB phases with the same calibrated ``optics``: one call per shard."""
         sideband_ready(optics)
         return finish(QueryFuture(self.service.routed_method(self.names, "ssb", optics), in_order), wait)
+
+    def direct_ptycho(self, optics: Optics, method: str = "phase", upsampling="auto", strength: float = 0.1, wait: bool = True):
+        """Direct ptychography of every acquisition with the same calibrated ``optics`` (see
+        ``Acquisition.direct_ptycho``): one DirectResult with ``phase`` (and ``amplitude``) of shape
+        (n_acquisitions, scan_rows * u, scan_cols * u); one call per shard."""
+        sideband_ready(optics)
+        direct.check_method(method)
+        direct.upsampling_of(optics, upsampling)
+        call = self.service.routed_method(self.names, "direct_ptycho", optics, method, upsampling, direct.check_strength(strength))
+        return finish(QueryFuture(call, lambda replies, positions: stacked(ordered(replies, positions))), wait)
 
     def release(self) -> None:
         """Release every acquisition of the series."""
