@@ -185,6 +185,16 @@ def test_direct_ptycho_keeps_its_equations(svc, names, coarse_scan):
     assert acq.direct_ptycho(cal, "phase", upsampling=2).phase.shape == (48, 48)  # still usable
 
 
+def test_direct_ptycho_refuses_equations_larger_than_the_cache(svc, names):
+    counts = np.random.default_rng(0).poisson(2.0, (32, 32, 32, 32)).astype(np.uint16)
+    acq = svc.put(counts, name=names())
+    cal = qd.Optics(300e3, 20.0, 2.0, det_sampling_mrad=1.5, rotation_deg=0.0, flip=False, bf_center_px=(16.0, 16.0))
+    # a 2 A step at u = 8: 32 x 17 systems of 2 x 54 unknowns, 290 MiB of equations; the test shards keep 128 MiB
+    with pytest.raises(ValueError, match=r"upsampling 8 \(complex\) needs 290\.\d+ MiB for its equations, more than the 128.00 MiB"):
+        acq.direct_ptycho(cal, "complex", upsampling=8)
+    assert (acq.frame(3, 4) == counts[3, 4]).all()
+
+
 def test_direct_ptycho_of_a_series(svc, names, coarse_scan):
     counts, cal, _ = coarse_scan
     series = qd.Series(svc, [svc.put(counts[0.0], name=names(), representation="dense"), svc.put(counts[0.0], name=names())])

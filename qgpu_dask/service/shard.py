@@ -415,6 +415,12 @@ class Shard:
         residents = [self.resident(n) for n in names]
         u = direct.upsampling_of(optics, upsampling)
         key = "direct:" + direct.optics_key(optics, u)
+        for r in residents:
+            need = direct.equations_bytes(r.scan_shape, optics, u, method)
+            if need > self.prepared.limit:
+                raise ValueError(f"direct ptychography of {r.name!r} at upsampling {u} ({method}) needs {format_bytes(need)} for its "
+                                 f"equations, more than the {format_bytes(self.prepared.limit)} this shard keeps for phase preparations: "
+                                 "use a smaller upsampling")
 
         def compute() -> list[DirectResult]:
             results = []

@@ -107,6 +107,13 @@ def aliases(scan_shape: tuple[int, int], optics: Optics, u: int) -> tuple[np.nda
     return np.take_along_axis(q, take[..., None], -2), fine, np.take_along_axis(valid, take, -1)
 
 
+def equations_bytes(scan_shape: tuple[int, int], optics: Optics, u: int, method: str) -> int:
+    """Device bytes ``prepare`` holds at its peak: the Gram, its scaled copy and the eigenvectors, complex128."""
+    valid = aliases(scan_shape, optics, u)[2]
+    columns = valid.shape[-1] * (2 if method == "complex" else 1)
+    return 3 * valid.shape[0] * valid.shape[1] * columns**2 * 16
+
+
 @dataclass
 class Prepared:
     """One method's equations in the eigenbasis, per coarse frequency: x(s) = scale * V (c / (L + s level))."""
