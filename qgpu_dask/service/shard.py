@@ -415,19 +415,21 @@ class Shard:
         residents = [self.resident(n) for n in names]
         u = direct.upsampling_of(optics, upsampling)
         key = "direct:" + direct.optics_key(optics, u)
-        for r in residents:
+
+        def prepare(r: Resident) -> direct.Prepared:
+            """The equations of ``r``, refused before any work if the cache could not hold them."""
             need = direct.equations_bytes(r.scan_shape, optics, u, method)
             if need > self.prepared.limit:
                 raise ValueError(f"direct ptychography of {r.name!r} at upsampling {u} ({method}) needs {format_bytes(need)} for its "
                                  f"equations, more than the {format_bytes(self.prepared.limit)} this shard keeps for phase preparations: "
                                  "use a smaller upsampling")
+            return direct.prepare(*self.spectrum(r, optics), optics, u, method, r.xp)
 
         def compute() -> list[DirectResult]:
             results = []
             for r in residents:
-                spec, ky, kx = self.spectrum(r, optics)
                 self.prepared.retain(r.name, "direct:", key)
-                prep, made = self.prepared.get(r.name, f"{key}:{method}", lambda: direct.prepare(spec, ky, kx, optics, u, method, r.xp))
+                prep, made = self.prepared.get(r.name, f"{key}:{method}", lambda r=r: prepare(r))
                 result = direct.solve(prep, strength, r.xp)
                 results.append(replace(result, phase=to_host(result.phase), amplitude=to_host(result.amplitude), prepared=made))
             synchronize()
