@@ -121,8 +121,10 @@ class Prepared:
     method: str
     upsampling: int
     scan_shape: tuple[int, int]
-    fine: Any  # (rows, half, d, 2) fine-grid indices of the aliases
-    valid: Any  # (rows, half, d)
+    valid: Any  # (rows * half * d,) which unknowns of each kind carry signal
+    here_at: Any  # flat fine-grid index of each carrying alias J
+    mirror_at: Any  # and of -J
+    share: Any  # (rows * u, cols * u): 1 / how many aliases reach each fine frequency (0 where none)
     scale: Any  # (rows, half, D): D^-1/2
     vectors: Any  # (rows, half, D, D)
     values: Any  # (rows, half, D)
@@ -131,7 +133,22 @@ class Prepared:
 
     @property
     def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in (self.fine, self.valid, self.scale, self.vectors, self.values, self.projected)))
+        arrays = (self.valid, self.here_at, self.mirror_at, self.share, self.scale, self.vectors, self.values, self.projected)
+        return int(sum(a.nbytes for a in arrays))
+
+
+def placement(scan_shape: tuple[int, int], u: int, fine: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(valid flattened, flat fine-grid index of each carrying alias J, of -J, 1 / the aliases reaching each fine
+    frequency). Each fine frequency is an alias of one coarse class, so J and -J are each distinct; only the
+    self-conjugate columns (j_x = 0, N/2) reach a frequency from both sides, which then gets the mean."""
+    shape = (scan_shape[0] * u, scan_shape[1] * u)
+    valid = valid.ravel()
+    rows, cols = fine[..., 0].ravel()[valid], fine[..., 1].ravel()[valid]
+    here_at = rows * shape[1] + cols
+    mirror_at = ((-rows) % shape[0]) * shape[1] + (-cols) % shape[1]
+    count = np.bincount(here_at, minlength=shape[0] * shape[1]) + np.bincount(mirror_at, minlength=shape[0] * shape[1])
+    share = np.where(count > 0, 1.0 / np.maximum(count, 1), 0.0).reshape(shape)
+    return valid, here_at, mirror_at, share
 
 
 def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, u: int, method: str, xp=np) -> Prepared:
@@ -155,7 +172,8 @@ def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, u: i
     diagonal = xp.real(xp.diagonal(matrix, axis1=-2, axis2=-1))
     used = xp.asarray(np.concatenate([valid, valid], axis=-1) if method == "complex" else valid)
     level = float(diagonal[used].mean()) if bool(used.any()) else 1.0
-    return Prepared(method, u, spec.scan_shape, xp.asarray(fine), xp.asarray(valid), scale, vectors, values, projected, level)
+    placed = [xp.asarray(a) for a in placement(spec.scan_shape, u, fine, valid)]
+    return Prepared(method, u, spec.scan_shape, *placed, scale, vectors, values, projected, level)
 
 
 def solve(prep: Prepared, strength: float, xp=np) -> DirectResult:
@@ -163,28 +181,16 @@ def solve(prep: Prepared, strength: float, xp=np) -> DirectResult:
     s = strength * prep.level
     values = xp.where(prep.values + s > 0, prep.values + s, xp.inf)
     x = prep.scale * xp.einsum("...ij,...j->...i", prep.vectors, prep.projected / values)
-    rows, cols = prep.scan_shape
     u = prep.upsampling
-    shape = (rows * u, cols * u)
-    d = prep.valid.shape[-1]
-    valid = prep.valid.ravel()
-    fine_r, fine_c = prep.fine[..., 0].ravel()[valid], prep.fine[..., 1].ravel()[valid]
-    if prep.method == "phase":
-        here, mirrored = x.reshape(-1)[valid], xp.conj(x.reshape(-1)[valid])
-    else:
-        here, mirrored = x[..., :d].reshape(-1)[valid], xp.conj(x[..., d:].reshape(-1)[valid])
-    # Each fine frequency is an alias of one coarse class, so both assignments have distinct indices; only
-    # the self-conjugate columns (j_x = 0, N/2) reach a frequency from both sides: there, the mean.
-    spectrum = xp.zeros(shape, xp.complex128)
-    count = xp.zeros(shape, xp.float64)
-    for values_at, (r, c) in ((here, (fine_r, fine_c)), (mirrored, ((-fine_r) % shape[0], (-fine_c) % shape[1]))):
-        part = xp.zeros(shape, xp.complex128)
-        part[r, c] = values_at
-        seen = xp.zeros(shape, xp.float64)
-        seen[r, c] = 1.0
-        spectrum += part
-        count += seen
-    spectrum /= xp.maximum(count, 1.0)
+    if prep.method == "complex":  # eps(J) = a, eps(-J) = conj(b)
+        d = x.shape[-1] // 2
+        here, mirrored = x[..., :d], xp.conj(x[..., d:])
+    else:  # Phi(-J) = conj(Phi(J))
+        here, mirrored = x, xp.conj(x)
+    spectrum = xp.zeros(prep.share.size, xp.complex128)
+    spectrum[prep.here_at] = here.reshape(-1)[prep.valid]
+    spectrum[prep.mirror_at] += mirrored.reshape(-1)[prep.valid]  # distinct indices: a plain fancy-index add is exact
+    spectrum = spectrum.reshape(prep.share.shape) * prep.share
     spectrum[0, 0] = 0
     image = xp.fft.ifft2(spectrum)
     if prep.method == "phase":
