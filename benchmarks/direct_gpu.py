@@ -47,7 +47,7 @@ def gram_precision(resident, optics, u: int, rows: int) -> dict:
     indices, ky, kx = sideband.bright_field_pixels(optics, resident.det_shape)
     spec = sideband.spectrum(resident, indices)
     q, _, valid = direct.aliases(spec.scan_shape, optics, u)
-    kmax = optics.semiangle_mrad * 1e-3 / optics.wavelength_A
+    kmax = optics.aperture_k
     weights = 1.0 / np.maximum(to_host(spec.G[:, 0, 0].real) * spec.scale / (spec.scan_shape[0] * spec.scan_shape[1]), 1e-12)
     out = {"bright_field_pixels": int(len(indices)), "aliases_per_frequency": int(valid.shape[-1])}
     for method in direct.METHODS:

@@ -21,7 +21,7 @@ SCAN, U = (10, 8), 3
 
 def bright_field(optics: qd.Optics) -> tuple[np.ndarray, np.ndarray]:
     """(k_y, k_x) of a square detector's pixels inside the aperture, 1/A."""
-    kmax = optics.semiangle_mrad * 1e-3 / optics.wavelength_A
+    kmax = optics.aperture_k
     side = np.arange(-21, 22) * optics.k_per_pixel()
     ky, kx = np.meshgrid(side, side, indexing="ij")
     inside = np.hypot(ky, kx) <= kmax
@@ -71,7 +71,7 @@ def test_normal_equations_against_explicit_matrices():
     G = (rng.standard_normal((len(ky), *SCAN[:1], SCAN[1] // 2 + 1)) + 1j * rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1))).astype(np.complex64)
     weights = rng.uniform(0.5, 2.0, len(ky))
     q, fine, valid = direct.aliases(SCAN, OPTICS, U)
-    kmax = OPTICS.semiangle_mrad * 1e-3 / OPTICS.wavelength_A
+    kmax = OPTICS.aperture_k
     assert not valid[0, 0].any() and valid.sum(axis=-1).max() == valid.shape[-1] >= 3
     for complex_method in (False, True):
         gram, rhs = cpu.normal_equations(G, ky, kx, weights, chi(kx, ky, OPTICS), chi_table(OPTICS), q, valid, complex_method, U, kmax**2)
@@ -99,7 +99,7 @@ def test_strengths_solve_the_regularized_equations(method):
     spec = model_data(eps, ky, kx)
     prep = direct.prepare(spec, ky, kx, OPTICS, U, method)
     q, _, valid = direct.aliases(SCAN, OPTICS, U)
-    kmax = OPTICS.semiangle_mrad * 1e-3 / OPTICS.wavelength_A
+    kmax = OPTICS.aperture_k
     weights = 1 / (spec.G[:, 0, 0].real / (SCAN[0] * SCAN[1]))
     gram, rhs = cpu.normal_equations(spec.G, ky, kx, weights, chi(kx, ky, OPTICS), chi_table(OPTICS), q, valid, method == "complex", U, kmax**2)
     prior = np.where(valid, (1 + (q[..., 0] ** 2 + q[..., 1] ** 2) / kmax**2) ** 2, 1.0)
@@ -117,7 +117,7 @@ def test_strengths_solve_the_regularized_equations(method):
 def test_noise_free_model_data_come_back(method):
     ky, kx = bright_field(OPTICS)
     fine = (SCAN[0] * U, SCAN[1] * U)
-    kmax = OPTICS.semiangle_mrad * 1e-3 / OPTICS.wavelength_A
+    kmax = OPTICS.aperture_k
     phase = band_limited_noise(fine, 1.7 * kmax, 3)  # inside the band every frequency has bright-field pixels in its trotters
     absorption = band_limited_noise(fine, 1.7 * kmax, 4) if method == "complex" else 0 * phase
     result = direct.solve(direct.prepare(model_data(1j * phase - absorption, ky, kx), ky, kx, OPTICS, U, method), 1e-9)
@@ -228,7 +228,7 @@ def test_cuda_normal_equations_against_the_cpu_twin(complex_method):
     G = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
     weights = rng.uniform(0.5, 2.0, len(ky))
     q, _, valid = direct.aliases(SCAN, OPTICS, U)
-    kmax = OPTICS.semiangle_mrad * 1e-3 / OPTICS.wavelength_A
+    kmax = OPTICS.aperture_k
     args = (weights, chi(kx, ky, OPTICS), chi_table(OPTICS), q, valid, complex_method, U, kmax**2)
     gram, rhs = cpu.normal_equations(G, ky, kx, *args)
     on_gpu = cuda.normal_equations(cupy.asarray(G), ky, kx, *args)

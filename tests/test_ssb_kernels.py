@@ -33,7 +33,7 @@ def sideband_inputs(seed: int = 1):
     """Random G on a 14 x 12 scan (half spectrum) and 60 pixels in and around the aperture."""
     rng = np.random.default_rng(seed)
     rows, cols, n = 14, 12, 60
-    kmax = OPTICS.semiangle_mrad * 1e-3 / OPTICS.wavelength_A
+    kmax = OPTICS.aperture_k
     ky, kx = rng.uniform(-1.1 * kmax, 1.1 * kmax, (2, n))
     G = (rng.standard_normal((n, rows, cols // 2 + 1)) + 1j * rng.standard_normal((n, rows, cols // 2 + 1))).astype(np.complex64)
     dqy, dqx = 1 / (rows * OPTICS.scan_step_A), 1 / (cols * OPTICS.scan_step_A)

@@ -65,7 +65,7 @@ def check_strength(strength) -> float:
 
 def auto_upsampling(optics: Optics) -> int:
     """The smallest u whose fine-grid Nyquist frequency u / (2 scan_step) covers 2 alpha / lambda."""
-    return max(1, math.ceil(4 * optics.semiangle_mrad * 1e-3 * optics.scan_step_A / optics.wavelength_A - 1e-9))
+    return max(1, math.ceil(4 * optics.aperture_k * optics.scan_step_A - 1e-9))
 
 
 def upsampling_of(optics: Optics, upsampling) -> int:
@@ -89,7 +89,7 @@ def aliases(scan_shape: tuple[int, int], optics: Optics, u: int) -> tuple[np.nda
     (q_y, q_x)), fine-grid indices (.., d, 2) in [0, N u) and which carry signal (.., d), the carrying ones
     first; d is the most any frequency keeps."""
     rows, cols = scan_shape
-    limit = 2 * optics.semiangle_mrad * 1e-3 / optics.wavelength_A
+    limit = 2 * optics.aperture_k
     jr = np.arange(rows)[:, None, None, None]
     jc = np.arange(cols // 2 + 1)[None, :, None, None]
     m = np.arange(u)
@@ -154,7 +154,7 @@ def placement(scan_shape: tuple[int, int], u: int, fine: np.ndarray, valid: np.n
 def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, u: int, method: str, xp=np) -> Prepared:
     """The normal equations of ``method`` at upsampling ``u``, built and diagonalised on G's device."""
     q, fine, valid = aliases(spec.scan_shape, optics, u)
-    kmax = optics.semiangle_mrad * 1e-3 / optics.wavelength_A
+    kmax = optics.aperture_k
     G = spec.G
     mean_intensity = xp.asarray(G[:, 0, 0].real, xp.float64) * spec.scale / (spec.scan_shape[0] * spec.scan_shape[1])
     weights = 1.0 / xp.maximum(mean_intensity, 1e-12)

@@ -93,6 +93,11 @@ class Optics:
     def wavelength_A(self) -> float:
         return wavelength_A(self.energy_eV)
 
+    @property
+    def aperture_k(self) -> float:
+        """The probe aperture's radius in spatial frequency, alpha / lambda, in 1/A."""
+        return self.semiangle_mrad * 1e-3 / self.wavelength_A
+
     def with_(self, **changes) -> "Optics":
         """A copy with some fields changed (aberrations replaced whole)."""
         return replace(self, **changes)

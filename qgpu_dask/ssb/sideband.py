@@ -89,9 +89,8 @@ def frequency_steps(optics: Optics, scan_shape: tuple[int, int]) -> tuple[float,
 
 def corrected_sum(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np):
     """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > GAMMA_FLOOR on the half spectrum, G normalised."""
-    kmax = optics.semiangle_mrad * 1e-3 / optics.wavelength_A
     total, weight = sum_kernels(xp).sideband_sum(
-        spec.G, ky, kx, chi(kx, ky, optics), chi_table(optics), *frequency_steps(optics, spec.scan_shape), kmax**2, GAMMA_FLOOR
+        spec.G, ky, kx, chi(kx, ky, optics), chi_table(optics), *frequency_steps(optics, spec.scan_shape), optics.aperture_k**2, GAMMA_FLOOR
     )
     return total * spec.scale, weight
 
