@@ -42,6 +42,14 @@ def sideband_ready(optics) -> None:
     optics.require_calibration("ssb")
 
 
+def direct_arguments(optics, method: str, upsampling, strength) -> tuple:
+    """The shard's direct_ptycho arguments after ``optics``, each checked here, before anything is sent."""
+    sideband_ready(optics)
+    direct.check_method(method)
+    direct.upsampling_of(optics, upsampling)
+    return method, upsampling, direct.check_strength(strength)
+
+
 def ordered(replies: list, positions: list[list[int]]) -> list:
     """Per-acquisition parts of per-shard replies, back in series order."""
     out: list[Any] = [None] * sum(len(where) for where in positions)
@@ -170,10 +178,7 @@ class Acquisition(AcquisitionShape):
         a ``DirectResult`` with ``phase`` (and ``amplitude`` for method "complex"), float32
         (scan_rows * u, scan_cols * u). The equations are prepared on the owner once per optics and
         upsampling for each method, so another ``strength`` only re-solves."""
-        sideband_ready(optics)
-        direct.check_method(method)
-        direct.upsampling_of(optics, upsampling)
-        return finish(self.query_listed("direct_ptycho", optics, method, upsampling, direct.check_strength(strength)), wait)
+        return finish(self.query_listed("direct_ptycho", optics, *direct_arguments(optics, method, upsampling, strength)), wait)
 
     def fit_aberrations(self, optics: Optics, c10_range_A: float = 500.0) -> Optics:
         """``optics`` (calibrated) with the defocus C10 and twofold astigmatism C12, phi12 that maximise the
@@ -281,10 +286,7 @@ class Series(Sequence):
         """Direct ptychography of every acquisition with the same calibrated ``optics`` (see
         ``Acquisition.direct_ptycho``): one DirectResult with ``phase`` (and ``amplitude``) of shape
         (n_acquisitions, scan_rows * u, scan_cols * u); one call per shard."""
-        sideband_ready(optics)
-        direct.check_method(method)
-        direct.upsampling_of(optics, upsampling)
-        call = self.service.routed_method(self.names, "direct_ptycho", optics, method, upsampling, direct.check_strength(strength))
+        call = self.service.routed_method(self.names, "direct_ptycho", optics, *direct_arguments(optics, method, upsampling, strength))
         return finish(QueryFuture(call, lambda replies, positions: stacked(ordered(replies, positions))), wait)
 
     def release(self) -> None:

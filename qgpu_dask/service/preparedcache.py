@@ -37,7 +37,11 @@ class PreparedCache:
     @property
     def nbytes(self) -> int:
         with self.lock:
-            return sum(int(g.nbytes) for g in self.entries.values())
+            return self.held()
+
+    def held(self) -> int:
+        """Bytes of every kept preparation (lock held)."""
+        return sum(int(value.nbytes) for value in self.entries.values())
 
     def get(self, name: str, key: str, make: Callable[[], Any]) -> tuple[Any, bool]:
         """(the preparation ``key`` of ``name``, whether it was made now): made with ``make()`` the first
@@ -62,15 +66,15 @@ class PreparedCache:
 
     def shrink(self, limit: int) -> None:
         """Drop the least recently used preparations until at most ``limit`` bytes remain (lock held)."""
-        while self.entries and sum(int(g.nbytes) for g in self.entries.values()) > limit:
+        while self.entries and self.held() > limit:
             self.entries.popitem(last=False)
 
     def release(self, nbytes: int) -> int:
         """Free at least ``nbytes`` (for a load), or everything; the bytes freed."""
         with self.lock:
-            before = sum(int(g.nbytes) for g in self.entries.values())
+            before = self.held()
             self.shrink(max(0, before - nbytes))
-            return before - sum(int(g.nbytes) for g in self.entries.values())
+            return before - self.held()
 
     def forget(self, name: str) -> None:
         with self.lock:

@@ -1,1 +1,2 @@
-"""Phase from the residents: optics, detector calibration and DPC, parallax, the aberration fit, SSB."""
+"""Phase from the residents: optics, detector calibration and DPC, parallax, the aberration fit, SSB and
+regularized direct ptychography."""
