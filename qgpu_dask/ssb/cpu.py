@@ -33,6 +33,23 @@ def chi_at(x, y, table):
     return total
 
 
+@numba.njit(cache=True, inline="always")
+def trotters(x, y, here, qy, qx, table, kmax2):
+    """(Gamma_plus, Gamma_minus) of pixel k = (x, y) with chi(k) = ``here`` at frequency (qy, qx): the phase
+    factors exp(i (chi(k) - chi(k - q))) and exp(i (chi(k + q) - chi(k))) where k - q and k + q fall inside the
+    aperture, else 0."""
+    plus = 0j
+    minus = 0j
+    my, mx, py, px = y - qy, x - qx, y + qy, x + qx
+    if mx * mx + my * my <= kmax2:
+        a = here - chi_at(mx, my, table)
+        plus = complex(math.cos(a), math.sin(a))
+    if px * px + py * py <= kmax2:
+        a = chi_at(px, py, table) - here
+        minus = complex(math.cos(a), math.sin(a))
+    return plus, minus
+
+
 @numba.njit(parallel=True, cache=True)
 def sideband_sum_loop(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor, total, weight):
     n_pix, rows, half = G.shape
@@ -44,26 +61,12 @@ def sideband_sum_loop(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor, total, we
                 continue
             here = chi_k[k]
             for c in range(half):
-                qx = c * dqx
-                my, mx, py, px = y - qy, x - qx, y + qy, x + qx
-                in_minus = mx * mx + my * my <= kmax2
-                in_plus = px * px + py * py <= kmax2
-                if not (in_minus or in_plus):
-                    continue
-                gr = 0.0
-                gi = 0.0
-                if in_minus:
-                    a = here - chi_at(mx, my, table)
-                    gr += math.cos(a)
-                    gi += math.sin(a)
-                if in_plus:
-                    a = chi_at(px, py, table) - here
-                    gr -= math.cos(a)
-                    gi -= math.sin(a)
-                size = math.sqrt(gr * gr + gi * gi)
+                plus, minus = trotters(x, y, here, qy, c * dqx, table, kmax2)
+                gamma = plus - minus
+                size = math.sqrt(gamma.real * gamma.real + gamma.imag * gamma.imag)
                 if not size > floor:
                     continue
-                total[r, c] += G[k, r, c] * complex(gr, -gi) / size
+                total[r, c] += G[k, r, c] * gamma.conjugate() / size
                 weight[r, c] += size
 
 
@@ -94,14 +97,8 @@ def normal_equations_loop(G, ky, kx, weights, chi_k, table, alias_q, valid, comp
                     plus = 0j
                     minus = 0j
                     if valid[r, c, m]:
-                        qy, qx = alias_q[r, c, m, 0], alias_q[r, c, m, 1]
-                        my, mx, py, px = y - qy, x - qx, y + qy, x + qx
-                        if mx * mx + my * my <= kmax2:
-                            a = here - chi_at(mx, my, table)
-                            plus = complex(math.cos(a), math.sin(a)) * inv_u2
-                        if px * px + py * py <= kmax2:
-                            a = chi_at(px, py, table) - here
-                            minus = complex(math.cos(a), math.sin(a)) * inv_u2
+                        plus, minus = trotters(x, y, here, alias_q[r, c, m, 0], alias_q[r, c, m, 1], table, kmax2)
+                        plus, minus = plus * inv_u2, minus * inv_u2
                     if complex_method:
                         column[m] = plus
                         column[d + m] = minus
