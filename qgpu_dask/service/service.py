@@ -395,8 +395,7 @@ class Service:
     def submit(self, fn: Callable, acq: Acquisition | str, *args, **kwargs) -> QueryFuture:
         """Run ``fn(resident, *args, **kwargs)`` on the owner of ``acq``; CuPy results return as NumPy."""
         acq = acq if isinstance(acq, Acquisition) else self[acq]
-        run = self.routed([acq.name], lambda owner, names: self.send(owner, "run", names[0], fn, args, kwargs))
-        return QueryFuture(run, lambda replies, positions: replies[0])
+        return acq.query("run", fn, args, kwargs)
 
     def info(self) -> "ServiceInfo":
         """Shards (worker, device, resident bytes, budget) and acquisitions with their owners."""
