@@ -102,3 +102,20 @@ def test_parallax_of_a_known_object(svc, names, simulated):
     assert acq.parallax(cal).shape == (2 * SCAN[0], 2 * SCAN[1])
     with pytest.raises(ValueError, match="upsampling must be an integer from 1 to 8, got 0"):
         acq.parallax(cal, upsampling=0)
+
+
+def test_every_phase_step_for_a_series(svc, names, simulated):
+    runs, truth = simulated
+    one = svc.put(runs["aberrated"], name=names(), representation="dense")
+    series = qd.Series(svc, [one, svc.put(runs["aberrated"], name=names())])  # dense and compressed: the same counts
+    optics = qd.Optics(300e3, 20.0, STEP)
+    cals = series.calibrate(optics)
+    assert cals == [one.calibrate(optics)] * 2
+    assert np.array_equal(series.center_of_mass(), np.stack([one.center_of_mass()] * 2))
+    assert np.array_equal(series.dpc(cals[0]), np.stack([one.dpc(cals[0])] * 2))
+    fits = series.fit_aberrations(cals[0], c10_range_A=200.0)
+    assert fits[0] == fits[1] and abs(fits[0].aberrations["C10"] - ABERRATED["C10"]) <= 0.1 * abs(ABERRATED["C10"])
+    images = series.parallax(fits[0], upsampling=1)
+    assert images.shape == (2, *SCAN) and np.array_equal(images, np.stack([one.parallax(fits[0], upsampling=1)] * 2))
+    with pytest.raises(ValueError, match="upsampling must be an integer from 1 to 8, got 9"):
+        series.parallax(fits[0], upsampling=9)

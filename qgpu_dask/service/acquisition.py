@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..detector.masks import annulus
 from ..resident import combine_parts, finish_reduce
 from ..resident.base import AcquisitionShape
 from ..resident.masks import as_mask_stack
@@ -143,21 +142,15 @@ class Acquisition(AcquisitionShape):
     def calibrate(self, optics: Optics) -> Optics:
         """``optics`` with det_sampling_mrad (from the bright-field disk radius, unless given), bf_center_px,
         rotation_deg and flip (least CoM curl, the 180 deg twin by the iCoM-ADF sign, unless given) filled in."""
-        center, radius = calibration.bright_field_disk(self.reduce(op="mean"))
-        outer = min(self.det_shape) / 2 - 0.5
-        inner = min(1.5 * radius, outer - 1)
-        if inner <= radius:
-            raise ValueError(f"the bright-field disk (radius {radius:.1f} px) leaves no dark field on a {self.det_shape} detector to orient the phase by")
-        masks = np.concatenate([calibration.moment_masks(self.det_shape), annulus(self.det_shape, center, inner, outer)[None].astype(np.int64)])
+        disk = calibration.bright_field_disk(self.reduce(op="mean"))
+        masks = np.concatenate([calibration.moment_masks(self.det_shape), calibration.dark_field_ring(self.det_shape, disk)[None]])
         images = self.virtual_images(masks)
-        return calibration.calibrated(optics, (center, radius), images[:3], images[3])[0]
+        return calibration.calibrated(optics, disk, images[:3], images[3])[0]
 
     def dpc(self, optics: Optics) -> np.ndarray:
         """iCoM (integrated centre of mass) phase in rad, mean 0, (scan_rows, scan_cols) float64, with calibrated ``optics``."""
         optics.require_calibration("dpc")
-        com = self.center_of_mass(optics.bf_center_px)
-        k = calibration.to_scan(com, optics.rotation_deg, optics.flip) * optics.k_per_pixel()
-        return calibration.icom(k, optics.scan_step_A)
+        return calibration.dpc(self.virtual_images(calibration.moment_masks(self.det_shape)), optics)
 
     def ssb(self, optics: Optics, wait: bool = True):
         """Aberration-corrected single-sideband phase (rad, mean 0, float32 (scan_rows, scan_cols)) with
@@ -276,6 +269,38 @@ class Series(Sequence):
             return in_order(replies, positions, lambda part: finish_reduce(*part, op))
 
         return finish(QueryFuture(self.service.routed_method(self.names, "reduce", roi, op, total), assemble), wait)
+
+    def center_of_mass(self) -> np.ndarray:
+        """(n_acquisitions, 2, scan_rows, scan_cols) centre of mass of every pattern from each acquisition's
+        bright-field disk centre (``Acquisition.center_of_mass``): two calls per shard."""
+        means = self.reduce(op="mean")
+        moments = self.virtual_images(calibration.moment_masks(self.same("det_shape")))
+        return np.stack([calibration.center_of_mass(m, calibration.bright_field_disk(mean)[0]) for m, mean in zip(moments, means)])
+
+    def calibrate(self, optics: Optics) -> list[Optics]:
+        """``Acquisition.calibrate`` of each acquisition, from one mean-pattern call and one images call per shard."""
+        det_shape = self.same("det_shape")
+        disks = [calibration.bright_field_disk(mean) for mean in self.reduce(op="mean")]
+        rings = np.stack([calibration.dark_field_ring(det_shape, disk) for disk in disks])
+        images = self.virtual_images(np.concatenate([calibration.moment_masks(det_shape), rings]))
+        return [calibration.calibrated(optics, disk, images[i, :3], images[i, 3 + i])[0] for i, disk in enumerate(disks)]
+
+    def dpc(self, optics: Optics) -> np.ndarray:
+        """(n_acquisitions, scan_rows, scan_cols) iCoM phases with the same calibrated ``optics``: one call per shard."""
+        optics.require_calibration("dpc")
+        return np.stack([calibration.dpc(m, optics) for m in self.virtual_images(calibration.moment_masks(self.same("det_shape")))])
+
+    def fit_aberrations(self, optics: Optics, c10_range_A: float = 500.0) -> list[Optics]:
+        """``Acquisition.fit_aberrations`` of each acquisition from the same calibrated ``optics``: one call per shard."""
+        sideband_ready(optics)
+        call = self.service.routed_method(self.names, "fit_aberrations", optics, float(c10_range_A))
+        return QueryFuture(call, lambda replies, positions: [fitted["optics"] for fitted in ordered(replies, positions)]).result()
+
+    def parallax(self, optics: Optics, upsampling: int = 2, wait: bool = True):
+        """(n_acquisitions, scan_rows * u, scan_cols * u) tilt-corrected bright fields: one call per shard."""
+        sideband_ready(optics)
+        check_upsampling(upsampling)
+        return finish(QueryFuture(self.service.routed_method(self.names, "parallax", optics, upsampling), in_order), wait)
 
     def ssb(self, optics: Optics, wait: bool = True):
         """(n_acquisitions, scan_rows, scan_cols) SSB phases with the same calibrated ``optics``: one call per shard."""

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from ..detector.masks import annulus
 from .optics import Optics
 
 MIN_RADIUS_PX = 1.5  # a bright-field disk smaller than this is not a disk
@@ -122,6 +123,24 @@ def icom(com_scan_k: np.ndarray, scan_step_A: float) -> np.ndarray:
     spectrum = -1j * (qy * np.fft.fft2(np.nan_to_num(com_scan_k[0])) + qx * np.fft.fft2(np.nan_to_num(com_scan_k[1]))) / q2
     spectrum[0, 0] = 0.0
     return np.fft.ifft2(spectrum).real
+
+
+def dark_field_ring(det_shape: tuple[int, int], disk: tuple[tuple[float, float], float]) -> np.ndarray:
+    """An int64 annulus from 1.5 x the bright-field disk's radius to the detector's edge: the ADF image that
+    orients the phase (the 180 deg twin); ValueError if the detector leaves no dark field."""
+    center, radius = disk
+    outer = min(det_shape) / 2 - 0.5
+    inner = min(1.5 * radius, outer - 1)
+    if inner <= radius:
+        raise ValueError(f"the bright-field disk (radius {radius:.1f} px) leaves no dark field on a {det_shape} detector to orient the phase by")
+    return annulus(det_shape, center, inner, outer).astype(np.int64)
+
+
+def dpc(moments: np.ndarray, optics: Optics) -> np.ndarray:
+    """iCoM phase (rad, mean 0, float64 (scan_rows, scan_cols)) from the moment images and calibrated ``optics``."""
+    optics.require_calibration("dpc")
+    com = center_of_mass(moments, optics.bf_center_px)
+    return icom(to_scan(com, optics.rotation_deg, optics.flip) * optics.k_per_pixel(), optics.scan_step_A)
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:
