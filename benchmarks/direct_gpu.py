@@ -1,17 +1,18 @@
 """Direct ptychography on the GPU: preparation per method, strength-only changes, and the Gram's precision.
 
-A 64 x 64 scan of a simulated crystal (300 kV, 31.5 mrad, 0.52 A step, all
-14 aberration terms of the physics notes small but nonzero, 192 x 192
-detector, a bright-field disk of ~53 px: about 9000 pixels) tiled to
-512 x 512 and loaded dense. Timed from the client at u = 3: the first
-``direct_ptycho`` of each method (G made before, so this is the preparation of
-the equations and one solve), then strength-only calls; and in the same run,
-on the owner, the Gram of a few scan-frequency rows against the float64 CPU
-twin (relative error), and one ``ssb`` as the baseline a preparation is
-compared with.
+A 72 x 72 scan of a simulated crystal (300 kV, 31.5 mrad, 0.4625 A step, so
+that u = 3 is the automatic upsampling; all 14 aberration terms of the physics
+notes small but nonzero; 192 x 192 detector, a bright-field disk of ~53 px:
+about 9000 pixels) repeated to 512 x 512 and loaded dense. Timed from the
+client at u = 3: the first ``direct_ptycho`` of each method (G made before, so
+this is the preparation of the equations and one solve), then strength-only
+calls, against the same run's ``ssb`` and the fetch of a blank image of the
+same size. On the owner, stage by stage: the alias geometry, the Gram kernels,
+the preparation, one solve, and the Gram of the first frequencies of each alias
+group against the float64 CPU twin (relative error).
 
     python benchmarks/direct_gpu.py            # on the GPU machine
-    python benchmarks/direct_gpu.py --scan 24 --det 64 --tile 1 --upsampling 2   # a small dry run
+    python benchmarks/direct_gpu.py --scan 24 --det 64 --size 48 --upsampling 2   # a small dry run
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 import qgpu_dask as qd
 from qgpu_dask.device import cupy_or_none
-from qgpu_dask.ssb import simulate
+from qgpu_dask.ssb import direct, simulate
 from qgpu_dask.ssb.calibration import correlation
 from qgpu_dask.ssb.optics import TERMS, interaction_constant, wavelength_A
 
@@ -37,67 +38,106 @@ ABERRATIONS = {f"C{n}{m}": c for (n, m), c in zip(TERMS, (-30.0, 5.0, 50.0, 40.0
 ABERRATIONS |= {f"phi{n}{m}": 0.1 * i for i, (n, m) in enumerate(TERMS) if m}
 
 
-def gram_precision(resident, optics, u: int, rows: int) -> dict:
-    """On the owner: the GPU Gram and right side of the first ``rows`` scan-frequency rows against the CPU twin (float64)."""
+def owner_stages(resident, optics, u: int, rows: int) -> dict:
+    """On the owner, stage by stage (ms, second calls: the first compiles), and the Gram and right side of the
+    first ``rows`` frequencies of each alias group against the CPU twin (float64)."""
     from qgpu_dask.device import to_host
     from qgpu_dask.ssb import cpu, direct, sideband
     from qgpu_dask.ssb.optics import chi, chi_table
 
     xp = resident.xp
+    sync = (lambda: xp.cuda.Device().synchronize()) if xp is not np else (lambda: None)
+
+    def clock(fn):
+        fn()
+        sync()
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        return out, (time.perf_counter() - t0) * 1e3
+
     indices, ky, kx = sideband.bright_field_pixels(optics, resident.det_shape)
     spec = sideband.spectrum(resident, indices)
-    q, _, valid = direct.aliases(spec.scan_shape, optics, u)
+    found, aliases_ms = clock(lambda: direct.aliases(spec.scan_shape, optics, u, xp))
     kmax = optics.aperture_k
     weights = 1.0 / np.maximum(to_host(spec.G[:, 0, 0].real) * spec.scale / (spec.scan_shape[0] * spec.scan_shape[1]), 1e-12)
-    out = {"bright_field_pixels": int(len(indices)), "aliases_per_frequency": int(valid.shape[-1])}
+    out = {"bright_field_pixels": int(len(indices)), "aliases_ms": aliases_ms,
+           "alias_groups": {g.count: int(g.freq.size) for g in found.groups}}
+    kernels = sideband.sum_kernels(xp)
     for method in direct.METHODS:
-        args = (weights, chi(kx, ky, optics), chi_table(optics), q[:rows], valid[:rows], method == "complex", u, kmax**2)
-        part = xp.ascontiguousarray(spec.G[:, :rows])
-        device = sideband.sum_kernels(xp).normal_equations(part, ky, kx, *args)
-        reference = cpu.normal_equations(to_host(part), ky, kx, *args)
-        out[method] = {"gram_relative_error": float(np.abs(to_host(device[0]) - reference[0]).max() / np.abs(reference[0]).max()),
-                       "rhs_relative_error": float(np.abs(to_host(device[1]) - reference[1]).max() / np.abs(reference[1]).max())}
+        complex_method = method == "complex"
+
+        def grams():
+            return [kernels.normal_equations(spec.G, ky, kx, weights, chi(kx, ky, optics), chi_table(optics), g.freq, g.q,
+                                             complex_method, u, kmax**2) for g in found.groups]
+
+        _, gram_ms = clock(grams)
+        prep, prepare_ms = clock(lambda: direct.prepare(spec, ky, kx, optics, found, method, xp))
+        result, solve_ms = clock(lambda: direct.solve(prep, 0.1, xp))
+        _, fetch_ms = clock(lambda: to_host(result.phase))
+        gram_error = rhs_error = 0.0
+        for g in found.groups:
+            part = (g.freq[:rows], g.q[:rows])
+            device = kernels.normal_equations(spec.G, ky, kx, weights, chi(kx, ky, optics), chi_table(optics), *part, complex_method, u, kmax**2)
+            reference = cpu.normal_equations(to_host(spec.G), ky, kx, weights, chi(kx, ky, optics), chi_table(optics),
+                                             *(to_host(a) for a in part), complex_method, u, kmax**2)
+            gram_error = max(gram_error, float(np.abs(to_host(device[0]) - reference[0]).max() / np.abs(reference[0]).max()))
+            rhs_error = max(rhs_error, float(np.abs(to_host(device[1]) - reference[1]).max() / np.abs(reference[1]).max()))
+        out[method] = {"gram_kernels_ms": gram_ms, "prepare_ms": prepare_ms, "solve_ms": solve_ms, "image_to_host_ms": fetch_ms,
+                       "equations_bytes": prep.nbytes, "gram_relative_error": gram_error, "rhs_relative_error": rhs_error}
     return out
+
+
+def blank_image(resident, shape: tuple[int, int]) -> np.ndarray:
+    """An image of ``shape`` made on the owner: fetching it is the transfer every result pays."""
+    return np.zeros(shape, np.float32)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scan", type=int, default=64)
+    ap.add_argument("--scan", type=int, default=72, help="simulated scan side (repeated to --size)")
     ap.add_argument("--det", type=int, default=192)
-    ap.add_argument("--tile", type=int, default=8)
+    ap.add_argument("--size", type=int, default=512, help="scan side loaded")
     ap.add_argument("--upsampling", type=int, default=3)
-    ap.add_argument("--precision-rows", type=int, default=2, help="scan-frequency rows checked against the CPU twin")
+    ap.add_argument("--precision-rows", type=int, default=256, help="frequencies of each alias group checked against the CPU twin")
     ap.add_argument("--repeat", type=int, default=10)
     args = ap.parse_args()
-    over, step, semiangle = 6, 0.52, 31.5
-    scan, det = (args.scan, args.scan), (args.det, args.det)
+    over, step, semiangle = 6, 0.4625, 31.5
+    scan, det, size, u = (args.scan, args.scan), (args.det, args.det), (args.size, args.size), args.upsampling
     truth_optics = qd.Optics(300e3, semiangle, step, aberrations=ABERRATIONS)
     potential = simulate.atoms_potential((scan[0] * over, scan[1] * over), step / over, 3.9)
     counts = simulate.acquisition(truth_optics, scan, det, potential, over, dose=1e5, seed=1)
     sampling = wavelength_A(300e3) * 1e3 / (scan[0] * step)
     optics = truth_optics.with_(det_sampling_mrad=sampling, rotation_deg=0.0, flip=False, bf_center_px=(det[0] // 2, det[1] // 2))
-    truth = np.tile(simulate.band_limited(interaction_constant(300e3) * potential, over // args.upsampling), (args.tile, args.tile))
-    u = args.upsampling
-    results: dict = {"scan": [args.scan * args.tile] * 2, "det": list(det), "upsampling": u, "aberration_terms": len(TERMS)}
+    reps = -(-size[0] // scan[0])
+    truth = np.tile(simulate.band_limited(interaction_constant(300e3) * potential, over // u), (reps, reps))[: size[0] * u, : size[1] * u]
+    results: dict = {"scan": list(size), "simulated_scan": list(scan), "det": list(det), "scan_step_A": step, "semiangle_mrad": semiangle,
+                     "upsampling": u, "auto_upsampling": direct.auto_upsampling(optics), "aberration_terms": len(TERMS)}
     with tempfile.TemporaryDirectory() as tmp, qd.Service.local() as svc:
-        acq = svc.load(write_tiled(Path(tmp) / "direct.h5", counts, args.tile), dataset="/data", name="direct", representation="dense", progress=False)
-        acq.direct_ptycho(optics.with_(bf_center_px=(det[0] // 2 + 0.5, det[1] // 2)), "phase", u)  # compiles the kernels
-        acq.direct_ptycho(optics.with_(bf_center_px=(det[0] // 2 + 0.5, det[1] // 2)), "complex", u)
+        acq = svc.load(write_tiled(Path(tmp) / "direct.h5", counts, size), dataset="/data", name="direct", representation="dense", progress=False)
+        shifted = optics.with_(bf_center_px=(det[0] // 2 + 0.5, det[1] // 2))  # other pixels, another G: compiles the kernels
+        for method in direct.METHODS:
+            t0 = time.perf_counter()
+            acq.direct_ptycho(shifted, method, u)
+            results[f"{method}_cold_ms"] = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         acq.ssb(optics)
         results["first_ssb_ms"] = (time.perf_counter() - t0) * 1e3  # makes G: the preparations below start from it
         results["ssb_ms"] = median_ms(lambda: acq.ssb(optics), args.repeat)
+        image_shape = (size[0] * u, size[1] * u)
+        results["image_fetch_ms"] = median_ms(lambda: svc.submit(blank_image, acq, image_shape).result(), args.repeat)
         strengths = iter(np.geomspace(0.01, 1.0, 500))
-        for method in ("phase", "complex"):
+        for method in direct.METHODS:
             t0 = time.perf_counter()
             result = acq.direct_ptycho(optics, method, u, 0.1)
             prepare_ms = (time.perf_counter() - t0) * 1e3
             assert result.prepared
             strength_ms = median_ms(lambda m=method: acq.direct_ptycho(optics, m, u, float(next(strengths))), args.repeat)
-            results[method] = {"prepare_ms": prepare_ms, "strength_only_ms": strength_ms,
-                               "prepare_over_ssb": prepare_ms / results["ssb_ms"],
+            images = 2 if method == "complex" else 1
+            results[method] = {"prepare_ms": prepare_ms, "strength_only_ms": strength_ms, "prepare_over_ssb": prepare_ms / results["ssb_ms"],
+                               "strength_only_over_image_fetch": strength_ms / (images * results["image_fetch_ms"]),
                                "correlation_with_object": correlation(result.phase, truth)}
-        results["precision"] = svc.submit(gram_precision, acq, optics, u, args.precision_rows).result()
+        results["owner"] = svc.submit(owner_stages, acq, optics, u, args.precision_rows).result()
     device = "cuda" if cupy_or_none() is not None else "cpu"
     out = record.write(f"direct_{device}", results)
     for key, value in results.items():

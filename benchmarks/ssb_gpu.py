@@ -74,13 +74,14 @@ def stages(resident, optics) -> dict:
     return out
 
 
-def write_tiled(path: Path, counts: np.ndarray, tile: int) -> Path:
-    """The simulated scan repeated ``tile`` x ``tile`` times as /data (uint16), row by row."""
+def write_tiled(path: Path, counts: np.ndarray, shape: tuple[int, int]) -> Path:
+    """The simulated scan repeated (and cut) to a scan of ``shape`` as /data (uint16), row by row."""
     scan = counts.shape[:2]
+    reps = -(-shape[1] // scan[1])
     with h5py.File(path, "w") as f:
-        d = f.create_dataset("data", shape=(scan[0] * tile, scan[1] * tile, *counts.shape[2:]), dtype=np.uint16)
-        for r in range(scan[0] * tile):
-            d[r] = np.tile(counts[r % scan[0]], (tile, 1, 1)).astype(np.uint16)
+        d = f.create_dataset("data", shape=(*shape, *counts.shape[2:]), dtype=np.uint16)
+        for r in range(shape[0]):
+            d[r] = np.tile(counts[r % scan[0]], (reps, 1, 1))[: shape[1]].astype(np.uint16)
     return path
 
 
@@ -104,7 +105,7 @@ def main() -> None:
     results: dict = {"scan": [args.scan * args.tile] * 2, "det": list(det), "simulated_scan": list(scan), "truth": TRUTH,
                      "semiangle_mrad": semiangle, "scan_step_A": step, "disk_radius_px": semiangle / sampling}
     with tempfile.TemporaryDirectory() as tmp, qd.Service.local() as svc:
-        path = write_tiled(Path(tmp) / "ssb.h5", counts, args.tile)
+        path = write_tiled(Path(tmp) / "ssb.h5", counts, (args.scan * args.tile, args.scan * args.tile))
         acq = svc.load(path, dataset="/data", name="ssb", representation="dense", progress=False)
         optics = qd.Optics(300e3, semiangle, step)
         t0 = time.perf_counter()

@@ -35,6 +35,27 @@ __device__ __forceinline__ float chi(float x, float y, const float2* __restrict_
     return total;
 }
 
+// (Gamma_plus, Gamma_minus) of pixel k = (x, y), chi(k) = here, at frequency (qy, qx): exp(i (chi(k) - chi(k - q)))
+// where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is.
+template <int MM, int MP>
+__device__ __forceinline__ bool trotters(float x, float y, float here, float qy, float qx, const float2* table, float kmax2,
+                                         float2& plus, float2& minus) {
+    float my = y - qy, mx = x - qx, py = y + qy, px = x + qx;
+    float s, c;
+    plus = float2{0.f, 0.f};
+    minus = float2{0.f, 0.f};
+    bool in_plus = mx * mx + my * my <= kmax2, in_minus = px * px + py * py <= kmax2;
+    if (in_plus) {
+        sincosf(here - chi<MM, MP>(mx, my, table), &s, &c);
+        plus = float2{c, s};
+    }
+    if (in_minus) {
+        sincosf(chi<MM, MP>(px, py, table) - here, &s, &c);
+        minus = float2{c, s};
+    }
+    return in_plus || in_minus;
+}
+
 template <int MM, int MP>
 __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, int half_cols, const float* __restrict__ ky,
                              const float* __restrict__ kx, const float* __restrict__ chi_k, const float2* __restrict__ table,
@@ -51,22 +72,9 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
     double sr = 0.0, si = 0.0, sw = 0.0;
     for (i64 k = lo; k < hi; ++k) {
         float y = ky[k], x = kx[k];
-        float my = y - qy, mx = x - qx, py = y + qy, px = x + qx;
-        bool in_minus = mx * mx + my * my <= kmax2;
-        bool in_plus = px * px + py * py <= kmax2;
-        if (!(in_minus || in_plus) || x * x + y * y > kmax2) continue;
-        float here = chi_k[k];
-        float gr = 0.f, gi = 0.f, s, co;
-        if (in_minus) {
-            sincosf(here - chi<MM, MP>(mx, my, table), &s, &co);
-            gr += co;
-            gi += s;
-        }
-        if (in_plus) {
-            sincosf(chi<MM, MP>(px, py, table) - here, &s, &co);
-            gr -= co;
-            gi -= s;
-        }
+        float2 plus, minus;
+        if (x * x + y * y > kmax2 || !trotters<MM, MP>(x, y, chi_k[k], qy, qx, table, kmax2, plus, minus)) continue;
+        float gr = plus.x - minus.x, gi = plus.y - minus.y;
         float size = sqrtf(gr * gr + gi * gi);
         if (!(size > floor)) continue;
         float2 g = G[k * nq + q];
@@ -83,118 +91,133 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
 
 // ---------------------------------------------------------------- direct ptychography
 
-// The normal equations of regularized direct ptychography (qgpu_dask/ssb/direct.py), per coarse scan
-// frequency q of the half spectrum: gram = T^H W T (C x C) and rhs = T^H W g, with one column per alias
+// How a warp's 32 lanes share the E sums of one frequency: PARTS groups of 32 / PARTS lanes, group p
+// taking pixels p, p + PARTS, ... of each chunk of 32 and each of its lanes PER_LANE of the E sums; the
+// groups are added by shuffles in a fixed order at the end. Chosen for the fewest idle slots with at
+// most MAX_PER_LANE sums per lane (more only when E leaves no choice).
+constexpr int MAX_PER_LANE = 10;
+
+struct Sharing {
+    int parts, per_lane;
+};
+
+__host__ __device__ constexpr Sharing sharing(int e) {
+    Sharing best{1, (e + 31) / 32};
+    for (int parts = 2; parts <= 32; parts *= 2) {
+        int lanes = 32 / parts, per_lane = (e + lanes - 1) / lanes;
+        if (per_lane <= MAX_PER_LANE && lanes * per_lane < (32 / best.parts) * best.per_lane) best = Sharing{parts, per_lane};
+    }
+    return best;
+}
+
+// The normal equations of regularized direct ptychography (qgpu_dask/ssb/direct.py) for frequencies with
+// D aliases each: for the n frequencies freq[f] of the half spectrum (flat, nq of them), with the aliases'
+// q at alias_q[f, m] (1/A, (q_y, q_x)), gram[f] = T^H W T (C x C) and rhs[f] = T^H W g, one column per alias
 // (phase: i (Gamma_plus - Gamma_minus) / u^2) or two (complex: Gamma_plus / u^2, then Gamma_minus / u^2).
-// One warp per frequency. The warp takes 32 pixels at a time: each lane evaluates its pixel's C columns
-// in registers (chi from the table, the trotter tests; a pixel with no term is marked by weight 0 and
-// skipped) into the warp's shared buffer; then each lane adds its own entries of the upper triangle and
-// of the right side over those 32 pixels, in float64. Twin: normal_equations in qgpu_dask/ssb/cpu.py.
+// One warp per frequency. The warp takes 32 pixels at a time: each lane evaluates its pixel's columns in
+// float32 registers (chi from the table in shared memory), scales them and g by sqrt(W) and stores them
+// as float64 in the warp's buffer; pixels with no term are skipped. Each lane then adds its sums
+// conj(a_i) a_j over its group's pixels, in float64. Twin: normal_equations in qgpu_dask/ssb/cpu.py.
 template <int MM, int MP, int D, bool COMPLEX>
-__global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq, const float* __restrict__ ky,
-                                 const float* __restrict__ kx, const float* __restrict__ chi_k, const float* __restrict__ weights,
-                                 const float2* __restrict__ table, const float* __restrict__ alias_q,
-                                 const unsigned char* __restrict__ valid, float kmax2, float inv_u2, double2* __restrict__ gram,
+__global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq, const i64* __restrict__ freq, i64 n,
+                                 const float* __restrict__ ky, const float* __restrict__ kx, const float* __restrict__ chi_k,
+                                 const float* __restrict__ root_w, const float2* __restrict__ table_in,
+                                 const float* __restrict__ alias_q, float kmax2, float inv_u2, double2* __restrict__ gram,
                                  double2* __restrict__ rhs) {
     constexpr int C = COMPLEX ? 2 * D : D;
     constexpr int TRIANGLE = C * (C + 1) / 2;
-    constexpr int PER_LANE = (TRIANGLE + C + 31) / 32;
-    constexpr int STRIDE = C + 2;  // per pixel in the buffer: C columns, then g, then (w, 0)
-    extern __shared__ float2 buffer_all[];
+    constexpr int E = TRIANGLE + C;  // the upper triangle, then the right side
+    constexpr Sharing SHARE = sharing(E);
+    constexpr int PARTS = SHARE.parts, PER_LANE = SHARE.per_lane, LANES = 32 / PARTS;
+    constexpr int STRIDE = C + 1;  // per pixel in the buffer: C columns, then g
+    constexpr int TABLE = (MM + 1) * (MP + 1);
+    __shared__ float2 table[TABLE];
+    extern __shared__ double2 buffer_all[];
+    for (int t = threadIdx.x; t < TABLE; t += blockDim.x) table[t] = table_in[t];
+    __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    i64 q = (i64)blockIdx.x * (blockDim.x / 32) + warp;
-    if (q >= nq) return;  // whole warps leave; only __syncwarp is used below
-    float2* buffer = buffer_all + (i64)warp * 32 * STRIDE;
+    i64 f = (i64)blockIdx.x * (blockDim.x / 32) + warp;
+    if (f >= n) return;  // whole warps leave; only warp-level synchronisation follows
+    i64 q = freq[f];
+    double2* buffer = buffer_all + (i64)warp * 32 * STRIDE;
 
     float qy[D], qx[D];
-    bool on[D];
 #pragma unroll
     for (int m = 0; m < D; ++m) {
-        qy[m] = alias_q[(q * D + m) * 2];
-        qx[m] = alias_q[(q * D + m) * 2 + 1];
-        on[m] = valid[q * D + m] != 0;
+        qy[m] = alias_q[(f * D + m) * 2];
+        qx[m] = alias_q[(f * D + m) * 2 + 1];
     }
-    // this lane's entries: e < TRIANGLE is (i, j), i <= j, of the upper triangle; the rest are rhs[i]
+    // this lane's sums: e < TRIANGLE is (i, j), i <= j, of the upper triangle; TRIANGLE + i is rhs[i] (j = C: g)
+    int part = lane / LANES;
     int ei[PER_LANE], ej[PER_LANE];
     double2 acc[PER_LANE];
 #pragma unroll
     for (int t = 0; t < PER_LANE; ++t) {
-        int e = lane + 32 * t;
+        int e = lane % LANES + LANES * t;
         ei[t] = -1;
-        ej[t] = -1;
+        ej[t] = C;
         acc[t] = double2{0.0, 0.0};
         if (e < TRIANGLE) {
             int i = 0, row_len = C;
             while (e >= row_len) { e -= row_len; ++i; --row_len; }
             ei[t] = i;
             ej[t] = i + e;
-        } else if (e < TRIANGLE + C) {
+        } else if (e < E) {
             ei[t] = e - TRIANGLE;
         }
     }
 
     for (i64 base = 0; base < n_pix; base += 32) {
         i64 k = base + lane;
-        float2* mine = buffer + lane * STRIDE;
+        double2* mine = buffer + lane * STRIDE;
         bool any = false;
-        float y = 0.f, x = 0.f, here = 0.f;
         if (k < n_pix) {
-            y = ky[k];
-            x = kx[k];
-            here = chi_k[k];
-        }
-        bool inside = k < n_pix && x * x + y * y <= kmax2;
+            float y = ky[k], x = kx[k], here = chi_k[k], w = root_w[k] * inv_u2;
+            bool inside = x * x + y * y <= kmax2;
 #pragma unroll
-        for (int m = 0; m < D; ++m) {
-            float2 plus{0.f, 0.f}, minus{0.f, 0.f};
-            if (inside && on[m]) {
-                float my = y - qy[m], mx = x - qx[m], py = y + qy[m], px = x + qx[m];
-                float s, c;
-                if (mx * mx + my * my <= kmax2) {
-                    sincosf(here - chi<MM, MP>(mx, my, table), &s, &c);
-                    plus = float2{c * inv_u2, s * inv_u2};
-                    any = true;
-                }
-                if (px * px + py * py <= kmax2) {
-                    sincosf(chi<MM, MP>(px, py, table) - here, &s, &c);
-                    minus = float2{c * inv_u2, s * inv_u2};
-                    any = true;
+            for (int m = 0; m < D; ++m) {
+                float2 plus{0.f, 0.f}, minus{0.f, 0.f};
+                any = (inside && trotters<MM, MP>(x, y, here, qy[m], qx[m], table, kmax2, plus, minus)) || any;
+                if (COMPLEX) {
+                    mine[m] = double2{w * plus.x, w * plus.y};
+                    mine[D + m] = double2{w * minus.x, w * minus.y};
+                } else {  // i (plus - minus)
+                    mine[m] = double2{-w * (plus.y - minus.y), w * (plus.x - minus.x)};
                 }
             }
-            if (COMPLEX) {
-                mine[m] = plus;
-                mine[D + m] = minus;
-            } else {
-                mine[m] = float2{-(plus.y - minus.y), plus.x - minus.x};  // i (plus - minus)
+            if (any) {
+                float2 g = G[k * nq + q];
+                float rw = root_w[k];
+                mine[C] = double2{rw * g.x, rw * g.y};
             }
         }
-        mine[C] = any ? G[k * nq + q] : float2{0.f, 0.f};
-        mine[C + 1] = float2{any ? weights[k] : 0.f, 0.f};
+        unsigned live = __ballot_sync(0xffffffffu, any);
         __syncwarp();
-        for (int p = 0; p < 32; ++p) {
-            const float2* col = buffer + p * STRIDE;
-            double w = col[C + 1].x;
-            if (w == 0.0) continue;  // the same p for every lane: no divergence
+        for (int p = part; p < 32; p += PARTS) {
+            if (!((live >> p) & 1u)) continue;  // the same p for every lane of the group
+            const double2* col = buffer + p * STRIDE;
 #pragma unroll
             for (int t = 0; t < PER_LANE; ++t) {
                 if (ei[t] < 0) continue;
-                float2 a = col[ei[t]];
-                float2 b = ej[t] >= 0 ? col[ej[t]] : col[C];
-                double ar = w * a.x, ai = w * a.y;  // w conj(a) b
-                acc[t].x += ar * b.x + ai * b.y;
-                acc[t].y += ar * b.y - ai * b.x;
+                double2 a = col[ei[t]], b = col[ej[t]];  // conj(a) b
+                acc[t].x += a.x * b.x + a.y * b.y;
+                acc[t].y += a.x * b.y - a.y * b.x;
             }
         }
         __syncwarp();
     }
 #pragma unroll
     for (int t = 0; t < PER_LANE; ++t) {
-        if (ei[t] < 0) continue;
-        if (ej[t] >= 0) {
-            gram[(q * C + ei[t]) * C + ej[t]] = acc[t];
-            if (ej[t] != ei[t]) gram[(q * C + ej[t]) * C + ei[t]] = double2{acc[t].x, -acc[t].y};
+        for (int offset = 16; offset >= LANES; offset /= 2) {  // the groups added in a fixed order
+            acc[t].x += __shfl_down_sync(0xffffffffu, acc[t].x, offset);
+            acc[t].y += __shfl_down_sync(0xffffffffu, acc[t].y, offset);
+        }
+        if (part != 0 || ei[t] < 0) continue;
+        if (ej[t] < C) {
+            gram[(f * C + ei[t]) * C + ej[t]] = acc[t];
+            if (ej[t] != ei[t]) gram[(f * C + ej[t]) * C + ei[t]] = double2{acc[t].x, -acc[t].y};
         } else {
-            rhs[q * C + ei[t]] = acc[t];
+            rhs[f * C + ei[t]] = acc[t];
         }
     }
 }

@@ -418,12 +418,13 @@ class Shard:
 
         def prepare(r: Resident) -> direct.Prepared:
             """The equations of ``r``, refused before any work if the cache could not hold them."""
-            need = direct.equations_bytes(r.scan_shape, optics, u, method)
+            found = direct.aliases(r.scan_shape, optics, u, r.xp)
+            need = direct.equations_bytes(found, method)
             if need > self.prepared.limit:
                 raise ValueError(f"direct ptychography of {r.name!r} at upsampling {u} ({method}) needs {format_bytes(need)} for its "
                                  f"equations, more than the {format_bytes(self.prepared.limit)} this shard keeps for phase preparations: "
                                  "use a smaller upsampling")
-            return direct.prepare(*self.spectrum(r, optics), optics, u, method, r.xp)
+            return direct.prepare(*self.spectrum(r, optics), optics, found, method, r.xp)
 
         def compute() -> list[DirectResult]:
             results = []

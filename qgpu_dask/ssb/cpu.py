@@ -80,53 +80,51 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
 
 
 @numba.njit(parallel=True, cache=True)
-def normal_equations_loop(G, ky, kx, weights, chi_k, table, alias_q, valid, complex_method, inv_u2, kmax2, gram, rhs):
-    n_pix, rows, half = G.shape
-    d = alias_q.shape[2]
-    cols = gram.shape[3]
-    for r in numba.prange(rows):
+def normal_equations_loop(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method, inv_u2, kmax2, gram, rhs):
+    n_pix = G.shape[0]
+    d = alias_q.shape[1]
+    cols = gram.shape[1]
+    for f in numba.prange(len(freq)):
         column = np.zeros(cols, np.complex128)
-        for c in range(half):
-            for k in range(n_pix):
-                y, x = ky[k], kx[k]
-                if x * x + y * y > kmax2:
+        for k in range(n_pix):
+            y, x = ky[k], kx[k]
+            if x * x + y * y > kmax2:
+                continue
+            here = chi_k[k]
+            any_term = False
+            for m in range(d):
+                plus, minus = trotters(x, y, here, alias_q[f, m, 0], alias_q[f, m, 1], table, kmax2)
+                plus, minus = plus * inv_u2, minus * inv_u2
+                if complex_method:
+                    column[m] = plus
+                    column[d + m] = minus
+                else:
+                    column[m] = 1j * (plus - minus)
+                any_term = any_term or plus != 0 or minus != 0
+            if not any_term:
+                continue
+            w = weights[k]
+            g = G[k, freq[f]]
+            for i in range(cols):
+                ci = column[i].conjugate() * w
+                if ci == 0:
                     continue
-                here = chi_k[k]
-                any_term = False
-                for m in range(d):
-                    plus = 0j
-                    minus = 0j
-                    if valid[r, c, m]:
-                        plus, minus = trotters(x, y, here, alias_q[r, c, m, 0], alias_q[r, c, m, 1], table, kmax2)
-                        plus, minus = plus * inv_u2, minus * inv_u2
-                    if complex_method:
-                        column[m] = plus
-                        column[d + m] = minus
-                    else:
-                        column[m] = 1j * (plus - minus)
-                    any_term = any_term or plus != 0 or minus != 0
-                if not any_term:
-                    continue
-                w = weights[k]
-                g = G[k, r, c]
-                for i in range(cols):
-                    ci = column[i].conjugate() * w
-                    if ci == 0:
-                        continue
-                    rhs[r, c, i] += ci * g
-                    for j in range(cols):
-                        gram[r, c, i, j] += ci * column[j]
+                rhs[f, i] += ci * g
+                for j in range(cols):
+                    gram[f, i, j] += ci * column[j]
 
 
-def normal_equations(G, ky, kx, weights, chi_k, table, alias_q, valid, complex_method: bool, upsampling: int, kmax2: float):
-    """Per coarse scan frequency (rows, half_cols) of the half spectrum: the Gram T^H W T and right side T^H W g
-    of the direct-ptychography model (``ssb.direct``), complex128, for one column per alias (phase method:
-    i Gamma / u^2) or two (complex method: Gamma_plus / u^2, then Gamma_minus / u^2)."""
-    n_pix, rows, half = G.shape
-    cols = alias_q.shape[2] * (2 if complex_method else 1)
-    gram = np.zeros((rows, half, cols, cols), np.complex128)
-    rhs = np.zeros((rows, half, cols), np.complex128)
-    normal_equations_loop(G, np.asarray(ky, np.float64), np.asarray(kx, np.float64), np.asarray(weights, np.float64),
-                          np.asarray(chi_k, np.float64), np.asarray(table, np.complex128), np.asarray(alias_q, np.float64),
-                          np.asarray(valid, np.bool_), bool(complex_method), 1.0 / upsampling**2, float(kmax2), gram, rhs)
+def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
+    """For the frequencies ``freq`` (flat indices into G's half spectrum, G (n_pix, rows, half_cols)), each with
+    the aliases ``alias_q`` (n, D, 2) (1/A, (q_y, q_x)): the Gram T^H W T (n, C, C) and right side T^H W g
+    (n, C) of the direct-ptychography model (``ssb.direct``), complex128, with one column per alias (phase
+    method: i Gamma / u^2) or two (complex method: Gamma_plus / u^2, then Gamma_minus / u^2)."""
+    n_pix = G.shape[0]
+    n, d = alias_q.shape[:2]
+    cols = d * (2 if complex_method else 1)
+    gram = np.zeros((n, cols, cols), np.complex128)
+    rhs = np.zeros((n, cols), np.complex128)
+    normal_equations_loop(G.reshape(n_pix, -1), np.asarray(ky, np.float64), np.asarray(kx, np.float64), np.asarray(weights, np.float64),
+                          np.asarray(chi_k, np.float64), np.asarray(table, np.complex128), np.asarray(freq, np.int64),
+                          np.asarray(alias_q, np.float64), bool(complex_method), 1.0 / upsampling**2, float(kmax2), gram, rhs)
     return gram, rhs

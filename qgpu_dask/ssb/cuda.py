@@ -45,24 +45,25 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
 NORMAL_WARPS = 8  # frequencies per block of normal_equations
 
 
-def normal_equations(G, ky, kx, weights, chi_k, table, alias_q, valid, complex_method: bool, upsampling: int, kmax2: float):
-    """The twin of ``ssb.cpu.normal_equations`` (see there): Gram and right side per coarse frequency,
-    complex128 on the device, accumulated in float64 from float32 transfers."""
-    n_pix, rows, half = G.shape
+def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
+    """The twin of ``ssb.cpu.normal_equations`` (see there): Gram and right side of each listed frequency,
+    complex128 on the device, summed in float64 from float32 transfers."""
+    n_pix = G.shape[0]
     if G.dtype != np.complex64 or not G.flags.c_contiguous:
         raise ValueError("G must be a C-contiguous complex64 array")
-    d = alias_q.shape[2]
+    n, d = alias_q.shape[:2]
     cols = 2 * d if complex_method else d
-    nq = rows * half
-    gram = cupy.zeros((rows, half, cols, cols), np.complex128)
-    rhs = cupy.zeros((rows, half, cols), np.complex128)
+    gram = cupy.zeros((n, cols, cols), np.complex128)
+    rhs = cupy.zeros((n, cols), np.complex128)
+    if n == 0:
+        return gram, rhs
     table = np.asarray(table, np.complex64)
     name = f"normal_equations<{table.shape[0] - 1}, {table.shape[1] - 1}, {d}, {'true' if complex_method else 'false'}>"
     compile.kernel("ssb.cu", name)(
-        (math.ceil(nq / NORMAL_WARPS),), (32 * NORMAL_WARPS,),
-        (G, np.int64(n_pix), np.int64(nq), cupy.asarray(ky, np.float32), cupy.asarray(kx, np.float32), cupy.asarray(chi_k, np.float32),
-         cupy.asarray(weights, np.float32), cupy.asarray(table), cupy.ascontiguousarray(cupy.asarray(alias_q, np.float32)),
-         cupy.ascontiguousarray(cupy.asarray(valid, np.uint8)), np.float32(kmax2), np.float32(1.0 / upsampling**2), gram, rhs),
-        shared_mem=NORMAL_WARPS * 32 * (cols + 2) * 8,
+        (math.ceil(n / NORMAL_WARPS),), (32 * NORMAL_WARPS,),
+        (G, np.int64(n_pix), np.int64(G[0].size), cupy.asarray(freq, np.int64), np.int64(n), cupy.asarray(ky, np.float32),
+         cupy.asarray(kx, np.float32), cupy.asarray(chi_k, np.float32), cupy.sqrt(cupy.asarray(weights, np.float32)), cupy.asarray(table),
+         cupy.ascontiguousarray(cupy.asarray(alias_q, np.float32)), np.float32(kmax2), np.float32(1.0 / upsampling**2), gram, rhs),
+        shared_mem=NORMAL_WARPS * 32 * (cols + 1) * 16,
     )
     return gram, rhs

@@ -13,10 +13,14 @@ i (Gamma_plus - Gamma_minus) / u^2); the complex method two, a_m = eps(J_m)
 and b_m = conj(eps(-J_m)). Per j of the half spectrum: minimise
 sum_k W_k |g_k - T x|^2 + s sum_m w_m |x_m|^2 with W_k = 1 / (the pixel's mean
 intensity) (Poisson noise), w_m = (1 + |q_m|^2 / q0^2)^2, q0 = alpha / lambda.
-With D = diag(w), the Gram A = T^H W T is turned into D^-1/2 A D^-1/2 = V L V^H
-once per optics, so any strength s is x = D^-1/2 V (V^H D^-1/2 T^H W g) / (L + s):
-a diagonal evaluation. ``strength`` is s relative to the mean diagonal of
-that matrix, so it does not depend on the dose or the number of pixels.
+With D = diag(w), the Gram A = T^H W T and b = T^H W g are kept per optics
+as M = D^-1/2 A D^-1/2 and D^-1/2 b, so any strength s is one batched solve
+x = D^-1/2 (M + s I)^-1 D^-1/2 b (an eigenbasis would make it a diagonal
+evaluation, but on the GPU the batched eigendecomposition costs more at
+preparation than the solves save: docs/design.md). ``strength`` is s
+relative to the mean diagonal of M, so it does not depend on the dose or the
+number of pixels. Frequencies are grouped by how many aliases carry signal,
+one system size per group.
 """
 
 from __future__ import annotations
@@ -57,9 +61,10 @@ def check_strength(strength) -> float:
     try:
         value = float(strength)
     except (TypeError, ValueError):
-        raise ValueError(f"strength must be a number >= 0, got {strength!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"strength must be a finite number >= 0, got {strength!r}")
+        raise ValueError(f"strength must be a number > 0, got {strength!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"strength must be a finite number > 0 (without regularization frequencies the data do not "
+                         f"determine are undetermined), got {strength!r}")
     return value
 
 
@@ -84,115 +89,148 @@ def optics_key(optics: Optics, upsampling: int) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def aliases(scan_shape: tuple[int, int], optics: Optics, u: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each coarse frequency of the half spectrum (rows, cols // 2 + 1): its aliases' q (1/A, (.., d, 2) as
-    (q_y, q_x)), fine-grid indices (.., d, 2) in [0, N u) and which carry signal (.., d), the carrying ones
-    first; d is the most any frequency keeps."""
+@dataclass
+class AliasGroup:
+    """The coarse frequencies of the half spectrum with ``count`` carrying aliases: their flat indices
+    ``freq`` (n,) into the (rows, cols // 2 + 1) half spectrum, the aliases' q (n, count, 2) as (q_y, q_x) in 1/A,
+    and the flat fine-grid indices of each alias J (``here_at``) and of -J (``mirror_at``), (n * count,)."""
+
+    count: int
+    freq: Any
+    q: Any
+    here_at: Any
+    mirror_at: Any
+
+
+@dataclass
+class Aliases:
+    """Every coarse frequency's carrying aliases, grouped by their number; ``share`` (rows * u, cols * u) is
+    1 / how many aliases reach each fine frequency (0 where none). Each fine frequency is an alias of one
+    coarse class, so J and -J are each distinct; only the self-conjugate columns (j_x = 0, N/2) reach a
+    frequency from both sides, which then gets the mean."""
+
+    scan_shape: tuple[int, int]
+    upsampling: int
+    groups: list[AliasGroup]
+    share: Any
+
+
+def aliases(scan_shape: tuple[int, int], optics: Optics, u: int, xp=np) -> Aliases:
+    """The aliases of every coarse frequency that carry signal (lambda |q| < 2 alpha), on ``xp``'s device."""
     rows, cols = scan_shape
-    limit = 2 * optics.aperture_k
-    jr = np.arange(rows)[:, None, None, None]
-    jc = np.arange(cols // 2 + 1)[None, :, None, None]
-    m = np.arange(u)
-    fine_r = np.broadcast_to((jr + m[:, None] * rows) % (rows * u), (rows, cols // 2 + 1, u, u)).reshape(rows, cols // 2 + 1, u * u)
-    fine_c = np.broadcast_to((jc + m[None, :] * cols) % (cols * u), (rows, cols // 2 + 1, u, u)).reshape(rows, cols // 2 + 1, u * u)
-    signed_r = np.where(fine_r >= (rows * u + 1) // 2, fine_r - rows * u, fine_r)
-    signed_c = np.where(fine_c >= (cols * u + 1) // 2, fine_c - cols * u, fine_c)
-    q = np.stack([signed_r / (rows * optics.scan_step_A), signed_c / (cols * optics.scan_step_A)], axis=-1)
-    valid = np.hypot(q[..., 0], q[..., 1]) < limit
-    valid[0, 0] = False  # j = 0 holds the unscattered beam: its aliases (multiples of the scan frequency) are not seen apart from it
-    order = np.argsort(~valid, axis=-1, kind="stable")
-    d = max(1, int(valid.sum(axis=-1).max()))
-    take = order[..., :d]
-    fine = np.stack([np.take_along_axis(fine_r, take, -1), np.take_along_axis(fine_c, take, -1)], axis=-1)
-    return np.take_along_axis(q, take[..., None], -2), fine, np.take_along_axis(valid, take, -1)
+    fine_shape = (rows * u, cols * u)
+    m = xp.arange(u)
+    fine_r = (xp.arange(rows)[:, None, None, None] + m[:, None] * rows) % fine_shape[0]
+    fine_c = (xp.arange(cols // 2 + 1)[None, :, None, None] + m[None, :] * cols) % fine_shape[1]
+    fine_r, fine_c = (a.reshape(rows * (cols // 2 + 1), u * u) for a in xp.broadcast_arrays(fine_r, fine_c))
+    qy = xp.where(fine_r >= (fine_shape[0] + 1) // 2, fine_r - fine_shape[0], fine_r) / (rows * optics.scan_step_A)
+    qx = xp.where(fine_c >= (fine_shape[1] + 1) // 2, fine_c - fine_shape[1], fine_c) / (cols * optics.scan_step_A)
+    valid = qy**2 + qx**2 < (2 * optics.aperture_k) ** 2
+    valid[0] = False  # j = 0 holds the unscattered beam: its aliases (multiples of the scan frequency) are not seen apart from it
+    count = valid.sum(axis=1)
+    groups = []
+    for d in (c for c in xp.unique(count).tolist() if c > 0):
+        freq = xp.nonzero(count == d)[0]
+        at = xp.nonzero(valid[freq])[1].reshape(-1, d)  # row by row: each frequency's carrying aliases in order
+
+        def take(a, freq=freq, at=at):
+            return xp.take_along_axis(a[freq], at, axis=1)
+
+        r, c = take(fine_r), take(fine_c)
+        groups.append(AliasGroup(d, freq, xp.stack([take(qy), take(qx)], axis=-1), (r * fine_shape[1] + c).ravel(),
+                                 ((-r % fine_shape[0]) * fine_shape[1] + (-c % fine_shape[1])).ravel()))
+    reached = sum((xp.bincount(g.here_at, minlength=fine_shape[0] * fine_shape[1])
+                   + xp.bincount(g.mirror_at, minlength=fine_shape[0] * fine_shape[1]) for g in groups),
+                  xp.zeros(fine_shape[0] * fine_shape[1], xp.int64))
+    share = xp.where(reached > 0, 1.0 / xp.maximum(reached, 1), 0.0).reshape(fine_shape)
+    return Aliases((rows, cols), u, groups, share)
 
 
-def equations_bytes(scan_shape: tuple[int, int], optics: Optics, u: int, method: str) -> int:
-    """Device bytes ``prepare`` holds at its peak: the Gram, its scaled copy and the eigenvectors, complex128."""
-    valid = aliases(scan_shape, optics, u)[2]
-    columns = valid.shape[-1] * (2 if method == "complex" else 1)
-    return 3 * valid.shape[0] * valid.shape[1] * columns**2 * 16
+def unknowns_per_alias(method: str) -> int:
+    return 2 if method == "complex" else 1
+
+
+def equations_bytes(found: Aliases, method: str) -> int:
+    """Device bytes ``prepare`` and ``solve`` hold at their peak: the Gram, its scaled copy and a solve's
+    copy, complex128."""
+    per = unknowns_per_alias(method)
+    return 3 * 16 * sum(int(g.freq.size) * (per * g.count) ** 2 for g in found.groups)
+
+
+@dataclass
+class System:
+    """The scaled equations of one alias group: x(s) = scale * (matrix + s I)^-1 rhs, per frequency."""
+
+    matrix: Any  # (n, C, C) D^-1/2 T^H W T D^-1/2
+    rhs: Any  # (n, C) D^-1/2 T^H W g
+    scale: Any  # (n, C) D^-1/2
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.matrix.nbytes + self.rhs.nbytes + self.scale.nbytes)
 
 
 @dataclass
 class Prepared:
-    """One method's equations in the eigenbasis, per coarse frequency: x(s) = scale * V (c / (L + s level))."""
+    """One method's equations at one optics and upsampling, and where their unknowns go on the fine grid."""
 
     method: str
-    upsampling: int
-    scan_shape: tuple[int, int]
-    valid: Any  # (rows * half * d,) which unknowns of each kind carry signal
-    here_at: Any  # flat fine-grid index of each carrying alias J
-    mirror_at: Any  # and of -J
-    share: Any  # (rows * u, cols * u): 1 / how many aliases reach each fine frequency (0 where none)
-    scale: Any  # (rows, half, D): D^-1/2
-    vectors: Any  # (rows, half, D, D)
-    values: Any  # (rows, half, D)
-    projected: Any  # (rows, half, D): V^H D^-1/2 T^H W g
+    found: Aliases
+    systems: list[System]
+    here_at: Any  # every group's here_at, in group order
+    mirror_at: Any
     level: float
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.valid, self.here_at, self.mirror_at, self.share, self.scale, self.vectors, self.values, self.projected)
-        return int(sum(a.nbytes for a in arrays))
+        return int(sum(s.nbytes for s in self.systems) + self.here_at.nbytes + self.mirror_at.nbytes + self.found.share.nbytes)
 
 
-def placement(scan_shape: tuple[int, int], u: int, fine: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(valid flattened, flat fine-grid index of each carrying alias J, of -J, 1 / the aliases reaching each fine
-    frequency). Each fine frequency is an alias of one coarse class, so J and -J are each distinct; only the
-    self-conjugate columns (j_x = 0, N/2) reach a frequency from both sides, which then gets the mean."""
-    shape = (scan_shape[0] * u, scan_shape[1] * u)
-    valid = valid.ravel()
-    rows, cols = fine[..., 0].ravel()[valid], fine[..., 1].ravel()[valid]
-    here_at = rows * shape[1] + cols
-    mirror_at = ((-rows) % shape[0]) * shape[1] + (-cols) % shape[1]
-    count = np.bincount(here_at, minlength=shape[0] * shape[1]) + np.bincount(mirror_at, minlength=shape[0] * shape[1])
-    share = np.where(count > 0, 1.0 / np.maximum(count, 1), 0.0).reshape(shape)
-    return valid, here_at, mirror_at, share
-
-
-def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, u: int, method: str, xp=np) -> Prepared:
-    """The normal equations of ``method`` at upsampling ``u``, built and diagonalised on G's device."""
-    q, fine, valid = aliases(spec.scan_shape, optics, u)
+def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, found: Aliases, method: str, xp=np) -> Prepared:
+    """The normal equations of ``method`` for the aliases ``found``, built and scaled on G's device."""
     kmax = optics.aperture_k
-    G = spec.G
-    mean_intensity = xp.asarray(G[:, 0, 0].real, xp.float64) * spec.scale / (spec.scan_shape[0] * spec.scan_shape[1])
+    mean_intensity = xp.asarray(spec.G[:, 0, 0].real, xp.float64) * spec.scale / (spec.scan_shape[0] * spec.scan_shape[1])
     weights = 1.0 / xp.maximum(mean_intensity, 1e-12)
-    gram, rhs = sum_kernels(xp).normal_equations(G, ky, kx, weights, chi(kx, ky, optics), chi_table(optics),
-                                                 xp.asarray(q), xp.asarray(valid), method == "complex", u, kmax**2)
-    rhs = rhs * spec.scale
-    prior = (1 + (q[..., 0] ** 2 + q[..., 1] ** 2) / kmax**2) ** 2
-    prior = np.where(valid, prior, 1.0)
-    if method == "complex":
-        prior = np.concatenate([prior, prior], axis=-1)
-    scale = xp.asarray(1 / np.sqrt(prior))
-    matrix = scale[..., :, None] * gram * scale[..., None, :]
-    values, vectors = xp.linalg.eigh(matrix)
-    projected = xp.einsum("...ji,...j->...i", vectors.conj(), scale * rhs)
-    diagonal = xp.real(xp.diagonal(matrix, axis1=-2, axis2=-1))
-    used = xp.asarray(np.concatenate([valid, valid], axis=-1) if method == "complex" else valid)
-    level = float(diagonal[used].mean()) if bool(used.any()) else 1.0
-    placed = [xp.asarray(a) for a in placement(spec.scan_shape, u, fine, valid)]
-    return Prepared(method, u, spec.scan_shape, *placed, scale, vectors, values, projected, level)
+    chi_k, table, kernels = chi(kx, ky, optics), chi_table(optics), sum_kernels(xp)
+    systems = []
+    for g in found.groups:
+        gram, rhs = kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, g.freq, g.q, method == "complex",
+                                             found.upsampling, kmax**2)
+        scale = 1 / (1 + (g.q[..., 0] ** 2 + g.q[..., 1] ** 2) / kmax**2)
+        scale = xp.concatenate([scale, scale], axis=1) if method == "complex" else scale
+        systems.append(System(scale[:, :, None] * gram * scale[:, None, :], scale * rhs * spec.scale, scale))
+    diagonal = sum(float(xp.real(xp.diagonal(s.matrix, axis1=1, axis2=2)).sum()) for s in systems)
+    unknowns = sum(s.scale.size for s in systems)
+    here_at = xp.concatenate([g.here_at for g in found.groups]) if found.groups else xp.zeros(0, xp.int64)
+    mirror_at = xp.concatenate([g.mirror_at for g in found.groups]) if found.groups else xp.zeros(0, xp.int64)
+    return Prepared(method, found, systems, here_at, mirror_at, diagonal / unknowns if unknowns else 1.0)
+
+
+def unknowns(prep: Prepared, strength: float, xp=np) -> list:
+    """Each group's unknowns (n, C) at ``strength``: the batched solve of (M + s I) y = D^-1/2 b, x = D^-1/2 y."""
+    s = strength * prep.level
+    return [sys.scale * xp.linalg.solve(sys.matrix + s * xp.eye(sys.scale.shape[1]), sys.rhs[..., None])[..., 0]
+            for sys in prep.systems]
 
 
 def solve(prep: Prepared, strength: float, xp=np) -> DirectResult:
-    """The image at one ``strength`` from prepared equations: a diagonal evaluation and an inverse FFT."""
-    s = strength * prep.level
-    values = xp.where(prep.values + s > 0, prep.values + s, xp.inf)
-    x = prep.scale * xp.einsum("...ij,...j->...i", prep.vectors, prep.projected / values)
-    u = prep.upsampling
+    """The image at one ``strength`` from prepared equations: batched solves and an inverse FFT."""
+    x = unknowns(prep, strength, xp)
     if prep.method == "complex":  # eps(J) = a, eps(-J) = conj(b)
-        d = x.shape[-1] // 2
-        here, mirrored = x[..., :d], xp.conj(x[..., d:])
+        here = [v[:, : v.shape[1] // 2].ravel() for v in x]
+        mirrored = [xp.conj(v[:, v.shape[1] // 2 :]).ravel() for v in x]
     else:  # Phi(-J) = conj(Phi(J))
-        here, mirrored = x, xp.conj(x)
-    spectrum = xp.zeros(prep.share.size, xp.complex128)
-    spectrum[prep.here_at] = here.reshape(-1)[prep.valid]
-    spectrum[prep.mirror_at] += mirrored.reshape(-1)[prep.valid]  # distinct indices: a plain fancy-index add is exact
-    spectrum = spectrum.reshape(prep.share.shape) * prep.share
+        here = [v.ravel() for v in x]
+        mirrored = [xp.conj(v).ravel() for v in x]
+    share = prep.found.share
+    spectrum = xp.zeros(share.size, xp.complex128)
+    if x:
+        spectrum[prep.here_at] = xp.concatenate(here)
+        spectrum[prep.mirror_at] += xp.concatenate(mirrored)  # distinct indices: a plain fancy-index add is exact
+    spectrum = spectrum.reshape(share.shape) * share
     spectrum[0, 0] = 0
     image = xp.fft.ifft2(spectrum)
+    u = prep.found.upsampling
     if prep.method == "phase":
         phase = image.real
         return DirectResult((phase - phase.mean()).astype(xp.float32), None, "phase", u, strength)
