@@ -37,41 +37,51 @@ __device__ __forceinline__ float chi(float x, float y, const float2* __restrict_
 
 // (Gamma_plus, Gamma_minus) of pixel k = (x, y), chi(k) = here, at frequency (qy, qx): exp(i (chi(k) - chi(k - q)))
 // where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is.
+// The aperture tests are made in float64, as the CPU twin makes them: a pixel on an aperture edge is in or out
+// on both; chi and the phase factors are float32.
+// (sin v, cos v) for the phase differences of the kernels below: v reduced to [-pi, pi] in two steps
+// (2 pi = 6.28125 + 0.0019353071795864769, the first part exact in float), then the fast intrinsic:
+// within about 1e-6 rad of sincosf for |v| up to 1e3, as close as chi itself is in float32.
+__device__ __forceinline__ void phase_factor(float v, float* s, float* c) {
+    float turns = rintf(v * 0.15915494309189535f);
+    __sincosf(fmaf(-turns, 0.0019353071795864769f, fmaf(-turns, 6.28125f, v)), s, c);
+}
+
 template <int MM, int MP>
-__device__ __forceinline__ bool trotters(float x, float y, float here, float qy, float qx, const float2* table, float kmax2,
+__device__ __forceinline__ bool trotters(double x, double y, float here, double qy, double qx, const float2* table, double kmax2,
                                          float2& plus, float2& minus) {
-    float my = y - qy, mx = x - qx, py = y + qy, px = x + qx;
+    double my = y - qy, mx = x - qx, py = y + qy, px = x + qx;
     float s, c;
     plus = float2{0.f, 0.f};
     minus = float2{0.f, 0.f};
     bool in_plus = mx * mx + my * my <= kmax2, in_minus = px * px + py * py <= kmax2;
     if (in_plus) {
-        sincosf(here - chi<MM, MP>(mx, my, table), &s, &c);
+        phase_factor(here - chi<MM, MP>((float)mx, (float)my, table), &s, &c);
         plus = float2{c, s};
     }
     if (in_minus) {
-        sincosf(chi<MM, MP>(px, py, table) - here, &s, &c);
+        phase_factor(chi<MM, MP>((float)px, (float)py, table) - here, &s, &c);
         minus = float2{c, s};
     }
     return in_plus || in_minus;
 }
 
 template <int MM, int MP>
-__global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, int half_cols, const float* __restrict__ ky,
-                             const float* __restrict__ kx, const float* __restrict__ chi_k, const float2* __restrict__ table,
-                             float dqy, float dqx, float kmax2, float floor, i64 per_slice, double* __restrict__ total_re,
+__global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, int half_cols, const double* __restrict__ ky,
+                             const double* __restrict__ kx, const float* __restrict__ chi_k, const float2* __restrict__ table,
+                             double dqy, double dqx, double kmax2, float floor, i64 per_slice, double* __restrict__ total_re,
                              double* __restrict__ total_im, double* __restrict__ weight) {
     i64 nq = (i64)rows * half_cols;
     i64 q = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= nq) return;
     int r = (int)(q / half_cols), c = (int)(q % half_cols);
-    float qy = (float)(r < (rows + 1) / 2 ? r : r - rows) * dqy;
-    float qx = (float)c * dqx;
+    double qy = (r < (rows + 1) / 2 ? r : r - rows) * dqy;
+    double qx = c * dqx;
     i64 lo = (i64)blockIdx.y * per_slice;
     i64 hi = min(n_pix, lo + per_slice);
     double sr = 0.0, si = 0.0, sw = 0.0;
     for (i64 k = lo; k < hi; ++k) {
-        float y = ky[k], x = kx[k];
+        double y = ky[k], x = kx[k];
         float2 plus, minus;
         if (x * x + y * y > kmax2 || !trotters<MM, MP>(x, y, chi_k[k], qy, qx, table, kmax2, plus, minus)) continue;
         float gr = plus.x - minus.x, gi = plus.y - minus.y;
@@ -116,17 +126,17 @@ __host__ __device__ constexpr Sharing sharing(int e) {
 // (phase: i (Gamma_plus - Gamma_minus) / u^2) or two (complex: Gamma_plus / u^2, then Gamma_minus / u^2).
 // One warp per frequency. The warp takes 32 pixels at a time: each lane evaluates its pixel's columns in
 // float32 registers (chi from the table in shared memory), scales them and g by sqrt(W) and stores them
-// as float64 in the warp's buffer; pixels with no term are skipped. Each lane then adds its sums
+// as float64 in the warp's buffer (after it, the aliases' q); pixels with no term are skipped. Each lane then adds its sums
 // conj(a_i) a_j over its group's pixels, in float64. Twin: normal_equations in qgpu_dask/ssb/cpu.py.
 template <int MM, int MP, int D, bool COMPLEX>
 __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq, const i64* __restrict__ freq, i64 n,
-                                 const float* __restrict__ ky, const float* __restrict__ kx, const float* __restrict__ chi_k,
+                                 const double* __restrict__ ky, const double* __restrict__ kx, const float* __restrict__ chi_k,
                                  const float* __restrict__ root_w, const float2* __restrict__ table_in,
-                                 const float* __restrict__ alias_q, float kmax2, float inv_u2, double2* __restrict__ gram,
+                                 const double* __restrict__ alias_q, double kmax2, float inv_u2, double2* __restrict__ gram,
                                  double2* __restrict__ rhs) {
     constexpr int C = COMPLEX ? 2 * D : D;
     constexpr int TRIANGLE = C * (C + 1) / 2;
-    constexpr int E = TRIANGLE + C;  // the upper triangle, then the right side
+    constexpr int E = TRIANGLE + C;  // the upper triangle and the right side
     constexpr Sharing SHARE = sharing(E);
     constexpr int PARTS = SHARE.parts, PER_LANE = SHARE.per_lane, LANES = 32 / PARTS;
     constexpr int STRIDE = C + 1;  // per pixel in the buffer: C columns, then g
@@ -139,31 +149,26 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
     i64 f = (i64)blockIdx.x * (blockDim.x / 32) + warp;
     if (f >= n) return;  // whole warps leave; only warp-level synchronisation follows
     i64 q = freq[f];
-    double2* buffer = buffer_all + (i64)warp * 32 * STRIDE;
-
-    float qy[D], qx[D];
-#pragma unroll
-    for (int m = 0; m < D; ++m) {
-        qy[m] = alias_q[(f * D + m) * 2];
-        qx[m] = alias_q[(f * D + m) * 2 + 1];
-    }
-    // this lane's sums: e < TRIANGLE is (i, j), i <= j, of the upper triangle; TRIANGLE + i is rhs[i] (j = C: g)
+    double2* buffer = buffer_all + (i64)warp * (32 * STRIDE + D);
+    double2* alias = buffer + 32 * STRIDE;  // the aliases' (q_y, q_x), read by every lane at once
+    for (int m = lane; m < D; m += 32) alias[m] = double2{alias_q[(f * D + m) * 2], alias_q[(f * D + m) * 2 + 1]};
+    __syncwarp();
+    // this lane's sums: PER_LANE consecutive ones of the rows i < C, j = i..C of the columns and g (j = C: the
+    // right side), so a lane reads each a_i once per pixel for the sums of its row
     int part = lane / LANES;
     int ei[PER_LANE], ej[PER_LANE];
     double2 acc[PER_LANE];
 #pragma unroll
     for (int t = 0; t < PER_LANE; ++t) {
-        int e = lane % LANES + LANES * t;
+        int e = (lane % LANES) * PER_LANE + t;
         ei[t] = -1;
         ej[t] = C;
         acc[t] = double2{0.0, 0.0};
-        if (e < TRIANGLE) {
-            int i = 0, row_len = C;
+        if (e < E) {
+            int i = 0, row_len = C + 1;
             while (e >= row_len) { e -= row_len; ++i; --row_len; }
             ei[t] = i;
             ej[t] = i + e;
-        } else if (e < E) {
-            ei[t] = e - TRIANGLE;
         }
     }
 
@@ -172,12 +177,13 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
         double2* mine = buffer + lane * STRIDE;
         bool any = false;
         if (k < n_pix) {
-            float y = ky[k], x = kx[k], here = chi_k[k], w = root_w[k] * inv_u2;
+            double y = ky[k], x = kx[k];
+            float here = chi_k[k], w = root_w[k] * inv_u2;
             bool inside = x * x + y * y <= kmax2;
 #pragma unroll
             for (int m = 0; m < D; ++m) {
                 float2 plus{0.f, 0.f}, minus{0.f, 0.f};
-                any = (inside && trotters<MM, MP>(x, y, here, qy[m], qx[m], table, kmax2, plus, minus)) || any;
+                any = (inside && trotters<MM, MP>(x, y, here, alias[m].x, alias[m].y, table, kmax2, plus, minus)) || any;
                 if (COMPLEX) {
                     mine[m] = double2{w * plus.x, w * plus.y};
                     mine[D + m] = double2{w * minus.x, w * minus.y};
@@ -196,10 +202,12 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
         for (int p = part; p < 32; p += PARTS) {
             if (!((live >> p) & 1u)) continue;  // the same p for every lane of the group
             const double2* col = buffer + p * STRIDE;
+            double2 a{0.0, 0.0};
 #pragma unroll
             for (int t = 0; t < PER_LANE; ++t) {
                 if (ei[t] < 0) continue;
-                double2 a = col[ei[t]], b = col[ej[t]];  // conj(a) b
+                if (t == 0 || ei[t] != ei[t - 1]) a = col[ei[t]];
+                double2 b = col[ej[t]];  // conj(a) b
                 acc[t].x += a.x * b.x + a.y * b.y;
                 acc[t].y += a.x * b.y - a.y * b.x;
             }

@@ -2,7 +2,8 @@
 bright-field pixels and the normal equations of direct ptychography.
 
 Same contracts as the CPU twins (see their docstrings). chi and Gamma are evaluated in float32 registers
-(the phases they give differ from float64 by about 1e-6 rad), the sums over pixels in float64.
+(the phases they give differ from float64 by about 1e-6 rad), the aperture tests and the sums over pixels
+in float64.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     name = f"sideband_sum<{table.shape[0] - 1}, {table.shape[1] - 1}>"
     compile.kernel("ssb.cu", name)(
         (blocks, slices), (THREADS,),
-        (G, np.int64(n_pix), np.int32(rows), np.int32(half), cupy.asarray(ky, np.float32), cupy.asarray(kx, np.float32),
-         cupy.asarray(chi_k, np.float32), cupy.asarray(table), np.float32(dqy), np.float32(dqx), np.float32(kmax2),
+        (G, np.int64(n_pix), np.int32(rows), np.int32(half), cupy.asarray(ky, np.float64), cupy.asarray(kx, np.float64),
+         cupy.asarray(chi_k, np.float32), cupy.asarray(table), np.float64(dqy), np.float64(dqx), np.float64(kmax2),
          np.float32(floor), np.int64(per_slice), parts[0], parts[1], parts[2]),
     )
     sums = parts.sum(axis=1).reshape(3, rows, half)
@@ -61,9 +62,9 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     name = f"normal_equations<{table.shape[0] - 1}, {table.shape[1] - 1}, {d}, {'true' if complex_method else 'false'}>"
     compile.kernel("ssb.cu", name)(
         (math.ceil(n / NORMAL_WARPS),), (32 * NORMAL_WARPS,),
-        (G, np.int64(n_pix), np.int64(G[0].size), cupy.asarray(freq, np.int64), np.int64(n), cupy.asarray(ky, np.float32),
-         cupy.asarray(kx, np.float32), cupy.asarray(chi_k, np.float32), cupy.sqrt(cupy.asarray(weights, np.float32)), cupy.asarray(table),
-         cupy.ascontiguousarray(cupy.asarray(alias_q, np.float32)), np.float32(kmax2), np.float32(1.0 / upsampling**2), gram, rhs),
-        shared_mem=NORMAL_WARPS * 32 * (cols + 1) * 16,
+        (G, np.int64(n_pix), np.int64(G[0].size), cupy.asarray(freq, np.int64), np.int64(n), cupy.asarray(ky, np.float64),
+         cupy.asarray(kx, np.float64), cupy.asarray(chi_k, np.float32), cupy.sqrt(cupy.asarray(weights, np.float32)), cupy.asarray(table),
+         cupy.ascontiguousarray(cupy.asarray(alias_q, np.float64)), np.float64(kmax2), np.float32(1.0 / upsampling**2), gram, rhs),
+        shared_mem=NORMAL_WARPS * (32 * (cols + 1) + d) * 16,
     )
     return gram, rhs
