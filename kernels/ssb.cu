@@ -35,6 +35,10 @@ __device__ __forceinline__ float chi(float x, float y, const float2* __restrict_
     return total;
 }
 
+// (Gamma_plus, Gamma_minus) of pixel k = (x, y), chi(k) = here, at frequency (qy, qx): exp(i (chi(k) - chi(k - q)))
+// where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is.
+// The aperture tests are made in float64, as the CPU twin makes them: a pixel on an aperture edge is in or out
+// on both; chi and the phase factors are float32.
 // (sin v, cos v) for the phase differences of the kernels below: v reduced to [-pi, pi] in two steps
 // (2 pi = 6.28125 + 0.0019353071795864769, the first part exact in float), then the fast intrinsic:
 // within about 1e-6 rad of sincosf for |v| up to 1e3, as close as chi itself is in float32.
@@ -43,18 +47,6 @@ __device__ __forceinline__ void phase_factor(float v, float* s, float* c) {
     __sincosf(fmaf(-turns, 0.0019353071795864769f, fmaf(-turns, 6.28125f, v)), s, c);
 }
 
-// Whether (dy, dx) lies inside the aperture, decided as the CPU twin decides it (float64): in float32 where
-// the point is clear of the edge, in float64 within 1e-5 of it.
-__device__ __forceinline__ bool within(double dy, double dx, double kmax2) {
-    float fy = (float)dy, fx = (float)dx, r2 = fx * fx + fy * fy, k2 = (float)kmax2;
-    if (fabsf(r2 - k2) > 1e-5f * k2) return r2 < k2;
-    return dx * dx + dy * dy <= kmax2;
-}
-
-// (Gamma_plus, Gamma_minus) of pixel k = (x, y), chi(k) = here, at frequency (qy, qx): exp(i (chi(k) - chi(k - q)))
-// where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is.
-// Positions are float64 so that a pixel on an aperture edge is in or out as on the twin; chi and the phase
-// factors are float32.
 template <int MM, int MP>
 __device__ __forceinline__ bool trotters(double x, double y, float here, double qy, double qx, const float2* table, double kmax2,
                                          float2& plus, float2& minus) {
@@ -62,7 +54,7 @@ __device__ __forceinline__ bool trotters(double x, double y, float here, double 
     float s, c;
     plus = float2{0.f, 0.f};
     minus = float2{0.f, 0.f};
-    bool in_plus = within(my, mx, kmax2), in_minus = within(py, px, kmax2);
+    bool in_plus = mx * mx + my * my <= kmax2, in_minus = px * px + py * py <= kmax2;
     if (in_plus) {
         phase_factor(here - chi<MM, MP>((float)mx, (float)my, table), &s, &c);
         plus = float2{c, s};
@@ -91,7 +83,7 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
     for (i64 k = lo; k < hi; ++k) {
         double y = ky[k], x = kx[k];
         float2 plus, minus;
-        if (!within(y, x, kmax2) || !trotters<MM, MP>(x, y, chi_k[k], qy, qx, table, kmax2, plus, minus)) continue;
+        if (x * x + y * y > kmax2 || !trotters<MM, MP>(x, y, chi_k[k], qy, qx, table, kmax2, plus, minus)) continue;
         float gr = plus.x - minus.x, gi = plus.y - minus.y;
         float size = sqrtf(gr * gr + gi * gi);
         if (!(size > floor)) continue;
@@ -132,17 +124,14 @@ __host__ __device__ constexpr Sharing sharing(int e) {
 // D aliases each: for the n frequencies freq[f] of the half spectrum (flat, nq of them), with the aliases'
 // q at alias_q[f, m] (1/A, (q_y, q_x)), gram[f] = T^H W T (C x C) and rhs[f] = T^H W g, one column per alias
 // (phase: i (Gamma_plus - Gamma_minus) / u^2) or two (complex: Gamma_plus / u^2, then Gamma_minus / u^2).
-// One warp per frequency. The warp takes 32 pixels at a time, in the order ``order`` (compact patches of the
-// detector, so that a patch often lies wholly outside an alias's trotters): each lane evaluates its pixel's
-// columns in float32 registers (chi from the table in shared memory), scales them and g by sqrt(W) and
-// stores them as float64 in the warp's buffer; a ballot per column marks the pixels where it is nonzero.
-// Each lane then adds its sums conj(a_i) a_j, in float64, over the pixels of its group where both a_i and
-// a_j are nonzero: exact zeros are skipped, and whole patches of them at once. Twin: normal_equations in
-// qgpu_dask/ssb/cpu.py.
+// One warp per frequency. The warp takes 32 pixels at a time: each lane evaluates its pixel's columns in
+// float32 registers (chi from the table in shared memory), scales them and g by sqrt(W) and stores them
+// as float64 in the warp's buffer (after it, the aliases' q); pixels with no term are skipped. Each lane then adds its sums
+// conj(a_i) a_j over its group's pixels, in float64. Twin: normal_equations in qgpu_dask/ssb/cpu.py.
 template <int MM, int MP, int D, bool COMPLEX>
-__global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq, const i64* __restrict__ order,
-                                 const i64* __restrict__ freq, i64 n, const double* __restrict__ ky, const double* __restrict__ kx,
-                                 const float* __restrict__ chi_k, const float* __restrict__ root_w, const float2* __restrict__ table_in,
+__global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq, const i64* __restrict__ freq, i64 n,
+                                 const double* __restrict__ ky, const double* __restrict__ kx, const float* __restrict__ chi_k,
+                                 const float* __restrict__ root_w, const float2* __restrict__ table_in,
                                  const double* __restrict__ alias_q, double kmax2, float inv_u2, double2* __restrict__ gram,
                                  double2* __restrict__ rhs) {
     constexpr int C = COMPLEX ? 2 * D : D;
@@ -151,7 +140,6 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
     constexpr Sharing SHARE = sharing(E);
     constexpr int PARTS = SHARE.parts, PER_LANE = SHARE.per_lane, LANES = 32 / PARTS;
     constexpr int STRIDE = C + 1;  // per pixel in the buffer: C columns, then g
-    constexpr int WARP_SHARED = 32 * STRIDE + D + (STRIDE + 3) / 4;  // in double2: columns, aliases, column masks
     constexpr int TABLE = (MM + 1) * (MP + 1);
     __shared__ float2 table[TABLE];
     extern __shared__ double2 buffer_all[];
@@ -161,17 +149,13 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
     i64 f = (i64)blockIdx.x * (blockDim.x / 32) + warp;
     if (f >= n) return;  // whole warps leave; only warp-level synchronisation follows
     i64 q = freq[f];
-    double2* buffer = buffer_all + (i64)warp * WARP_SHARED;
+    double2* buffer = buffer_all + (i64)warp * (32 * STRIDE + D);
     double2* alias = buffer + 32 * STRIDE;  // the aliases' (q_y, q_x), read by every lane at once
-    unsigned* masks = reinterpret_cast<unsigned*>(alias + D);  // per column: the chunk's pixels where it is nonzero
     for (int m = lane; m < D; m += 32) alias[m] = double2{alias_q[(f * D + m) * 2], alias_q[(f * D + m) * 2 + 1]};
     __syncwarp();
-
     // this lane's sums: PER_LANE consecutive ones of the rows i < C, j = i..C of the columns and g (j = C: the
-    // right side); its group takes the pixels part, part + PARTS, ... of each chunk
+    // right side), so a lane reads each a_i once per pixel for the sums of its row
     int part = lane / LANES;
-    unsigned part_bits = 0;
-    for (int p = part; p < 32; p += PARTS) part_bits |= 1u << p;
     int ei[PER_LANE], ej[PER_LANE];
     double2 acc[PER_LANE];
 #pragma unroll
@@ -189,13 +173,13 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
     }
 
     for (i64 base = 0; base < n_pix; base += 32) {
+        i64 k = base + lane;
         double2* mine = buffer + lane * STRIDE;
         bool any = false;
-        if (base + lane < n_pix) {
-            i64 k = order[base + lane];
+        if (k < n_pix) {
             double y = ky[k], x = kx[k];
             float here = chi_k[k], w = root_w[k] * inv_u2;
-            bool inside = within(y, x, kmax2);
+            bool inside = x * x + y * y <= kmax2;
 #pragma unroll
             for (int m = 0; m < D; ++m) {
                 float2 plus{0.f, 0.f}, minus{0.f, 0.f};
@@ -214,26 +198,19 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
             }
         }
         unsigned live = __ballot_sync(0xffffffffu, any);
-        if (live == 0) continue;  // the same for the whole warp
-        for (int j = 0; j < C; ++j) {
-            unsigned bits = __ballot_sync(0xffffffffu, any && (mine[j].x != 0.0 || mine[j].y != 0.0));
-            if (lane == 0) masks[j] = bits;
-        }
-        if (lane == 0) masks[C] = live;
         __syncwarp();
+        for (int p = part; p < 32; p += PARTS) {
+            if (!((live >> p) & 1u)) continue;  // the same p for every lane of the group
+            const double2* col = buffer + p * STRIDE;
+            double2 a{0.0, 0.0};
 #pragma unroll
-        for (int t = 0; t < PER_LANE; ++t) {
-            if (ei[t] < 0) continue;
-            unsigned bits = masks[ei[t]] & masks[ej[t]] & part_bits;
-            double2 sum = acc[t];
-            while (bits) {  // ascending pixels: a fixed order
-                const double2* col = buffer + (__ffs(bits) - 1) * STRIDE;
-                bits &= bits - 1;
-                double2 a = col[ei[t]], b = col[ej[t]];  // conj(a) b
-                sum.x += a.x * b.x + a.y * b.y;
-                sum.y += a.x * b.y - a.y * b.x;
+            for (int t = 0; t < PER_LANE; ++t) {
+                if (ei[t] < 0) continue;
+                if (t == 0 || ei[t] != ei[t - 1]) a = col[ei[t]];
+                double2 b = col[ej[t]];  // conj(a) b
+                acc[t].x += a.x * b.x + a.y * b.y;
+                acc[t].y += a.x * b.y - a.y * b.x;
             }
-            acc[t] = sum;
         }
         __syncwarp();
     }

@@ -13,7 +13,6 @@ import math
 import cupy
 import numpy as np
 
-from ..device import to_host
 from ..resident.cuda import compile
 
 THREADS = 256
@@ -45,15 +44,6 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
 
 
 NORMAL_WARPS = 8  # frequencies per block of normal_equations
-PATCH_PIXELS = 6  # side of the detector patches normal_equations takes its pixels in
-
-
-def patch_order(ky, kx, kmax2: float) -> np.ndarray:
-    """The pixels ordered patch by patch (squares of about PATCH_PIXELS pixels a side, row by row), so that each
-    32 the normal-equations kernel takes at once lie close together."""
-    ky, kx = np.asarray(ky, np.float64), np.asarray(kx, np.float64)
-    side = PATCH_PIXELS * math.sqrt(math.pi * kmax2 / max(len(ky), 1))  # the pixel pitch from the disk's area
-    return np.lexsort((kx, ky, np.floor(kx / side), np.floor(ky / side)))
 
 
 def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
@@ -70,13 +60,11 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
         return gram, rhs
     table = np.asarray(table, np.complex64)
     name = f"normal_equations<{table.shape[0] - 1}, {table.shape[1] - 1}, {d}, {'true' if complex_method else 'false'}>"
-    per_warp = 32 * (cols + 1) + d + (cols + 4) // 4  # double2: columns, aliases, column masks
     compile.kernel("ssb.cu", name)(
         (math.ceil(n / NORMAL_WARPS),), (32 * NORMAL_WARPS,),
-        (G, np.int64(n_pix), np.int64(G[0].size), cupy.asarray(patch_order(to_host(ky), to_host(kx), kmax2)), cupy.asarray(freq, np.int64),
-         np.int64(n), cupy.asarray(ky, np.float64), cupy.asarray(kx, np.float64), cupy.asarray(chi_k, np.float32),
-         cupy.sqrt(cupy.asarray(weights, np.float32)), cupy.asarray(table), cupy.ascontiguousarray(cupy.asarray(alias_q, np.float64)),
-         np.float64(kmax2), np.float32(1.0 / upsampling**2), gram, rhs),
-        shared_mem=NORMAL_WARPS * per_warp * 16,
+        (G, np.int64(n_pix), np.int64(G[0].size), cupy.asarray(freq, np.int64), np.int64(n), cupy.asarray(ky, np.float64),
+         cupy.asarray(kx, np.float64), cupy.asarray(chi_k, np.float32), cupy.sqrt(cupy.asarray(weights, np.float32)), cupy.asarray(table),
+         cupy.ascontiguousarray(cupy.asarray(alias_q, np.float64)), np.float64(kmax2), np.float32(1.0 / upsampling**2), gram, rhs),
+        shared_mem=NORMAL_WARPS * (32 * (cols + 1) + d) * 16,
     )
     return gram, rhs
