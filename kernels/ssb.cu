@@ -101,33 +101,27 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
 
 // ---------------------------------------------------------------- direct ptychography
 
-// How a warp's 32 lanes share the E sums of one frequency: PARTS groups of 32 / PARTS lanes, group p
-// taking pixels p, p + PARTS, ... of each chunk of 32 and each of its lanes PER_LANE of the E sums; the
-// groups are added by shuffles in a fixed order at the end. Chosen for the fewest idle slots with at
-// most MAX_PER_LANE sums per lane (more only when E leaves no choice).
-constexpr int MAX_PER_LANE = 10;
-
-struct Sharing {
-    int parts, per_lane;
-};
-
-__host__ __device__ constexpr Sharing sharing(int e) {
-    Sharing best{1, (e + 31) / 32};
-    for (int parts = 2; parts <= 32; parts *= 2) {
-        int lanes = 32 / parts, per_lane = (e + lanes - 1) / lanes;
-        if (per_lane <= MAX_PER_LANE && lanes * per_lane < (32 / best.parts) * best.per_lane) best = Sharing{parts, per_lane};
-    }
-    return best;
+// D += A B for one 8 x 8 x 4 float64 tensor-core product: A 8 x 4 (row-major), B 4 x 8 (column-major); a lane
+// holds A[lane / 4][lane % 4], B[lane % 4][lane / 4] and D[lane / 4][2 (lane % 4) + {0, 1}].
+__device__ __forceinline__ void mma_f64(double& d0, double& d1, double a, double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+                 : "+d"(d0), "+d"(d1)
+                 : "d"(a), "d"(b));
 }
+
+constexpr int COLUMN_STRIDE = 36;  // double2 per column of a warp's buffer: 32 pixels, padded so fragment loads meet no bank conflict
 
 // The normal equations of regularized direct ptychography (qgpu_dask/ssb/direct.py) for frequencies with
 // D aliases each: for the n frequencies freq[f] of the half spectrum (flat, nq of them), with the aliases'
 // q at alias_q[f, m] (1/A, (q_y, q_x)), gram[f] = T^H W T (C x C) and rhs[f] = T^H W g, one column per alias
 // (phase: i (Gamma_plus - Gamma_minus) / u^2) or two (complex: Gamma_plus / u^2, then Gamma_minus / u^2).
 // One warp per frequency. The warp takes 32 pixels at a time: each lane evaluates its pixel's columns in
-// float32 registers (chi from the table in shared memory), scales them and g by sqrt(W) and stores them
-// as float64 in the warp's buffer (after it, the aliases' q); pixels with no term are skipped. Each lane then adds its sums
-// conj(a_i) a_j over its group's pixels, in float64. Twin: normal_equations in qgpu_dask/ssb/cpu.py.
+// float32 registers (chi from the table in shared memory), scales them and g by sqrt(W) and stores them as
+// float64 in the warp's buffer, column by column (zeros for a pixel with no term). Then X^H X of the
+// chunk's X = [columns, g] (32 x (C + 1), padded to tiles of 8 columns) is added 4 pixels at a time on the
+// float64 tensor cores: real part Xr^T Xr + Xi^T Xi, imaginary part Xr^T Xi - Xi^T Xr, for each pair of tiles
+// on or above the diagonal; four-pixel steps with no term are skipped. Twin: normal_equations in
+// qgpu_dask/ssb/cpu.py.
 template <int MM, int MP, int D, bool COMPLEX>
 __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq, const i64* __restrict__ freq, i64 n,
                                  const double* __restrict__ ky, const double* __restrict__ kx, const float* __restrict__ chi_k,
@@ -135,11 +129,8 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
                                  const double* __restrict__ alias_q, double kmax2, float inv_u2, double2* __restrict__ gram,
                                  double2* __restrict__ rhs) {
     constexpr int C = COMPLEX ? 2 * D : D;
-    constexpr int TRIANGLE = C * (C + 1) / 2;
-    constexpr int E = TRIANGLE + C;  // the upper triangle and the right side
-    constexpr Sharing SHARE = sharing(E);
-    constexpr int PARTS = SHARE.parts, PER_LANE = SHARE.per_lane, LANES = 32 / PARTS;
-    constexpr int STRIDE = C + 1;  // per pixel in the buffer: C columns, then g
+    constexpr int TILES = (C + 8) / 8;  // tiles of 8 columns covering the C columns and g
+    constexpr int PAIRS = TILES * (TILES + 1) / 2;
     constexpr int TABLE = (MM + 1) * (MP + 1);
     __shared__ float2 table[TABLE];
     extern __shared__ double2 buffer_all[];
@@ -149,32 +140,19 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
     i64 f = (i64)blockIdx.x * (blockDim.x / 32) + warp;
     if (f >= n) return;  // whole warps leave; only warp-level synchronisation follows
     i64 q = freq[f];
-    double2* buffer = buffer_all + (i64)warp * (32 * STRIDE + D);
-    double2* alias = buffer + 32 * STRIDE;  // the aliases' (q_y, q_x), read by every lane at once
+    double2* buffer = buffer_all + (i64)warp * (8 * TILES * COLUMN_STRIDE + D);  // buffer[c * COLUMN_STRIDE + p]
+    double2* alias = buffer + 8 * TILES * COLUMN_STRIDE;  // the aliases' (q_y, q_x), read by every lane at once
     for (int m = lane; m < D; m += 32) alias[m] = double2{alias_q[(f * D + m) * 2], alias_q[(f * D + m) * 2 + 1]};
+    for (int c = C + 1; c < 8 * TILES; ++c) buffer[c * COLUMN_STRIDE + lane] = double2{0.0, 0.0};  // padding columns
     __syncwarp();
-    // this lane's sums: PER_LANE consecutive ones of the rows i < C, j = i..C of the columns and g (j = C: the
-    // right side), so a lane reads each a_i once per pixel for the sums of its row
-    int part = lane / LANES;
-    int ei[PER_LANE], ej[PER_LANE];
-    double2 acc[PER_LANE];
+
+    double acc[PAIRS][4];  // per pair of tiles: the real part's two entries, then the imaginary part's
 #pragma unroll
-    for (int t = 0; t < PER_LANE; ++t) {
-        int e = (lane % LANES) * PER_LANE + t;
-        ei[t] = -1;
-        ej[t] = C;
-        acc[t] = double2{0.0, 0.0};
-        if (e < E) {
-            int i = 0, row_len = C + 1;
-            while (e >= row_len) { e -= row_len; ++i; --row_len; }
-            ei[t] = i;
-            ej[t] = i + e;
-        }
-    }
+    for (int t = 0; t < PAIRS; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0;
+    int row = lane / 4, quad = lane % 4;
 
     for (i64 base = 0; base < n_pix; base += 32) {
         i64 k = base + lane;
-        double2* mine = buffer + lane * STRIDE;
         bool any = false;
         if (k < n_pix) {
             double y = ky[k], x = kx[k];
@@ -185,47 +163,60 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq
                 float2 plus{0.f, 0.f}, minus{0.f, 0.f};
                 any = (inside && trotters<MM, MP>(x, y, here, alias[m].x, alias[m].y, table, kmax2, plus, minus)) || any;
                 if (COMPLEX) {
-                    mine[m] = double2{w * plus.x, w * plus.y};
-                    mine[D + m] = double2{w * minus.x, w * minus.y};
+                    buffer[m * COLUMN_STRIDE + lane] = double2{w * plus.x, w * plus.y};
+                    buffer[(D + m) * COLUMN_STRIDE + lane] = double2{w * minus.x, w * minus.y};
                 } else {  // i (plus - minus)
-                    mine[m] = double2{-w * (plus.y - minus.y), w * (plus.x - minus.x)};
+                    buffer[m * COLUMN_STRIDE + lane] = double2{-w * (plus.y - minus.y), w * (plus.x - minus.x)};
                 }
             }
-            if (any) {
-                float2 g = G[k * nq + q];
-                float rw = root_w[k];
-                mine[C] = double2{rw * g.x, rw * g.y};
-            }
+            float2 g = any ? G[k * nq + q] : float2{0.f, 0.f};
+            float rw = root_w[k];
+            buffer[C * COLUMN_STRIDE + lane] = double2{rw * g.x, rw * g.y};
+        } else {
+            for (int c = 0; c <= C; ++c) buffer[c * COLUMN_STRIDE + lane] = double2{0.0, 0.0};
         }
         unsigned live = __ballot_sync(0xffffffffu, any);
         __syncwarp();
-        for (int p = part; p < 32; p += PARTS) {
-            if (!((live >> p) & 1u)) continue;  // the same p for every lane of the group
-            const double2* col = buffer + p * STRIDE;
-            double2 a{0.0, 0.0};
+        for (int step = 0; step < 8; ++step) {
+            if (((live >> (4 * step)) & 0xFu) == 0u) continue;  // the same for the whole warp
+            double re[TILES], im[TILES];
 #pragma unroll
-            for (int t = 0; t < PER_LANE; ++t) {
-                if (ei[t] < 0) continue;
-                if (t == 0 || ei[t] != ei[t - 1]) a = col[ei[t]];
-                double2 b = col[ej[t]];  // conj(a) b
-                acc[t].x += a.x * b.x + a.y * b.y;
-                acc[t].y += a.x * b.y - a.y * b.x;
+            for (int t = 0; t < TILES; ++t) {  // X[4 step + quad][8 t + row]: A of tile t as rows, B as columns
+                double2 v = buffer[(8 * t + row) * COLUMN_STRIDE + 4 * step + quad];
+                re[t] = v.x;
+                im[t] = v.y;
+            }
+            int pair = 0;
+#pragma unroll
+            for (int I = 0; I < TILES; ++I) {
+#pragma unroll
+                for (int J = I; J < TILES; ++J, ++pair) {
+                    mma_f64(acc[pair][0], acc[pair][1], re[I], re[J]);
+                    mma_f64(acc[pair][0], acc[pair][1], im[I], im[J]);
+                    mma_f64(acc[pair][2], acc[pair][3], re[I], im[J]);
+                    mma_f64(acc[pair][2], acc[pair][3], -im[I], re[J]);
+                }
             }
         }
         __syncwarp();
     }
+    int pair = 0;
 #pragma unroll
-    for (int t = 0; t < PER_LANE; ++t) {
-        for (int offset = 16; offset >= LANES; offset /= 2) {  // the groups added in a fixed order
-            acc[t].x += __shfl_down_sync(0xffffffffu, acc[t].x, offset);
-            acc[t].y += __shfl_down_sync(0xffffffffu, acc[t].y, offset);
-        }
-        if (part != 0 || ei[t] < 0) continue;
-        if (ej[t] < C) {
-            gram[(f * C + ei[t]) * C + ej[t]] = acc[t];
-            if (ej[t] != ei[t]) gram[(f * C + ej[t]) * C + ei[t]] = double2{acc[t].x, -acc[t].y};
-        } else {
-            rhs[f * C + ei[t]] = acc[t];
+    for (int I = 0; I < TILES; ++I) {
+#pragma unroll
+        for (int J = I; J < TILES; ++J, ++pair) {
+#pragma unroll
+            for (int v = 0; v < 2; ++v) {
+                int i = 8 * I + row, j = 8 * J + 2 * quad + v;
+                if (i >= C || j < i || j > C) continue;
+                double2 value{acc[pair][v], acc[pair][2 + v]};
+                if (j < C) {
+                    gram[(f * C + i) * C + j] = value;
+                    if (j != i) gram[(f * C + j) * C + i] = double2{value.x, -value.y};
+                } else {
+                    rhs[f * C + i] = value;
+                }
+            }
         }
     }
 }

@@ -43,7 +43,8 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     return sums[0] + 1j * sums[1], sums[2]
 
 
-NORMAL_WARPS = 8  # frequencies per block of normal_equations
+NORMAL_WARPS = 4  # frequencies per block of normal_equations
+COLUMN_STRIDE = 36  # as in kernels/ssb.cu
 
 
 def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
@@ -59,12 +60,13 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     if n == 0:
         return gram, rhs
     table = np.asarray(table, np.complex64)
+    tiles = (cols + 8) // 8  # of 8 columns: the columns and g
     name = f"normal_equations<{table.shape[0] - 1}, {table.shape[1] - 1}, {d}, {'true' if complex_method else 'false'}>"
     compile.kernel("ssb.cu", name)(
         (math.ceil(n / NORMAL_WARPS),), (32 * NORMAL_WARPS,),
         (G, np.int64(n_pix), np.int64(G[0].size), cupy.asarray(freq, np.int64), np.int64(n), cupy.asarray(ky, np.float64),
          cupy.asarray(kx, np.float64), cupy.asarray(chi_k, np.float32), cupy.sqrt(cupy.asarray(weights, np.float32)), cupy.asarray(table),
          cupy.ascontiguousarray(cupy.asarray(alias_q, np.float64)), np.float64(kmax2), np.float32(1.0 / upsampling**2), gram, rhs),
-        shared_mem=NORMAL_WARPS * (32 * (cols + 1) + d) * 16,
+        shared_mem=NORMAL_WARPS * (8 * tiles * COLUMN_STRIDE + d) * 16,
     )
     return gram, rhs
