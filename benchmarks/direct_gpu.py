@@ -34,7 +34,7 @@ from qgpu_dask.ssb.optics import TERMS, interaction_constant, wavelength_A
 
 import record
 from ssb_gpu import write_tiled
-from timing import median_ms
+from timing import device_clock, median_ms
 
 ABERRATIONS = {f"C{n}{m}": c for (n, m), c in zip(TERMS, (-30.0, 5.0, 50.0, 40.0, 1e4, 1e4, 1e4, 1e5, 1e5, 1e5, 1e6, 1e6, 1e6, 1e6))}
 ABERRATIONS |= {f"phi{n}{m}": 0.1 * i for i, (n, m) in enumerate(TERMS) if m}
@@ -48,15 +48,7 @@ def owner_stages(resident, optics, u: int, rows: int) -> dict:
     from qgpu_dask.ssb.optics import chi, chi_table
 
     xp = resident.xp
-    sync = (lambda: xp.cuda.Device().synchronize()) if xp is not np else (lambda: None)
-
-    def clock(fn):
-        fn()
-        sync()
-        t0 = time.perf_counter()
-        out = fn()
-        sync()
-        return out, (time.perf_counter() - t0) * 1e3
+    clock = device_clock(xp)
 
     indices, ky, kx = sideband.bright_field_pixels(optics, resident.det_shape)
     spec = sideband.spectrum(resident, indices)

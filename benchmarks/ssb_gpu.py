@@ -35,7 +35,7 @@ from qgpu_dask.ssb.calibration import correlation
 from qgpu_dask.ssb.optics import interaction_constant, wavelength_A
 
 import record
-from timing import median_ms
+from timing import device_clock, median_ms
 
 TRUTH = {"C10": -50.0, "C12": 10.0, "phi12": 0.3}
 
@@ -45,16 +45,7 @@ def stages(resident, optics) -> dict:
     from qgpu_dask.ssb import sideband
 
     xp = resident.xp
-    sync = (lambda: xp.cuda.Device().synchronize()) if xp is not np else (lambda: None)
-
-    def clock(fn):
-        """The result and ms of a second call (the first compiles kernels and makes FFT plans)."""
-        fn()
-        sync()
-        t0 = time.perf_counter()
-        out = fn()
-        sync()
-        return out, (time.perf_counter() - t0) * 1e3
+    clock = device_clock(xp)
 
     indices, ky, kx = sideband.bright_field_pixels(optics, resident.det_shape)
     rows, cols = resident.scan_shape

@@ -29,6 +29,22 @@ def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
     return statistics.median(timed(fn, repeats, warmup)[0]) * 1e3
 
 
+def device_clock(xp) -> Callable[[Callable[[], Any]], tuple[Any, float]]:
+    """A timer for code on ``xp``'s device (NumPy or CuPy): clock(fn) -> (result, ms) of fn's second call (the
+    first compiles kernels and makes FFT plans), synchronised before and after."""
+    sync = (lambda: xp.cuda.Device().synchronize()) if xp is not np else (lambda: None)
+
+    def clock(fn: Callable[[], Any]) -> tuple[Any, float]:
+        fn()
+        sync()
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        return out, (time.perf_counter() - t0) * 1e3
+
+    return clock
+
+
 def latencies(fn: Callable[[], Any], n: int, warmup: int = 20) -> dict:
     """p50 / p95 / p99 in ms of ``n`` calls of ``fn``."""
     times = sorted(t * 1e3 for t in timed(fn, n, warmup)[0])
