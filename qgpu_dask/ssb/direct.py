@@ -17,7 +17,7 @@ With D = diag(w), the Gram A = T^H W T and b = T^H W g are kept per optics
 as M = D^-1/2 A D^-1/2 and D^-1/2 b, so any strength s is one batched solve
 x = D^-1/2 (M + s I)^-1 D^-1/2 b (an eigenbasis would make it a diagonal
 evaluation, but on the GPU the batched eigendecomposition costs more at
-preparation than the solves save: docs/design.md). ``strength`` is s
+preparation than the solves save: docs/physics.md). ``strength`` is s
 relative to the mean diagonal of M, so it does not depend on the dose or the
 number of pixels. Frequencies are grouped by how many aliases carry signal,
 one system size per group.
@@ -146,14 +146,10 @@ def aliases(scan_shape: tuple[int, int], optics: Optics, u: int, xp=np) -> Alias
     return Aliases((rows, cols), u, groups, share)
 
 
-def unknowns_per_alias(method: str) -> int:
-    return 2 if method == "complex" else 1
-
-
 def equations_bytes(found: Aliases, method: str) -> int:
     """Device bytes ``prepare`` and ``solve`` hold at their peak: the Gram, its scaled copy and a solve's
     copy, complex128."""
-    per = unknowns_per_alias(method)
+    per = 2 if method == "complex" else 1
     return 3 * 16 * sum(int(g.freq.size) * (per * g.count) ** 2 for g in found.groups)
 
 
