@@ -54,7 +54,7 @@ def owner_stages(resident, optics, u: int, rows: int) -> dict:
     spec = sideband.spectrum(resident, indices)
     found, aliases_ms = clock(lambda: direct.aliases(spec.scan_shape, optics, u, xp))
     kmax = optics.aperture_k
-    weights = 1.0 / np.maximum(to_host(spec.G[:, 0, 0].real) * spec.scale / (spec.scan_shape[0] * spec.scan_shape[1]), 1e-12)
+    weights, chi_k, table = to_host(direct.pixel_weights(spec, xp)), chi(kx, ky, optics), chi_table(optics)
     out = {"bright_field_pixels": int(len(indices)), "aliases_ms": aliases_ms,
            "alias_groups": {g.count: int(g.freq.size) for g in found.groups}}
     kernels = sideband.sum_kernels(xp)
@@ -62,8 +62,8 @@ def owner_stages(resident, optics, u: int, rows: int) -> dict:
         complex_method = method == "complex"
 
         def grams():
-            return [kernels.normal_equations(spec.G, ky, kx, weights, chi(kx, ky, optics), chi_table(optics), g.freq, g.q,
-                                             complex_method, u, kmax**2) for g in found.groups]
+            return [kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, g.freq, g.q, complex_method, u, kmax**2)
+                    for g in found.groups]
 
         _, gram_ms = clock(grams)
         prep, prepare_ms = clock(lambda: direct.prepare(spec, ky, kx, optics, found, method, xp))
@@ -72,9 +72,8 @@ def owner_stages(resident, optics, u: int, rows: int) -> dict:
         gram_error = rhs_error = 0.0
         for g in found.groups:
             part = (g.freq[:rows], g.q[:rows])
-            device = kernels.normal_equations(spec.G, ky, kx, weights, chi(kx, ky, optics), chi_table(optics), *part, complex_method, u, kmax**2)
-            reference = cpu.normal_equations(to_host(spec.G), ky, kx, weights, chi(kx, ky, optics), chi_table(optics),
-                                             *(to_host(a) for a in part), complex_method, u, kmax**2)
+            device = kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, *part, complex_method, u, kmax**2)
+            reference = cpu.normal_equations(to_host(spec.G), ky, kx, weights, chi_k, table, *(to_host(a) for a in part), complex_method, u, kmax**2)
             gram_error = max(gram_error, float(np.abs(to_host(device[0]) - reference[0]).max() / np.abs(reference[0]).max()))
             rhs_error = max(rhs_error, float(np.abs(to_host(device[1]) - reference[1]).max() / np.abs(reference[1]).max()))
         out[method] = {"gram_kernels_ms": gram_ms, "prepare_ms": prepare_ms, "solve_ms": solve_ms, "image_to_host_ms": fetch_ms,

@@ -35,10 +35,6 @@ __device__ __forceinline__ float chi(float x, float y, const float2* __restrict_
     return total;
 }
 
-// (Gamma_plus, Gamma_minus) of pixel k = (x, y), chi(k) = here, at frequency (qy, qx): exp(i (chi(k) - chi(k - q)))
-// where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is.
-// The aperture tests are made in float64, as the CPU twin makes them: a pixel on an aperture edge is in or out
-// on both; chi and the phase factors are float32.
 // (sin v, cos v) for the phase differences of the kernels below: v reduced to [-pi, pi] in two steps
 // (2 pi = 6.28125 + 0.0019353071795864769, the first part exact in float), then the fast intrinsic:
 // within about 1e-6 rad of sincosf for |v| up to 1e3, as close as chi itself is in float32.
@@ -47,6 +43,10 @@ __device__ __forceinline__ void phase_factor(float v, float* s, float* c) {
     __sincosf(fmaf(-turns, 0.0019353071795864769f, fmaf(-turns, 6.28125f, v)), s, c);
 }
 
+// (Gamma_plus, Gamma_minus) of pixel k = (x, y), chi(k) = here, at frequency (qy, qx): exp(i (chi(k) - chi(k - q)))
+// where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is.
+// The aperture tests are made in float64, as the CPU twin makes them: a pixel on an aperture edge is in or out
+// on both; chi and the phase factors are float32.
 template <int MM, int MP>
 __device__ __forceinline__ bool trotters(double x, double y, float here, double qy, double qx, const float2* table, double kmax2,
                                          float2& plus, float2& minus) {

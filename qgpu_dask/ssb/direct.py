@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .optics import Optics, chi, chi_table
+from .parallax import check_upsampling
 from .sideband import Spectrum, sum_kernels
 
 METHODS = ("phase", "complex")
@@ -77,8 +78,7 @@ def upsampling_of(optics: Optics, upsampling) -> int:
     """``upsampling`` checked (an integer from 1 to 8), or the automatic one for "auto"."""
     if upsampling == "auto":
         return auto_upsampling(optics)
-    if not isinstance(upsampling, (int, np.integer)) or isinstance(upsampling, bool) or not 1 <= upsampling <= 8:
-        raise ValueError(f"upsampling must be 'auto' or an integer from 1 to 8, got {upsampling!r}")
+    check_upsampling(upsampling, also="'auto' or ")
     return int(upsampling)
 
 
@@ -182,11 +182,16 @@ class Prepared:
         return int(sum(s.nbytes for s in self.systems) + self.here_at.nbytes + self.mirror_at.nbytes + self.found.share.nbytes)
 
 
+def pixel_weights(spec: Spectrum, xp=np):
+    """W_k = 1 / each bright-field pixel's mean intensity (normalised counts): Poisson noise, float64."""
+    mean_intensity = xp.asarray(spec.G[:, 0, 0].real, xp.float64) * spec.scale / (spec.scan_shape[0] * spec.scan_shape[1])
+    return 1.0 / xp.maximum(mean_intensity, 1e-12)
+
+
 def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, found: Aliases, method: str, xp=np) -> Prepared:
     """The normal equations of ``method`` for the aliases ``found``, built and scaled on G's device."""
     kmax = optics.aperture_k
-    mean_intensity = xp.asarray(spec.G[:, 0, 0].real, xp.float64) * spec.scale / (spec.scan_shape[0] * spec.scan_shape[1])
-    weights = 1.0 / xp.maximum(mean_intensity, 1e-12)
+    weights = pixel_weights(spec, xp)
     chi_k, table, kernels = chi(kx, ky, optics), chi_table(optics), sum_kernels(xp)
     systems = []
     for g in found.groups:

@@ -21,10 +21,9 @@ of each coefficient and of the rotation.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
-
-from typing import Callable
 
 from . import sideband
 from .optics import Optics, chi

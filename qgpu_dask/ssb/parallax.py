@@ -19,10 +19,10 @@ from .optics import Optics, chi, grad_chi
 CHUNK_SAMPLES = 1 << 24
 
 
-def check_upsampling(upsampling) -> None:
-    """ValueError unless ``upsampling`` is an integer from 1 to 8."""
+def check_upsampling(upsampling, also: str = "") -> None:
+    """ValueError unless ``upsampling`` is an integer from 1 to 8 (``also``: what else the caller takes, for the message)."""
     if not isinstance(upsampling, (int, np.integer)) or isinstance(upsampling, bool) or not 1 <= upsampling <= 8:
-        raise ValueError(f"upsampling must be an integer from 1 to 8, got {upsampling!r}")
+        raise ValueError(f"upsampling must be {also}an integer from 1 to 8, got {upsampling!r}")
 
 
 def parallax(images, scan_shape: tuple[int, int], ky: np.ndarray, kx: np.ndarray, optics: Optics, upsampling: int, xp=np):

@@ -43,7 +43,7 @@ class Spectrum:
 
 
 def sum_kernels(xp):
-    """The sideband-sum twin for ``xp``'s arrays."""
+    """The SSB kernels (sideband sum, normal equations) for ``xp``'s arrays: ``ssb.cpu`` or ``ssb.cuda``."""
     if xp is np:
         from . import cpu
 
