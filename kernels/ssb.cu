@@ -1,7 +1,8 @@
 // The single-sideband sum over bright-field pixels, fused: Gamma evaluated in registers, exact zeros skipped.
 //
 // The twin of qgpu_dask/ssb/cpu.py; compiled at run time by qgpu_dask/ssb/cuda.py, which instantiates
-// sideband_sum<MM, MP> by the size of the aberration table (qgpu_dask/ssb/optics.py chi_table).
+// sideband_sum<MM, MP, ROWS> by the size of the aberration table (qgpu_dask/ssb/optics.py chi_table) and its
+// nonzero entries.
 //
 // G is (n_pix, rows, half_cols) complex64: the rfft2 over the scan of every bright-field pixel's image.
 // For each scan frequency Q of that half spectrum and each pixel k (1/A, scan axes) inside the aperture:
@@ -12,22 +13,28 @@
 
 typedef long long i64;
 
-// chi(k) = sum_m Re(T[m, p] (x + i y)^m) |k|^(2p), T of (MM + 1) x (MP + 1) complex entries.
-template <int MM, int MP>
+// chi(k) = sum_m Re(T[m, p] (x + i y)^m) |k|^(2p), T of (MM + 1) x (MP + 1) complex entries. ROWS gives, 4 bits
+// per row m, how many of row m's leading entries may be nonzero (0: the row is empty), so the Horner scheme
+// starts at the last nonzero entry: the same value as over the whole row (the zeros above it add exact zeros).
+template <int MM, int MP, unsigned long long ROWS>
 __device__ __forceinline__ float chi(float x, float y, const float2* __restrict__ table) {
     float r2 = x * x + y * y;
     float zr = 1.f, zi = 0.f;
     float total = 0.f;
 #pragma unroll
     for (int m = 0; m <= MM; ++m) {
-        float ar = 0.f, ai = 0.f;
+        const int used = (int)((ROWS >> (4 * m)) & 0xFull);
+        if (used > 0) {
+            float ar = table[m * (MP + 1) + used - 1].x, ai = table[m * (MP + 1) + used - 1].y;
 #pragma unroll
-        for (int p = MP; p >= 0; --p) {
-            float2 c = table[m * (MP + 1) + p];
-            ar = ar * r2 + c.x;
-            ai = ai * r2 + c.y;
+            for (int p = MP - 1; p >= 0; --p) {
+                if (p >= used - 1) continue;
+                float2 c = table[m * (MP + 1) + p];
+                ar = ar * r2 + c.x;
+                ai = ai * r2 + c.y;
+            }
+            total += ar * zr - ai * zi;
         }
-        total += ar * zr - ai * zi;
         float nr = zr * x - zi * y;
         zi = zr * y + zi * x;
         zr = nr;
@@ -43,30 +50,39 @@ __device__ __forceinline__ void phase_factor(float v, float* s, float* c) {
     __sincosf(fmaf(-turns, 0.0019353071795864769f, fmaf(-turns, 6.28125f, v)), s, c);
 }
 
-// (Gamma_plus, Gamma_minus) of pixel k = (x, y), chi(k) = here, at frequency (qy, qx): exp(i (chi(k) - chi(k - q)))
-// where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is.
-// The aperture tests are made in float64, as the CPU twin makes them: a pixel on an aperture edge is in or out
-// on both; chi and the phase factors are float32.
-template <int MM, int MP>
-__device__ __forceinline__ bool trotters(double x, double y, float here, double qy, double qx, const float2* table, double kmax2,
-                                         float2& plus, float2& minus) {
-    double my = y - qy, mx = x - qx, py = y + qy, px = x + qx;
+// Whether k - q = (dy, dx) lies inside the aperture, |k - q|^2 <= kmax2. Decided in float32 away from the edge;
+// within 1e-5 of it (where float32 differences of k and q are good to about 1e-6 of kmax2) in float64 from
+// k = (y, x) and q = (qy, qx), as the CPU twin decides: a pixel on an aperture edge is in or out on both.
+__device__ __forceinline__ bool within(float dy, float dx, float k2, double y, double x, double qy, double qx, double kmax2) {
+    float r2 = dx * dx + dy * dy;
+    if (fabsf(r2 - k2) > 1e-5f * k2) return r2 < k2;
+    double ey = y - qy, ex = x - qx;
+    return ex * ex + ey * ey <= kmax2;
+}
+
+// A pixel k (float32 yf, xf; float64 y, x) with chi(k) = here, at a frequency q (float32 qf = (q_y, q_x);
+// float64 qy, qx): (Gamma_plus, Gamma_minus) = exp(i (chi(k) - chi(k - q))) where k - q is inside the aperture
+// and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is. chi and the phase factors are float32.
+template <int MM, int MP, unsigned long long ROWS>
+__device__ __forceinline__ bool trotters(float yf, float xf, double y, double x, float here, float2 qf, double qy, double qx,
+                                         const float2* table, float k2, double kmax2, float2& plus, float2& minus) {
+    float my = yf - qf.x, mx = xf - qf.y, py = yf + qf.x, px = xf + qf.y;
     float s, c;
     plus = float2{0.f, 0.f};
     minus = float2{0.f, 0.f};
-    bool in_plus = mx * mx + my * my <= kmax2, in_minus = px * px + py * py <= kmax2;
+    bool in_plus = within(my, mx, k2, y, x, qy, qx, kmax2), in_minus = within(py, px, k2, y, x, -qy, -qx, kmax2);
     if (in_plus) {
-        phase_factor(here - chi<MM, MP>((float)mx, (float)my, table), &s, &c);
+        phase_factor(here - chi<MM, MP, ROWS>(mx, my, table), &s, &c);
         plus = float2{c, s};
     }
     if (in_minus) {
-        phase_factor(chi<MM, MP>((float)px, (float)py, table) - here, &s, &c);
+        phase_factor(chi<MM, MP, ROWS>(px, py, table) - here, &s, &c);
         minus = float2{c, s};
     }
     return in_plus || in_minus;
 }
 
-template <int MM, int MP>
+template <int MM, int MP, unsigned long long ROWS>
 __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, int half_cols, const double* __restrict__ ky,
                              const double* __restrict__ kx, const float* __restrict__ chi_k, const float2* __restrict__ table,
                              double dqy, double dqx, double kmax2, float floor, i64 per_slice, double* __restrict__ total_re,
@@ -79,11 +95,15 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
     double qx = c * dqx;
     i64 lo = (i64)blockIdx.y * per_slice;
     i64 hi = min(n_pix, lo + per_slice);
+    float2 qf{(float)qy, (float)qx};
+    float k2 = (float)kmax2;
     double sr = 0.0, si = 0.0, sw = 0.0;
     for (i64 k = lo; k < hi; ++k) {
         double y = ky[k], x = kx[k];
         float2 plus, minus;
-        if (x * x + y * y > kmax2 || !trotters<MM, MP>(x, y, chi_k[k], qy, qx, table, kmax2, plus, minus)) continue;
+        if (x * x + y * y > kmax2 ||
+            !trotters<MM, MP, ROWS>((float)y, (float)x, y, x, chi_k[k], qf, qy, qx, table, k2, kmax2, plus, minus))
+            continue;
         float gr = plus.x - minus.x, gi = plus.y - minus.y;
         float size = sqrtf(gr * gr + gi * gi);
         if (!(size > floor)) continue;
@@ -101,122 +121,171 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
 
 // ---------------------------------------------------------------- direct ptychography
 
-// D += A B for one 8 x 8 x 4 float64 tensor-core product: A 8 x 4 (row-major), B 4 x 8 (column-major); a lane
-// holds A[lane / 4][lane % 4], B[lane % 4][lane / 4] and D[lane / 4][2 (lane % 4) + {0, 1}].
-__device__ __forceinline__ void mma_f64(double& d0, double& d1, double a, double b) {
-    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
-                 : "+d"(d0), "+d"(d1)
-                 : "d"(a), "d"(b));
+// D += A B for one 16 x 8 x 4 float64 tensor-core product (the shape the H200 runs at its full float64 rate;
+// m8n8k4 runs at half): A 16 x 4 (row-major), B 4 x 8 (column-major); a lane holds A[lane / 4 + {0, 8}][lane % 4],
+// B[lane % 4][lane / 4] and D[lane / 4 + {0, 8}][2 (lane % 4) + {0, 1}].
+__device__ __forceinline__ void mma_f64(double (&d)[4], double a0, double a1, double b) {
+    asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+                 : "d"(a0), "d"(a1), "d"(b));
 }
 
-constexpr int COLUMN_STRIDE = 36;  // double2 per column of a warp's buffer: 32 pixels, padded so fragment loads meet no bank conflict
+constexpr int COLUMN_STRIDE = 36;   // doubles per column of a warp's buffer: 32 pixels, padded so fragment loads meet no bank conflict
+constexpr int BLOCKS_PER_PASS = 8;  // 16 x 8 blocks of Y^T Y a warp keeps in registers during one pass over the pixels
 
-// The normal equations of regularized direct ptychography (qgpu_dask/ssb/direct.py) for frequencies with
-// D aliases each: for the n frequencies freq[f] of the half spectrum (flat, nq of them), with the aliases'
-// q at alias_q[f, m] (1/A, (q_y, q_x)), gram[f] = T^H W T (C x C) and rhs[f] = T^H W g, one column per alias
-// (phase: i (Gamma_plus - Gamma_minus) / u^2) or two (complex: Gamma_plus / u^2, then Gamma_minus / u^2).
-// One warp per frequency. The warp takes 32 pixels at a time: each lane evaluates its pixel's columns in
-// float32 registers (chi from the table in shared memory), scales them and g by sqrt(W) and stores them as
-// float64 in the warp's buffer, column by column (zeros for a pixel with no term). Then X^H X of the
-// chunk's X = [columns, g] (32 x (C + 1), padded to tiles of 8 columns) is added 4 pixels at a time on the
-// float64 tensor cores: real part Xr^T Xr + Xi^T Xi, imaginary part Xr^T Xi - Xi^T Xr, for each pair of tiles
-// on or above the diagonal; four-pixel steps with no term are skipped. Twin: normal_equations in
-// qgpu_dask/ssb/cpu.py.
-template <int MM, int MP, int D, bool COMPLEX>
-__global__ void normal_equations(const float2* __restrict__ G, i64 n_pix, i64 nq, const i64* __restrict__ freq, i64 n,
-                                 const double* __restrict__ ky, const double* __restrict__ kx, const float* __restrict__ chi_k,
-                                 const float* __restrict__ root_w, const float2* __restrict__ table_in,
-                                 const double* __restrict__ alias_q, double kmax2, float inv_u2, double2* __restrict__ gram,
-                                 double2* __restrict__ rhs) {
+struct Block {
+    int row, col;  // Y^T Y [16 row .. 16 row + 15, 8 col .. 8 col + 7]
+};
+
+// The index-th 16 x 8 block on or above the diagonal of a matrix of `tiles` column tiles of 8, row block by row block.
+__host__ __device__ constexpr Block block_at(int index, int tiles) {
+    int row = 0;
+    while (index >= tiles - 2 * row) {
+        index -= tiles - 2 * row;
+        ++row;
+    }
+    return Block{row, 2 * row + index};
+}
+
+__host__ __device__ constexpr int block_count(int tiles) {
+    int count = 0;
+    for (int row = 0; 2 * row < tiles; ++row) count += tiles - 2 * row;
+    return count;
+}
+
+// The products of regularized direct ptychography's normal equations (qgpu_dask/ssb/direct.py) for frequencies
+// with D aliases each: for the n frequencies freq[f] of the half spectrum (flat, nq of them), with the aliases' q
+// at alias_q[f, m] (1/A, (q_y, q_x)), X = [T, g] scaled by sqrt(W) per pixel, with one column of T per alias
+// (phase: i (Gamma_plus - Gamma_minus) / u^2) or two (complex: Gamma_plus / u^2, then Gamma_minus / u^2), and
+// Y = [Re X, Im X] (C + 1 complex columns, 2 (C + 1) real ones): yy[f] = Y^T Y, on and above its diagonal
+// (normal_gram turns it into T^H W T and T^H W g). Slot s holds the pixel of G row pixel[s] at (ky, kx)[s].
+// One warp per frequency. The warp takes 32 slots at a time: each lane evaluates its pixel's columns in float32
+// registers (chi from the table in shared memory) and stores Y's row as float64 in the warp's buffer, column by
+// column (zeros for a pixel with no term). Then Y^T Y of the 32 rows is added 4 rows at a time on the float64
+// tensor cores, one m16n8k4 product per 16 x 8 block on or above the diagonal (Y's 16 x 4 fragment of a row
+// block holds the same values as its two 4 x 8 column tiles: one load per tile); four-row steps with no term
+// are skipped. More blocks than BLOCKS_PER_PASS (many aliases) take several passes over the pixels.
+// Twin: normal_equations in qgpu_dask/ssb/cpu.py (with normal_gram).
+template <int MM, int MP, unsigned long long ROWS, int D, bool COMPLEX>
+__global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64* __restrict__ pixel, i64 n_pix,
+                                 const i64* __restrict__ freq, i64 n, const double* __restrict__ ky, const double* __restrict__ kx,
+                                 const float* __restrict__ chi_k, const float* __restrict__ root_w, const float2* __restrict__ table_in,
+                                 const double* __restrict__ alias_q, double kmax2, float inv_u2, double* __restrict__ yy) {
     constexpr int C = COMPLEX ? 2 * D : D;
-    constexpr int TILES = (C + 8) / 8;  // tiles of 8 columns covering the C columns and g
-    constexpr int PAIRS = TILES * (TILES + 1) / 2;
+    constexpr int WIDTH = 2 * (C + 1);             // Y's columns: Re T, Re g, Im T, Im g
+    constexpr int TILES = (WIDTH + 7) / 8;          // column tiles of 8
+    constexpr int SPAN = 16 * ((WIDTH + 15) / 16);  // columns in the buffer: whole row blocks of 16
+    constexpr int BLOCKS = block_count(TILES);
     constexpr int TABLE = (MM + 1) * (MP + 1);
     __shared__ float2 table[TABLE];
-    extern __shared__ double2 buffer_all[];
+    extern __shared__ double buffer_all[];
     for (int t = threadIdx.x; t < TABLE; t += blockDim.x) table[t] = table_in[t];
     __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     i64 f = (i64)blockIdx.x * (blockDim.x / 32) + warp;
     if (f >= n) return;  // whole warps leave; only warp-level synchronisation follows
     i64 q = freq[f];
-    double2* buffer = buffer_all + (i64)warp * (8 * TILES * COLUMN_STRIDE + D);  // buffer[c * COLUMN_STRIDE + p]
-    double2* alias = buffer + 8 * TILES * COLUMN_STRIDE;  // the aliases' (q_y, q_x), read by every lane at once
-    for (int m = lane; m < D; m += 32) alias[m] = double2{alias_q[(f * D + m) * 2], alias_q[(f * D + m) * 2 + 1]};
-    for (int c = C + 1; c < 8 * TILES; ++c) buffer[c * COLUMN_STRIDE + lane] = double2{0.0, 0.0};  // padding columns
+    double* buffer = buffer_all + (i64)warp * (SPAN * COLUMN_STRIDE + 4 * D);  // buffer[c * COLUMN_STRIDE + slot]
+    double2* alias = (double2*)(buffer + SPAN * COLUMN_STRIDE);                 // the aliases' (q_y, q_x), read by every lane at once
+    float2* alias_f = (float2*)(alias + D);
+    for (int m = lane; m < D; m += 32) {
+        alias[m] = double2{alias_q[(f * D + m) * 2], alias_q[(f * D + m) * 2 + 1]};
+        alias_f[m] = float2{(float)alias[m].x, (float)alias[m].y};
+    }
+    for (int c = WIDTH; c < SPAN; ++c) buffer[c * COLUMN_STRIDE + lane] = 0.0;  // padding columns
     __syncwarp();
-
-    double acc[PAIRS][4];  // per pair of tiles: the real part's two entries, then the imaginary part's
-#pragma unroll
-    for (int t = 0; t < PAIRS; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0;
+    const float k2 = (float)kmax2;
+    double* mine = buffer + lane;  // this lane's row of Y
     int row = lane / 4, quad = lane % 4;
 
-    for (i64 base = 0; base < n_pix; base += 32) {
-        i64 k = base + lane;
-        bool any = false;
-        if (k < n_pix) {
-            double y = ky[k], x = kx[k];
-            float here = chi_k[k], w = root_w[k] * inv_u2;
-            bool inside = x * x + y * y <= kmax2;
+    for (int first = 0; first < BLOCKS; first += BLOCKS_PER_PASS) {
+        double acc[BLOCKS_PER_PASS][4];
 #pragma unroll
-            for (int m = 0; m < D; ++m) {
-                float2 plus{0.f, 0.f}, minus{0.f, 0.f};
-                any = (inside && trotters<MM, MP>(x, y, here, alias[m].x, alias[m].y, table, kmax2, plus, minus)) || any;
-                if (COMPLEX) {
-                    buffer[m * COLUMN_STRIDE + lane] = double2{w * plus.x, w * plus.y};
-                    buffer[(D + m) * COLUMN_STRIDE + lane] = double2{w * minus.x, w * minus.y};
-                } else {  // i (plus - minus)
-                    buffer[m * COLUMN_STRIDE + lane] = double2{-w * (plus.y - minus.y), w * (plus.x - minus.x)};
+        for (int b = 0; b < BLOCKS_PER_PASS; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0;
+        for (i64 base = 0; base < n_pix; base += 32) {
+            i64 s = base + lane;
+            bool any = false;
+            if (s < n_pix) {
+                double y = ky[s], x = kx[s];
+                float yf = (float)y, xf = (float)x, here = chi_k[s], rw = root_w[s], w = rw * inv_u2;
+                bool inside = x * x + y * y <= kmax2;
+#pragma unroll
+                for (int m = 0; m < D; ++m) {
+                    float2 plus{0.f, 0.f}, minus{0.f, 0.f};
+                    any = (inside && trotters<MM, MP, ROWS>(yf, xf, y, x, here, alias_f[m], alias[m].x, alias[m].y, table, k2, kmax2,
+                                                            plus, minus)) || any;
+                    if (COMPLEX) {
+                        mine[m * COLUMN_STRIDE] = w * plus.x;
+                        mine[(C + 1 + m) * COLUMN_STRIDE] = w * plus.y;
+                        mine[(D + m) * COLUMN_STRIDE] = w * minus.x;
+                        mine[(C + 1 + D + m) * COLUMN_STRIDE] = w * minus.y;
+                    } else {  // i (plus - minus)
+                        mine[m * COLUMN_STRIDE] = -w * (plus.y - minus.y);
+                        mine[(C + 1 + m) * COLUMN_STRIDE] = w * (plus.x - minus.x);
+                    }
                 }
+                float2 g = any ? G[pixel[s] * nq + q] : float2{0.f, 0.f};
+                mine[C * COLUMN_STRIDE] = rw * g.x;
+                mine[(2 * C + 1) * COLUMN_STRIDE] = rw * g.y;
+            } else {
+                for (int c = 0; c < WIDTH; ++c) mine[c * COLUMN_STRIDE] = 0.0;
             }
-            float2 g = any ? G[k * nq + q] : float2{0.f, 0.f};
-            float rw = root_w[k];
-            buffer[C * COLUMN_STRIDE + lane] = double2{rw * g.x, rw * g.y};
-        } else {
-            for (int c = 0; c <= C; ++c) buffer[c * COLUMN_STRIDE + lane] = double2{0.0, 0.0};
-        }
-        unsigned live = __ballot_sync(0xffffffffu, any);
-        __syncwarp();
-        for (int step = 0; step < 8; ++step) {
-            if (((live >> (4 * step)) & 0xFu) == 0u) continue;  // the same for the whole warp
-            double re[TILES], im[TILES];
+            unsigned live = __ballot_sync(0xffffffffu, any);
+            __syncwarp();
+            for (int step = 0; step < 8; ++step) {
+                if (((live >> (4 * step)) & 0xFu) == 0u) continue;  // the same for the whole warp
+                const double* at = buffer + 4 * step + quad + row * COLUMN_STRIDE;  // Y[4 step + quad][8 t + row] at t * 8 * COLUMN_STRIDE
+                if constexpr (BLOCKS <= BLOCKS_PER_PASS) {
+                    double tile[SPAN / 8];
 #pragma unroll
-            for (int t = 0; t < TILES; ++t) {  // X[4 step + quad][8 t + row]: A of tile t as rows, B as columns
-                double2 v = buffer[(8 * t + row) * COLUMN_STRIDE + 4 * step + quad];
-                re[t] = v.x;
-                im[t] = v.y;
-            }
-            int pair = 0;
+                    for (int t = 0; t < SPAN / 8; ++t) tile[t] = at[t * 8 * COLUMN_STRIDE];
 #pragma unroll
-            for (int I = 0; I < TILES; ++I) {
-#pragma unroll
-                for (int J = I; J < TILES; ++J, ++pair) {
-                    mma_f64(acc[pair][0], acc[pair][1], re[I], re[J]);
-                    mma_f64(acc[pair][0], acc[pair][1], im[I], im[J]);
-                    mma_f64(acc[pair][2], acc[pair][3], re[I], im[J]);
-                    mma_f64(acc[pair][2], acc[pair][3], -im[I], re[J]);
-                }
-            }
-        }
-        __syncwarp();
-    }
-    int pair = 0;
-#pragma unroll
-    for (int I = 0; I < TILES; ++I) {
-#pragma unroll
-        for (int J = I; J < TILES; ++J, ++pair) {
-#pragma unroll
-            for (int v = 0; v < 2; ++v) {
-                int i = 8 * I + row, j = 8 * J + 2 * quad + v;
-                if (i >= C || j < i || j > C) continue;
-                double2 value{acc[pair][v], acc[pair][2 + v]};
-                if (j < C) {
-                    gram[(f * C + i) * C + j] = value;
-                    if (j != i) gram[(f * C + j) * C + i] = double2{value.x, -value.y};
+                    for (int b = 0; b < BLOCKS; ++b) {
+                        const Block k = block_at(b, TILES);
+                        mma_f64(acc[b], tile[2 * k.row], tile[2 * k.row + 1], tile[k.col]);
+                    }
                 } else {
-                    rhs[f * C + i] = value;
+#pragma unroll
+                    for (int b = 0; b < BLOCKS_PER_PASS; ++b) {
+                        if (first + b >= BLOCKS) break;
+                        const Block k = block_at(first + b, TILES);
+                        mma_f64(acc[b], at[2 * k.row * 8 * COLUMN_STRIDE], at[(2 * k.row + 1) * 8 * COLUMN_STRIDE], at[k.col * 8 * COLUMN_STRIDE]);
+                    }
                 }
             }
+            __syncwarp();
         }
+        double* out = yy + f * WIDTH * WIDTH;
+#pragma unroll
+        for (int b = 0; b < BLOCKS_PER_PASS; ++b) {
+            if (first + b >= BLOCKS) break;
+            const Block k = block_at(first + b, TILES);
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                int i = 16 * k.row + row + 8 * (v / 2), j = 8 * k.col + 2 * quad + v % 2;
+                if (i <= j && j < WIDTH) out[i * WIDTH + j] = acc[b][v];
+            }
+        }
+    }
+}
+
+// T^H W T (n, C, C) and T^H W g (n, C) from normal_equations' yy (n, 2 (C + 1), 2 (C + 1), on and above the
+// diagonal): with c = C + 1, Re X^H X [i, j] = YY[i, j] + YY[c + i, c + j], Im X^H X [i, j] = YY[i, c + j] - YY[j, c + i]
+// (i <= j); column C of X is g. One thread per (frequency, i, j).
+template <int C>
+__global__ void normal_gram(const double* __restrict__ yy, i64 n, double2* __restrict__ gram, double2* __restrict__ rhs) {
+    constexpr int c = C + 1, WIDTH = 2 * c;
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * C * c) return;
+    i64 f = t / (C * c);
+    int i = (int)(t % (C * c)) / c, j = (int)(t % c);
+    if (j < i) return;
+    const double* m = yy + f * WIDTH * WIDTH;
+    double re = m[i * WIDTH + j] + m[(c + i) * WIDTH + c + j], im = m[i * WIDTH + c + j] - m[j * WIDTH + c + i];
+    if (j == C) {
+        rhs[f * C + i] = double2{re, im};
+    } else {
+        gram[(f * C + i) * C + j] = double2{re, im};
+        if (j != i) gram[(f * C + j) * C + i] = double2{re, -im};
     }
 }

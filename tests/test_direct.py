@@ -255,3 +255,34 @@ def test_cuda_normal_equations_against_the_cpu_twin(complex_method):
         # transfers in float32 registers, sums in float64: agreement to float32 rounding of the terms
         assert np.abs(on_gpu[0].get() - gram).max() <= 1e-5 * np.abs(gram).max()
         assert np.abs(on_gpu[1].get() - rhs).max() <= 1e-5 * np.abs(rhs).max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+def test_cuda_normal_equations_with_many_aliases():
+    """u = 8 under a wide aperture: up to about 50 aliases per frequency, the complex method's Y^T Y in several
+    passes over the pixels and fewer warps per block (its buffer is large), still the twin's equations."""
+    import cupy
+
+    from qgpu_dask.ssb import cuda
+
+    optics = qd.Optics(300e3, 40.0, 1.0, det_sampling_mrad=2.0, rotation_deg=0.0, flip=False, bf_center_px=(0.0, 0.0),
+                       aberrations={"C10": -50.0, "C30": 1e4})
+    side = np.arange(-21, 22) * optics.k_per_pixel()
+    ky, kx = (a.ravel() for a in np.meshgrid(side, side, indexing="ij"))
+    inside = np.hypot(ky, kx) <= optics.aperture_k
+    ky, kx = ky[inside], kx[inside]
+    scan, u = (4, 4), 8
+    rng = np.random.default_rng(8)
+    shape = (len(ky), scan[0], scan[1] // 2 + 1)
+    G = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+    weights = rng.uniform(0.5, 2.0, len(ky))
+    groups = direct.aliases(scan, optics, u).groups
+    assert max(g.count for g in groups) >= 40
+    for g in groups[-2:]:
+        for complex_method in (False, True):
+            args = (weights, chi(kx, ky, optics), chi_table(optics), g.freq, g.q, complex_method, u, optics.aperture_k**2)
+            gram, rhs = cpu.normal_equations(G, ky, kx, *args)
+            on_gpu = cuda.normal_equations(cupy.asarray(G), ky, kx, *args)
+            assert np.abs(on_gpu[0].get() - gram).max() <= 1e-5 * np.abs(gram).max()
+            assert np.abs(on_gpu[1].get() - rhs).max() <= 1e-5 * np.abs(rhs).max()
