@@ -1,8 +1,7 @@
 // The single-sideband sum over bright-field pixels, fused: Gamma evaluated in registers, exact zeros skipped.
 //
 // The twin of qgpu_dask/ssb/cpu.py; compiled at run time by qgpu_dask/ssb/cuda.py, which instantiates
-// sideband_sum<MM, MP, ROWS> by the size of the aberration table (qgpu_dask/ssb/optics.py chi_table) and its
-// nonzero entries.
+// sideband_sum<N> by the degree N of chi's polynomial (qgpu_dask/ssb/optics.py chi_table).
 //
 // G is (n_pix, rows, half_cols) complex64: the rfft2 over the scan of every bright-field pixel's image.
 // For each scan frequency Q of that half spectrum and each pixel k (1/A, scan axes) inside the aperture:
@@ -13,31 +12,18 @@
 
 typedef long long i64;
 
-// chi(k) = sum_m Re(T[m, p] (x + i y)^m) |k|^(2p), T of (MM + 1) x (MP + 1) complex entries. ROWS gives, 4 bits
-// per row m, how many of row m's leading entries may be nonzero (0: the row is empty), so the Horner scheme
-// starts at the last nonzero entry: the same value as over the whole row (the zeros above it add exact zeros).
-template <int MM, int MP, unsigned long long ROWS>
-__device__ __forceinline__ float chi(float x, float y, const float2* __restrict__ table) {
-    float r2 = x * x + y * y;
-    float zr = 1.f, zi = 0.f;
+// chi(k) = sum_{a + b <= N} P[b, a] k_x^a k_y^b, P ((N + 1) x (N + 1) floats, row b) in shared memory: Horner in
+// k_x within each power of k_y, then in k_y. The monomials come from the polar table of qgpu_dask/ssb/optics.py
+// (chi_table, expanded by qgpu_dask/ssb/cuda.py monomials): about 27 multiply-adds at N = 6, a third of the polar form's work.
+template <int N>
+__device__ __forceinline__ float chi(float x, float y, const float* __restrict__ poly) {
     float total = 0.f;
 #pragma unroll
-    for (int m = 0; m <= MM; ++m) {
-        const int used = (int)((ROWS >> (4 * m)) & 0xFull);
-        if (used > 0) {
-            float ar = table[m * (MP + 1) + used - 1].x, ai = table[m * (MP + 1) + used - 1].y;
+    for (int b = N; b >= 0; --b) {
+        float row = poly[b * (N + 1) + N - b];
 #pragma unroll
-            for (int p = MP - 1; p >= 0; --p) {
-                if (p >= used - 1) continue;
-                float2 c = table[m * (MP + 1) + p];
-                ar = ar * r2 + c.x;
-                ai = ai * r2 + c.y;
-            }
-            total += ar * zr - ai * zi;
-        }
-        float nr = zr * x - zi * y;
-        zi = zr * y + zi * x;
-        zr = nr;
+        for (int a = N - b - 1; a >= 0; --a) row = fmaf(row, x, poly[b * (N + 1) + a]);
+        total = fmaf(total, y, row);
     }
     return total;
 }
@@ -63,28 +49,28 @@ __device__ __forceinline__ bool within(float dy, float dx, float k2, double y, d
 // A pixel k (float32 yf, xf; float64 y, x) with chi(k) = here, at a frequency q (float32 qf = (q_y, q_x);
 // float64 qy, qx): (Gamma_plus, Gamma_minus) = exp(i (chi(k) - chi(k - q))) where k - q is inside the aperture
 // and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is. chi and the phase factors are float32.
-template <int MM, int MP, unsigned long long ROWS>
+template <int N>
 __device__ __forceinline__ bool trotters(float yf, float xf, double y, double x, float here, float2 qf, double qy, double qx,
-                                         const float2* table, float k2, double kmax2, float2& plus, float2& minus) {
+                                         const float* poly, float k2, double kmax2, float2& plus, float2& minus) {
     float my = yf - qf.x, mx = xf - qf.y, py = yf + qf.x, px = xf + qf.y;
     float s, c;
     plus = float2{0.f, 0.f};
     minus = float2{0.f, 0.f};
     bool in_plus = within(my, mx, k2, y, x, qy, qx, kmax2), in_minus = within(py, px, k2, y, x, -qy, -qx, kmax2);
     if (in_plus) {
-        phase_factor(here - chi<MM, MP, ROWS>(mx, my, table), &s, &c);
+        phase_factor(here - chi<N>(mx, my, poly), &s, &c);
         plus = float2{c, s};
     }
     if (in_minus) {
-        phase_factor(chi<MM, MP, ROWS>(px, py, table) - here, &s, &c);
+        phase_factor(chi<N>(px, py, poly) - here, &s, &c);
         minus = float2{c, s};
     }
     return in_plus || in_minus;
 }
 
-template <int MM, int MP, unsigned long long ROWS>
+template <int N>
 __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, int half_cols, const double* __restrict__ ky,
-                             const double* __restrict__ kx, const float* __restrict__ chi_k, const float2* __restrict__ table,
+                             const double* __restrict__ kx, const float* __restrict__ chi_k, const float* __restrict__ poly,
                              double dqy, double dqx, double kmax2, float floor, i64 per_slice, double* __restrict__ total_re,
                              double* __restrict__ total_im, double* __restrict__ weight) {
     i64 nq = (i64)rows * half_cols;
@@ -102,7 +88,7 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
         double y = ky[k], x = kx[k];
         float2 plus, minus;
         if (x * x + y * y > kmax2 ||
-            !trotters<MM, MP, ROWS>((float)y, (float)x, y, x, chi_k[k], qf, qy, qx, table, k2, kmax2, plus, minus))
+            !trotters<N>((float)y, (float)x, y, x, chi_k[k], qf, qy, qx, poly, k2, kmax2, plus, minus))
             continue;
         float gr = plus.x - minus.x, gi = plus.y - minus.y;
         float size = sqrtf(gr * gr + gi * gi);
@@ -160,26 +146,26 @@ __host__ __device__ constexpr int block_count(int tiles) {
 // Y = [Re X, Im X] (C + 1 complex columns, 2 (C + 1) real ones): yy[f] = Y^T Y, on and above its diagonal
 // (normal_gram turns it into T^H W T and T^H W g). Slot s holds the pixel of G row pixel[s] at (ky, kx)[s].
 // One warp per frequency. The warp takes 32 slots at a time: each lane evaluates its pixel's columns in float32
-// registers (chi from the table in shared memory) and stores Y's row as float64 in the warp's buffer, column by
+// registers (chi from its monomials in shared memory) and stores Y's row as float64 in the warp's buffer, column by
 // column (zeros for a pixel with no term). Then Y^T Y of the 32 rows is added 4 rows at a time on the float64
 // tensor cores, one m16n8k4 product per 16 x 8 block on or above the diagonal (Y's 16 x 4 fragment of a row
 // block holds the same values as its two 4 x 8 column tiles: one load per tile); four-row steps with no term
 // are skipped. More blocks than BLOCKS_PER_PASS (many aliases) take several passes over the pixels.
 // Twin: normal_equations in qgpu_dask/ssb/cpu.py (with normal_gram).
-template <int MM, int MP, unsigned long long ROWS, int D, bool COMPLEX>
+template <int N, int D, bool COMPLEX>
 __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64* __restrict__ pixel, i64 n_pix,
                                  const i64* __restrict__ freq, i64 n, const double* __restrict__ ky, const double* __restrict__ kx,
-                                 const float* __restrict__ chi_k, const float* __restrict__ root_w, const float2* __restrict__ table_in,
+                                 const float* __restrict__ chi_k, const float* __restrict__ root_w, const float* __restrict__ poly_in,
                                  const double* __restrict__ alias_q, double kmax2, float inv_u2, double* __restrict__ yy) {
     constexpr int C = COMPLEX ? 2 * D : D;
     constexpr int WIDTH = 2 * (C + 1);             // Y's columns: Re T, Re g, Im T, Im g
     constexpr int TILES = (WIDTH + 7) / 8;          // column tiles of 8
     constexpr int SPAN = 16 * ((WIDTH + 15) / 16);  // columns in the buffer: whole row blocks of 16
     constexpr int BLOCKS = block_count(TILES);
-    constexpr int TABLE = (MM + 1) * (MP + 1);
-    __shared__ float2 table[TABLE];
+    constexpr int POLY = (N + 1) * (N + 1);
+    __shared__ float poly[POLY];
     extern __shared__ double buffer_all[];
-    for (int t = threadIdx.x; t < TABLE; t += blockDim.x) table[t] = table_in[t];
+    for (int t = threadIdx.x; t < POLY; t += blockDim.x) poly[t] = poly_in[t];
     __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     i64 f = (i64)blockIdx.x * (blockDim.x / 32) + warp;
@@ -212,7 +198,7 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64
 #pragma unroll
                 for (int m = 0; m < D; ++m) {
                     float2 plus{0.f, 0.f}, minus{0.f, 0.f};
-                    any = (inside && trotters<MM, MP, ROWS>(yf, xf, y, x, here, alias_f[m], alias[m].x, alias[m].y, table, k2, kmax2,
+                    any = (inside && trotters<N>(yf, xf, y, x, here, alias_f[m], alias[m].x, alias[m].y, poly, k2, kmax2,
                                                             plus, minus)) || any;
                     if (COMPLEX) {
                         mine[m * COLUMN_STRIDE] = w * plus.x;

@@ -19,14 +19,18 @@ THREADS = 256
 BLOCKS_PER_SM = 16  # slices of the pixels are added until about this many blocks fill each multiprocessor
 
 
-def table_rows(table: np.ndarray) -> str:
-    """The ROWS template argument of the kernels: 4 bits per row of the chi table, how many of its leading
-    entries may be nonzero, so chi's Horner scheme starts at the last nonzero one."""
-    rows = 0
-    for m, row in enumerate(table):
-        nonzero = np.flatnonzero(row)
-        rows |= (int(nonzero[-1]) + 1 if nonzero.size else 0) << (4 * m)
-    return f"0x{rows:x}ull"
+def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:
+    """chi's polar table (``optics.chi_table``: Re(T[m, p] (k_x + i k_y)^m) |k|^(2p)) as a polynomial in k_x and k_y,
+    the kernels' form: (degree N, P) with chi = sum P[b, a] k_x^a k_y^b, P (N + 1) x (N + 1) float32 (expanded in
+    float64)."""
+    degree = max((m + 2 * p for m, p in np.argwhere(table != 0)), default=0)
+    poly = np.zeros((degree + 1, degree + 1), np.float64)  # [b, a]: k_y^b k_x^a
+    for m, p in np.argwhere(table != 0):
+        for i in range(m + 1):  # (k_x + i k_y)^m = sum_i binom(m, i) k_x^(m - i) (i k_y)^i
+            term = table[m, p] * math.comb(m, i) * 1j**i
+            for j in range(p + 1):  # |k|^(2p) = sum_j binom(p, j) k_x^(2 (p - j)) k_y^(2 j)
+                poly[i + 2 * j, m - i + 2 * (p - j)] += term.real * math.comb(p, j)
+    return degree, poly.astype(np.float32)
 
 
 def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, floor: float) -> tuple[cupy.ndarray, cupy.ndarray]:
@@ -41,12 +45,12 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     per_slice = math.ceil(n_pix / slices) if n_pix else 1
     slices = math.ceil(n_pix / per_slice) if n_pix else 1
     parts = cupy.zeros((3, slices, nq), np.float64)
-    table = np.asarray(table, np.complex64)
-    name = f"sideband_sum<{table.shape[0] - 1}, {table.shape[1] - 1}, {table_rows(table)}>"
+    degree, poly = monomials(np.asarray(table))
+    name = f"sideband_sum<{degree}>"
     compile.kernel("ssb.cu", name)(
         (blocks, slices), (THREADS,),
         (G, np.int64(n_pix), np.int32(rows), np.int32(half), cupy.asarray(ky, np.float64), cupy.asarray(kx, np.float64),
-         cupy.asarray(chi_k, np.float32), cupy.asarray(table), np.float64(dqy), np.float64(dqx), np.float64(kmax2),
+         cupy.asarray(chi_k, np.float32), cupy.asarray(poly), np.float64(dqy), np.float64(dqx), np.float64(kmax2),
          np.float32(floor), np.int64(per_slice), parts[0], parts[1], parts[2]),
     )
     sums = parts.sum(axis=1).reshape(3, rows, half)
@@ -83,7 +87,7 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     rhs = cupy.zeros((n, cols), np.complex128)
     if n == 0:
         return gram, rhs
-    table = np.asarray(table, np.complex64)
+    degree, poly = monomials(np.asarray(table))
     ky, kx = cupy.asarray(ky, np.float64), cupy.asarray(kx, np.float64)
     order = patch_order(ky, kx)
     width = 2 * (cols + 1)  # Y = [Re X, Im X] of X = [T, g]
@@ -95,11 +99,11 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
         raise ValueError(f"{d} aliases per frequency need {per_warp} bytes of shared memory per warp, more than the "
                          f"{optin} a block may have: use a smaller upsampling")
     yy = cupy.empty((n, width, width), np.float64)
-    name = f"normal_equations<{table.shape[0] - 1}, {table.shape[1] - 1}, {table_rows(table)}, {d}, {'true' if complex_method else 'false'}>"
+    name = f"normal_equations<{degree}, {d}, {'true' if complex_method else 'false'}>"
     compile.kernel("ssb.cu", name)(
         (math.ceil(n / warps),), (32 * warps,),
         (G, np.int64(G[0].size), order, np.int64(n_pix), cupy.asarray(freq, np.int64), np.int64(n), ky[order], kx[order],
-         cupy.asarray(chi_k, np.float32)[order], cupy.sqrt(cupy.asarray(weights, np.float32))[order], cupy.asarray(table),
+         cupy.asarray(chi_k, np.float32)[order], cupy.sqrt(cupy.asarray(weights, np.float32))[order], cupy.asarray(poly),
          cupy.ascontiguousarray(cupy.asarray(alias_q, np.float64)), np.float64(kmax2), np.float32(1.0 / upsampling**2), yy),
         shared_mem=warps * per_warp,
     )
