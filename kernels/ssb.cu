@@ -12,17 +12,24 @@
 
 typedef long long i64;
 
-// chi(k) = sum_{a + b <= N} P[b, a] k_x^a k_y^b, P ((N + 1) x (N + 1) floats, row b) in shared memory: Horner in
-// k_x within each power of k_y, then in k_y. The monomials come from the polar table of qgpu_dask/ssb/optics.py
-// (chi_table, expanded by qgpu_dask/ssb/cuda.py monomials): about 27 multiply-adds at N = 6, a third of the polar form's work.
+// chi as a polynomial of degree N in k_x and k_y, from the polar table of qgpu_dask/ssb/optics.py (chi_table,
+// expanded by qgpu_dask/ssb/cuda.py monomials). Passed by value: the coefficients stay in the kernel's parameter
+// bank, read by the multiply-adds themselves.
 template <int N>
-__device__ __forceinline__ float chi(float x, float y, const float* __restrict__ poly) {
+struct Poly {
+    float c[(N + 1) * (N + 1)];  // chi = sum_{a + b <= N} c[b (N + 1) + a] k_x^a k_y^b
+};
+
+// chi(k): Horner in k_x within each power of k_y, then in k_y; about 27 multiply-adds at N = 6, a third of the
+// polar form's work.
+template <int N>
+__device__ __forceinline__ float chi(float x, float y, const Poly<N>& poly) {
     float total = 0.f;
 #pragma unroll
     for (int b = N; b >= 0; --b) {
-        float row = poly[b * (N + 1) + N - b];
+        float row = poly.c[b * (N + 1) + N - b];
 #pragma unroll
-        for (int a = N - b - 1; a >= 0; --a) row = fmaf(row, x, poly[b * (N + 1) + a]);
+        for (int a = N - b - 1; a >= 0; --a) row = fmaf(row, x, poly.c[b * (N + 1) + a]);
         total = fmaf(total, y, row);
     }
     return total;
@@ -32,18 +39,22 @@ __device__ __forceinline__ float chi(float x, float y, const float* __restrict__
 // (2 pi = 6.28125 + 0.0019353071795864769, the first part exact in float), then the fast intrinsic:
 // within about 1e-6 rad of sincosf for |v| up to 1e3, as close as chi itself is in float32.
 __device__ __forceinline__ void phase_factor(float v, float* s, float* c) {
-    float turns = rintf(v * 0.15915494309189535f);
+    float turns = (v * 0.15915494309189535f + 12582912.f) - 12582912.f;  // rintf by the 1.5 2^23 shift, on the multiply-add units
     __sincosf(fmaf(-turns, 0.0019353071795864769f, fmaf(-turns, 6.28125f, v)), s, c);
 }
 
 // Whether k - q = (dy, dx) lies inside the aperture, |k - q|^2 <= kmax2. Decided in float32 away from the edge;
 // within 1e-5 of it (where float32 differences of k and q are good to about 1e-6 of kmax2) in float64 from
 // k = (y, x) and q = (qy, qx), as the CPU twin decides: a pixel on an aperture edge is in or out on both.
+__device__ __noinline__ bool within_exactly(double y, double x, double qy, double qx, double kmax2) {  // a real branch, rarely taken
+    double ey = y - qy, ex = x - qx;
+    return ex * ex + ey * ey <= kmax2;
+}
+
 __device__ __forceinline__ bool within(float dy, float dx, float k2, double y, double x, double qy, double qx, double kmax2) {
     float r2 = dx * dx + dy * dy;
     if (fabsf(r2 - k2) > 1e-5f * k2) return r2 < k2;
-    double ey = y - qy, ex = x - qx;
-    return ex * ex + ey * ey <= kmax2;
+    return within_exactly(y, x, qy, qx, kmax2);
 }
 
 // A pixel k (float32 yf, xf; float64 y, x) with chi(k) = here, at a frequency q (float32 qf = (q_y, q_x);
@@ -51,7 +62,7 @@ __device__ __forceinline__ bool within(float dy, float dx, float k2, double y, d
 // and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is. chi and the phase factors are float32.
 template <int N>
 __device__ __forceinline__ bool trotters(float yf, float xf, double y, double x, float here, float2 qf, double qy, double qx,
-                                         const float* poly, float k2, double kmax2, float2& plus, float2& minus) {
+                                         const Poly<N>& poly, float k2, double kmax2, float2& plus, float2& minus) {
     float my = yf - qf.x, mx = xf - qf.y, py = yf + qf.x, px = xf + qf.y;
     float s, c;
     plus = float2{0.f, 0.f};
@@ -70,7 +81,7 @@ __device__ __forceinline__ bool trotters(float yf, float xf, double y, double x,
 
 template <int N>
 __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, int half_cols, const double* __restrict__ ky,
-                             const double* __restrict__ kx, const float* __restrict__ chi_k, const float* __restrict__ poly,
+                             const double* __restrict__ kx, const float* __restrict__ chi_k, const Poly<N> poly,
                              double dqy, double dqx, double kmax2, float floor, i64 per_slice, double* __restrict__ total_re,
                              double* __restrict__ total_im, double* __restrict__ weight) {
     i64 nq = (i64)rows * half_cols;
@@ -144,9 +155,9 @@ __host__ __device__ constexpr int block_count(int tiles) {
 // at alias_q[f, m] (1/A, (q_y, q_x)), X = [T, g] scaled by sqrt(W) per pixel, with one column of T per alias
 // (phase: i (Gamma_plus - Gamma_minus) / u^2) or two (complex: Gamma_plus / u^2, then Gamma_minus / u^2), and
 // Y = [Re X, Im X] (C + 1 complex columns, 2 (C + 1) real ones): yy[f] = Y^T Y, on and above its diagonal
-// (normal_gram turns it into T^H W T and T^H W g). Slot s holds the pixel of G row pixel[s] at (ky, kx)[s].
+// (normal_gram turns it into T^H W T and T^H W g). Slot s holds the pixel of G row pixel[s] at (ky, kx)[s], k_f[s] in float32.
 // One warp per frequency. The warp takes 32 slots at a time: each lane evaluates its pixel's columns in float32
-// registers (chi from its monomials in shared memory) and stores Y's row as float64 in the warp's buffer, column by
+// registers (chi from its monomials, kernel parameters) and stores Y's row as float64 in the warp's buffer, column by
 // column (zeros for a pixel with no term). Then Y^T Y of the 32 rows is added 4 rows at a time on the float64
 // tensor cores, one m16n8k4 product per 16 x 8 block on or above the diagonal (Y's 16 x 4 fragment of a row
 // block holds the same values as its two 4 x 8 column tiles: one load per tile); four-row steps with no term
@@ -155,18 +166,14 @@ __host__ __device__ constexpr int block_count(int tiles) {
 template <int N, int D, bool COMPLEX>
 __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64* __restrict__ pixel, i64 n_pix,
                                  const i64* __restrict__ freq, i64 n, const double* __restrict__ ky, const double* __restrict__ kx,
-                                 const float* __restrict__ chi_k, const float* __restrict__ root_w, const float* __restrict__ poly_in,
+                                 const float2* __restrict__ k_f, const float* __restrict__ chi_k, const float* __restrict__ root_w, const Poly<N> poly,
                                  const double* __restrict__ alias_q, double kmax2, float inv_u2, double* __restrict__ yy) {
     constexpr int C = COMPLEX ? 2 * D : D;
     constexpr int WIDTH = 2 * (C + 1);             // Y's columns: Re T, Re g, Im T, Im g
     constexpr int TILES = (WIDTH + 7) / 8;          // column tiles of 8
     constexpr int SPAN = 16 * ((WIDTH + 15) / 16);  // columns in the buffer: whole row blocks of 16
     constexpr int BLOCKS = block_count(TILES);
-    constexpr int POLY = (N + 1) * (N + 1);
-    __shared__ float poly[POLY];
     extern __shared__ double buffer_all[];
-    for (int t = threadIdx.x; t < POLY; t += blockDim.x) poly[t] = poly_in[t];
-    __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     i64 f = (i64)blockIdx.x * (blockDim.x / 32) + warp;
     if (f >= n) return;  // whole warps leave; only warp-level synchronisation follows
@@ -193,7 +200,8 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64
             bool any = false;
             if (s < n_pix) {
                 double y = ky[s], x = kx[s];
-                float yf = (float)y, xf = (float)x, here = chi_k[s], rw = root_w[s], w = rw * inv_u2;
+                float2 kf = k_f[s];
+                float yf = kf.x, xf = kf.y, here = chi_k[s], rw = root_w[s], w = rw * inv_u2;
                 bool inside = x * x + y * y <= kmax2;
 #pragma unroll
                 for (int m = 0; m < D; ++m) {

@@ -33,6 +33,13 @@ def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:
     return degree, poly.astype(np.float32)
 
 
+def poly_argument(poly: np.ndarray) -> np.void:
+    """P as the kernels' Poly<N> struct, passed by value."""
+    value = np.zeros((), np.dtype([("c", np.float32, (poly.size,))]))
+    value["c"] = poly.ravel()
+    return value[()]
+
+
 def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, floor: float) -> tuple[cupy.ndarray, cupy.ndarray]:
     """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > ``floor``, each (rows, half_cols)."""
     n_pix, rows, half = G.shape
@@ -50,7 +57,7 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     compile.kernel("ssb.cu", name)(
         (blocks, slices), (THREADS,),
         (G, np.int64(n_pix), np.int32(rows), np.int32(half), cupy.asarray(ky, np.float64), cupy.asarray(kx, np.float64),
-         cupy.asarray(chi_k, np.float32), cupy.asarray(poly), np.float64(dqy), np.float64(dqx), np.float64(kmax2),
+         cupy.asarray(chi_k, np.float32), poly_argument(poly), np.float64(dqy), np.float64(dqx), np.float64(kmax2),
          np.float32(floor), np.int64(per_slice), parts[0], parts[1], parts[2]),
     )
     sums = parts.sum(axis=1).reshape(3, rows, half)
@@ -103,7 +110,8 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     compile.kernel("ssb.cu", name)(
         (math.ceil(n / warps),), (32 * warps,),
         (G, np.int64(G[0].size), order, np.int64(n_pix), cupy.asarray(freq, np.int64), np.int64(n), ky[order], kx[order],
-         cupy.asarray(chi_k, np.float32)[order], cupy.sqrt(cupy.asarray(weights, np.float32))[order], cupy.asarray(poly),
+         cupy.stack([ky[order], kx[order]], axis=1).astype(np.float32), cupy.asarray(chi_k, np.float32)[order],
+         cupy.sqrt(cupy.asarray(weights, np.float32))[order], poly_argument(poly),
          cupy.ascontiguousarray(cupy.asarray(alias_q, np.float64)), np.float64(kmax2), np.float32(1.0 / upsampling**2), yy),
         shared_mem=warps * per_warp,
     )
