@@ -43,40 +43,43 @@ __device__ __forceinline__ void phase_factor(float v, float* s, float* c) {
     __sincosf(fmaf(-turns, 0.0019353071795864769f, fmaf(-turns, 6.28125f, v)), s, c);
 }
 
-// Whether k - q = (dy, dx) lies inside the aperture, |k - q|^2 <= kmax2. Decided in float32 away from the edge;
-// within 1e-5 of it (where float32 differences of k and q are good to about 1e-6 of kmax2) in float64 from
-// k = (y, x) and q = (qy, qx), as the CPU twin decides: a pixel on an aperture edge is in or out on both.
-__device__ __noinline__ bool within_exactly(double y, double x, double qy, double qx, double kmax2) {  // a real branch, rarely taken
-    double ey = y - qy, ex = x - qx;
-    return ex * ex + ey * ey <= kmax2;
+// Which of k - q (bit 0) and k + q (bit 1) lie inside the aperture, |.|^2 <= kmax2, in float64 from k = (y, x)
+// and q, as the CPU twin decides: a pixel on an aperture edge is in or out on both. Called only near the edge
+// (a real branch, rarely taken).
+__device__ __noinline__ int sides_exactly(double y, double x, const double2* q, double kmax2) {
+    double my = y - q->x, mx = x - q->y, py = y + q->x, px = x + q->y;
+    return (int)(mx * mx + my * my <= kmax2) | ((int)(px * px + py * py <= kmax2) << 1);
 }
 
-__device__ __forceinline__ bool within(float dy, float dx, float k2, double y, double x, double qy, double qx, double kmax2) {
-    float r2 = dx * dx + dy * dy;
-    if (fabsf(r2 - k2) > 1e-5f * k2) return r2 < k2;
-    return within_exactly(y, x, qy, qx, kmax2);
-}
-
-// A pixel k (float32 yf, xf; float64 y, x) with chi(k) = here, at a frequency q (float32 qf = (q_y, q_x);
-// float64 qy, qx): (Gamma_plus, Gamma_minus) = exp(i (chi(k) - chi(k - q))) where k - q is inside the aperture
-// and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; whether either is. chi and the phase factors are float32.
+// A pixel k (float32 yf, xf, and k_off = |k|^2 - kmax2; float64 y, x) with chi(k) = here, at a frequency q
+// (float32 qf = (q_y, q_x, |q|^2, unused); float64 *q): (Gamma_plus, Gamma_minus) = exp(i (chi(k) - chi(k - q)))
+// where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; which sides are
+// inside (bits 0, 1). The aperture tests take |k -+ q|^2 - kmax2 = k_off + |q|^2 -+ 2 k.q in float32, good to
+// about 2e-6 kmax2 where it matters (|q| <= 2 kmax); within `edge` (1e-5 kmax2) of 0 they are made in float64.
+// chi and the phase factors are float32.
 template <int N>
-__device__ __forceinline__ bool trotters(float yf, float xf, double y, double x, float here, float2 qf, double qy, double qx,
-                                         const Poly<N>& poly, float k2, double kmax2, float2& plus, float2& minus) {
-    float my = yf - qf.x, mx = xf - qf.y, py = yf + qf.x, px = xf + qf.y;
+__device__ __forceinline__ int trotters(float yf, float xf, float k_off, double y, double x, float here, float4 qf, const double2* q,
+                                        const Poly<N>& poly, float edge, double kmax2, float2& plus, float2& minus) {
+    float kq = fmaf(yf, qf.x, xf * qf.y), base = k_off + qf.z;
+    float out_plus = fmaf(-2.f, kq, base), out_minus = fmaf(2.f, kq, base);
+    bool in_plus = out_plus <= 0.f, in_minus = out_minus <= 0.f;
+    if (fminf(fabsf(out_plus), fabsf(out_minus)) <= edge) {
+        int sides = sides_exactly(y, x, q, kmax2);
+        in_plus = sides & 1;
+        in_minus = sides & 2;
+    }
     float s, c;
     plus = float2{0.f, 0.f};
     minus = float2{0.f, 0.f};
-    bool in_plus = within(my, mx, k2, y, x, qy, qx, kmax2), in_minus = within(py, px, k2, y, x, -qy, -qx, kmax2);
     if (in_plus) {
-        phase_factor(here - chi<N>(mx, my, poly), &s, &c);
+        phase_factor(here - chi<N>(xf - qf.y, yf - qf.x, poly), &s, &c);
         plus = float2{c, s};
     }
     if (in_minus) {
-        phase_factor(chi<N>(px, py, poly) - here, &s, &c);
+        phase_factor(chi<N>(xf + qf.y, yf + qf.x, poly) - here, &s, &c);
         minus = float2{c, s};
     }
-    return in_plus || in_minus;
+    return (int)in_plus | ((int)in_minus << 1);
 }
 
 template <int N>
@@ -92,14 +95,15 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
     double qx = c * dqx;
     i64 lo = (i64)blockIdx.y * per_slice;
     i64 hi = min(n_pix, lo + per_slice);
-    float2 qf{(float)qy, (float)qx};
-    float k2 = (float)kmax2;
+    float4 qf{(float)qy, (float)qx, (float)(qy * qy + qx * qx), 0.f};
+    double2 qd{qy, qx};
+    float edge = 1e-5f * (float)kmax2;
     double sr = 0.0, si = 0.0, sw = 0.0;
     for (i64 k = lo; k < hi; ++k) {
         double y = ky[k], x = kx[k];
         float2 plus, minus;
         if (x * x + y * y > kmax2 ||
-            !trotters<N>((float)y, (float)x, y, x, chi_k[k], qf, qy, qx, poly, k2, kmax2, plus, minus))
+            !trotters<N>((float)y, (float)x, (float)(x * x + y * y - kmax2), y, x, chi_k[k], qf, &qd, poly, edge, kmax2, plus, minus))
             continue;
         float gr = plus.x - minus.x, gi = plus.y - minus.y;
         float size = sqrtf(gr * gr + gi * gi);
@@ -180,14 +184,15 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64
     i64 q = freq[f];
     double* buffer = buffer_all + (i64)warp * (SPAN * COLUMN_STRIDE + 4 * D);  // buffer[c * COLUMN_STRIDE + slot]
     double2* alias = (double2*)(buffer + SPAN * COLUMN_STRIDE);                 // the aliases' (q_y, q_x), read by every lane at once
-    float2* alias_f = (float2*)(alias + D);
+    float4* alias_f = (float4*)(alias + D);                                     // and (q_y, q_x, |q|^2, 0) in float32
     for (int m = lane; m < D; m += 32) {
-        alias[m] = double2{alias_q[(f * D + m) * 2], alias_q[(f * D + m) * 2 + 1]};
-        alias_f[m] = float2{(float)alias[m].x, (float)alias[m].y};
+        double qy = alias_q[(f * D + m) * 2], qx = alias_q[(f * D + m) * 2 + 1];
+        alias[m] = double2{qy, qx};
+        alias_f[m] = float4{(float)qy, (float)qx, (float)(qy * qy + qx * qx), 0.f};
     }
     for (int c = WIDTH; c < SPAN; ++c) buffer[c * COLUMN_STRIDE + lane] = 0.0;  // padding columns
     __syncwarp();
-    const float k2 = (float)kmax2;
+    const float edge = 1e-5f * (float)kmax2;
     double* mine = buffer + lane;  // this lane's row of Y
     int row = lane / 4, quad = lane % 4;
 
@@ -197,17 +202,17 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64
         for (int b = 0; b < BLOCKS_PER_PASS; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0;
         for (i64 base = 0; base < n_pix; base += 32) {
             i64 s = base + lane;
-            bool any = false;
+            int any = 0;
             if (s < n_pix) {
                 double y = ky[s], x = kx[s];
                 float2 kf = k_f[s];
                 float yf = kf.x, xf = kf.y, here = chi_k[s], rw = root_w[s], w = rw * inv_u2;
                 bool inside = x * x + y * y <= kmax2;
+                float k_off = fmaf(xf, xf, yf * yf) - (float)kmax2;  // |k|^2 <= kmax2: good to about 2e-7 kmax2
 #pragma unroll
                 for (int m = 0; m < D; ++m) {
                     float2 plus{0.f, 0.f}, minus{0.f, 0.f};
-                    any = (inside && trotters<N>(yf, xf, y, x, here, alias_f[m], alias[m].x, alias[m].y, poly, k2, kmax2,
-                                                            plus, minus)) || any;
+                    if (inside) any |= trotters<N>(yf, xf, k_off, y, x, here, alias_f[m], alias + m, poly, edge, kmax2, plus, minus);
                     if (COMPLEX) {
                         mine[m * COLUMN_STRIDE] = w * plus.x;
                         mine[(C + 1 + m) * COLUMN_STRIDE] = w * plus.y;
