@@ -77,14 +77,15 @@ def patch_order(ky, kx) -> cupy.ndarray:
     pitch = math.sqrt(math.pi / 4 * float(ky.max() - ky.min()) * float(kx.max() - kx.min()) / n) or 1.0
     row = cupy.floor((ky - ky.min()) / pitch).astype(np.int64)
     col = cupy.floor((kx - kx.min()) / pitch).astype(np.int64)
-    patches_per_band = int(col.max()) // PATCH[1] + 1
-    patch = (row // PATCH[0]) * patches_per_band + col // PATCH[1]
-    return cupy.argsort(patch * (PATCH[0] * (int(col.max()) + 1)) + (row % PATCH[0]) * (int(col.max()) + 1) + col)
+    width = int(col.max()) + 1
+    patch = (row // PATCH[0]) * (width // PATCH[1] + 1) + col // PATCH[1]
+    return cupy.argsort((patch * PATCH[0] + row % PATCH[0]) * width + col)
 
 
 def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
     """The twin of ``ssb.cpu.normal_equations`` (see there): Gram and right side of each listed frequency,
-    complex128 on the device, summed in float64 from float32 transfers."""
+    complex128 on the device, summed in float64 from float32 transfers. The kernel takes the pixels in
+    ``patch_order`` (for speed only) and writes Y^T Y, which ``normal_gram`` turns into the two."""
     n_pix = G.shape[0]
     if G.dtype != np.complex64 or not G.flags.c_contiguous:
         raise ValueError("G must be a C-contiguous complex64 array")
