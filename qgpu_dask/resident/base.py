@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..device import to_host
+from . import feed
 from .masks import MaskWeights, mask_weights
 
 CHECKSUM_BYTES = 64 * 2**20  # counts hashed per copy to the host
@@ -132,6 +133,18 @@ class Resident(AcquisitionShape, ABC):
     def frame_flat(self, index: int):
         """One frame, (frame_len,) native dtype, on the device."""
 
+    @abstractmethod
+    def frames_flat(self, lo: int, hi: int):
+        """Frames [lo, hi) as a (hi - lo, frame_len) native-dtype device array: a view of the held counts,
+        or only those frames decoded."""
+
+    def feed(self, block_scans: int = 512, amplitude: bool = True, depth: int = 2):
+        """Blocks of ``block_scans`` consecutive scan positions (C order) as device arrays
+        (scans_in_block, det_rows, det_cols): native counts, or float32 sqrt(counts) with ``amplitude``;
+        made ``depth`` blocks ahead of the consumer (``resident.feed``). Each block is valid until the next
+        is asked for."""
+        return feed.feed(self, block_scans, amplitude, depth)
+
     def virtual_images(self, masks) -> np.ndarray:
         """(n_masks, scan_rows, scan_cols) exact sums of each mask; NumPy."""
         return self.plan_virtual_images(masks)()
@@ -179,11 +192,10 @@ class Resident(AcquisitionShape, ABC):
         """SHA-256 hex digest of the logical counts: C order, little-endian native dtype, shape
         (scan_rows, scan_cols, det_rows, det_cols); the same for every reader and layout."""
         digest = hashlib.sha256()
-        counts = self.counts_flat()
         step = max(1, chunk_bytes // (self.frame_len * self.dtype.itemsize))
         little = self.dtype.newbyteorder("<")
         for start in range(0, self.n_frames, step):
-            block = np.ascontiguousarray(to_host(counts[start : start + step]), dtype=little)
+            block = np.ascontiguousarray(to_host(self.frames_flat(start, min(start + step, self.n_frames))), dtype=little)
             digest.update(block.data)
         return digest.hexdigest()
 

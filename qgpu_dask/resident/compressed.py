@@ -152,6 +152,9 @@ class CompressedCounts(Resident):
     def frame_flat(self, index: int):
         return self.kernels.frame(self.streams, self.model, int(index)).astype(self.dtype)
 
+    def frames_flat(self, lo: int, hi: int):
+        return self.kernels.decode_all(self.streams, self.model, self.dtype, frames=(lo, hi))
+
     def multiplicity(self, indices) -> object:
         """How often each frame is selected (uint32 on the device), from host int64 ``indices``."""
         indices = np.asarray(indices, dtype=np.int64)

@@ -58,6 +58,9 @@ class DenseCounts(Resident):
     def roi_max(self, indices):
         return self.kernels.roi_reduce(self.flat, indices, "max")
 
+    def frames_flat(self, lo: int, hi: int):
+        return self.flat[lo:hi]
+
     def frame_flat(self, index: int):
         return self.flat[index]
 

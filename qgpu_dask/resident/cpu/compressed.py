@@ -658,11 +658,12 @@ def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
 
 
 @pjit
-def decode_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pixels, pixel_stride, frame_stride, out, errors):
-    n_blocks = index.shape[0]
+def decode_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, first, last, lo, hi,
+                pixels, pixel_stride, frame_stride, out, errors):
+    n_blocks = last - first
     n_pix = pixels.shape[0]
     for s in numba.prange(n_blocks * n_pix):
-        b, k = s // n_pix, s % n_pix
+        b, k = first + s // n_pix, s % n_pix
         p = pixels[k]
         pos = np.empty(block, dtype=np.int64)
         val = np.empty(block, dtype=np.uint32)
@@ -670,23 +671,31 @@ def decode_loop(index, block_base, payload, n_frames, block, run, values, table_
         if failed(errors, b, p, cnt):
             continue
         for j in range(cnt):
-            out[k * pixel_stride + (b * block + pos[j]) * frame_stride] = val[j]
+            f = b * block + pos[j]
+            if f >= lo and f < hi:
+                out[k * pixel_stride + (f - lo) * frame_stride] = val[j]
 
 
-def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bool) -> np.ndarray:
-    """The counts of the int64 ``pixels`` in ``dtype``: (n_pixels, n_frames) when ``pixel_major``,
-    else (n_frames, n_pixels)."""
+def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bool, frames: tuple[int, int] | None = None) -> np.ndarray:
+    """The counts of the int64 ``pixels`` in ``dtype`` over ``frames`` = (lo, hi) (default: all):
+    (n_pixels, hi - lo) when ``pixel_major``, else (hi - lo, n_pixels). Only the blocks holding the range
+    are decoded."""
+    lo, hi = frames if frames is not None else (0, model.n_frames)
+    if not 0 <= lo <= hi <= model.n_frames:
+        raise IndexError(f"frames [{lo}, {hi}) are not inside [0, {model.n_frames})")
     pixels = np.ascontiguousarray(pixels, dtype=np.int64)
-    shape = (pixels.size, model.n_frames) if pixel_major else (model.n_frames, pixels.size)
-    strides = (model.n_frames, 1) if pixel_major else (1, pixels.size)
+    shape = (pixels.size, hi - lo) if pixel_major else (hi - lo, pixels.size)
+    strides = (hi - lo, 1) if pixel_major else (1, pixels.size)
     out = np.zeros(shape, dtype=dtype)
-    run_checked(decode_loop, streams, model, pixels, strides[0], strides[1], out.reshape(-1))
+    if hi > lo:
+        run_checked(decode_loop, streams, model, lo // model.block, -(-hi // model.block), lo, hi, pixels, strides[0], strides[1],
+                    out.reshape(-1))
     return out
 
 
-def decode_all(streams: Streams, model: Model, dtype) -> np.ndarray:
-    """Every count, (n_frames, frame_len) in ``dtype``: the dense counts back."""
-    return decode_pixels(streams, model, np.arange(streams.index.shape[1]), dtype, pixel_major=False)
+def decode_all(streams: Streams, model: Model, dtype, frames: tuple[int, int] | None = None) -> np.ndarray:
+    """Every pixel's counts, (hi - lo, frame_len) in ``dtype`` over ``frames`` (default all: the dense counts back)."""
+    return decode_pixels(streams, model, np.arange(streams.index.shape[1]), dtype, pixel_major=False, frames=frames)
 
 
 @pjit

@@ -252,29 +252,36 @@ def frame(streams: Streams, model: Model, index: int) -> cupy.ndarray:
     return out
 
 
-def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bool) -> cupy.ndarray:
-    """The counts of the host int64 ``pixels`` in ``dtype``: (n_pixels, n_frames) when ``pixel_major``,
-    else (n_frames, n_pixels)."""
-    n_blocks = streams.index.shape[0]
+def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bool, frames: tuple[int, int] | None = None) -> cupy.ndarray:
+    """The counts of the host int64 ``pixels`` in ``dtype`` over ``frames`` = (lo, hi) (default: all):
+    (n_pixels, hi - lo) when ``pixel_major``, else (hi - lo, n_pixels). Only the blocks holding the range
+    are decoded."""
+    lo, hi = frames if frames is not None else (0, model.n_frames)
+    if not 0 <= lo <= hi <= model.n_frames:
+        raise IndexError(f"frames [{lo}, {hi}) are not inside [0, {model.n_frames})")
+    first, last = lo // model.block, -(-hi // model.block)
     pixels = cupy.asarray(np.asarray(pixels, dtype=np.int64))
     n_pix = int(pixels.size)
-    shape = (n_pix, model.n_frames) if pixel_major else (model.n_frames, n_pix)
+    shape = (n_pix, hi - lo) if pixel_major else (hi - lo, n_pix)
     out = cupy.zeros(shape, dtype=dtype)
-    strides = (model.n_frames, 1) if pixel_major else (1, n_pix)
+    if hi <= lo or n_pix == 0:
+        return out
+    strides = (hi - lo, 1) if pixel_major else (1, n_pix)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
     kernel(f"decode<{DECODED_TYPES[np.dtype(dtype)]}>")(
-        (grid(n_pix, 128), n_blocks), (128,),
+        (grid(n_pix, 128), last - first), (128,),
         (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride),
-         np.int32(n_blocks), pixels, np.int64(n_pix), np.int64(strides[0]), np.int64(strides[1]), out, err),
+         np.int32(first), np.int32(last - first), np.int64(lo), np.int64(hi), pixels, np.int64(n_pix), np.int64(strides[0]),
+         np.int64(strides[1]), out, err),
         shared_mem=table_bytes(model, 128),
     )
     raise_error(err, streams.index.shape[1])
     return out
 
 
-def decode_all(streams: Streams, model: Model, dtype) -> cupy.ndarray:
-    """Every count, (n_frames, frame_len) in ``dtype``: the dense counts back."""
-    return decode_pixels(streams, model, np.arange(streams.index.shape[1]), dtype, pixel_major=False)
+def decode_all(streams: Streams, model: Model, dtype, frames: tuple[int, int] | None = None) -> cupy.ndarray:
+    """Every pixel's counts, (hi - lo, frame_len) in ``dtype`` over ``frames`` (default all: the dense counts back)."""
+    return decode_pixels(streams, model, np.arange(streams.index.shape[1]), dtype, pixel_major=False, frames=frames)
 
 
 def check(streams: Streams, model: Model) -> None:
