@@ -26,6 +26,7 @@ from ..device import cupy_or_none, default_budget, device_info, to_host
 from ..io.load import describe, inspect, read_dense
 from ..io.saved import describe_saved, open_resident, save_resident
 from ..io.source import Source, detect_format, open_reader
+from ..ptycho import geometry, update
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
 from ..resident.compressed import CompressedCounts, compressible
@@ -128,6 +129,7 @@ class Shard:
         self.budget = self.requested or default_budget(self.worker.memory_manager.memory_limit)
         self.masks = MaskCache()
         self.prepared = PreparedCache(self.budget // 2)
+        self.reconstructions: dict[str, dict[str, tuple[geometry.Geometry, Any]]] = {}  # run -> name -> (geometry, object)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="qgpu-query", initializer=use_own_stream)
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
 
@@ -442,6 +444,61 @@ class Shard:
         """SHA-256 of the counts of ``name`` (see Resident.checksum), on the load thread: it reads everything."""
         resident = self.resident(name)
         return await self.run_in(self.loads, resident.checksum)
+
+    # -- iterative ptychography (``qgpu_dask.ptycho``) ---------------------
+
+    async def ptycho_start(self, names: list[str], run: str, optics: Optics, objects: list | None) -> None:
+        """Keep an object per resident for reconstruction ``run``: ones, or the given NumPy ``objects``."""
+        residents = [self.resident(n) for n in names]
+
+        def start():
+            state = {}
+            for i, r in enumerate(residents):
+                geo = geometry.geometry(optics, r.scan_shape, r.det_shape)
+                if objects is None:
+                    obj = r.xp.ones(geo.object_shape, np.complex64)
+                else:
+                    if objects[i].shape != geo.object_shape:
+                        raise ValueError(f"the object given for {r.name!r} has shape {objects[i].shape}, the scan needs {geo.object_shape}")
+                    obj = r.xp.asarray(objects[i], dtype=np.complex64)
+                state[r.name] = (geo, obj)
+            self.reconstructions.setdefault(run, {}).update(state)
+
+        await self.run_in(self.queries, start)
+
+    def reconstruction(self, run: str, name: str) -> tuple[geometry.Geometry, Any]:
+        try:
+            return self.reconstructions[run][name]
+        except KeyError:
+            raise KeyError(f"no state of reconstruction {run!r} for {name!r} on {self.address} (a lost worker, or never started)") from None
+
+    async def ptycho_pass(self, names: list[str], run: str, probe: np.ndarray, batch: int, depth: int, step: float) -> list[update.Pass]:
+        """One pass over each resident's scan positions, its object updated in place with ``probe``; the
+        probe's sums of each (``ptycho.update``)."""
+        residents = [self.resident(n) for n in names]
+        states = [self.reconstruction(run, n) for n in names]
+
+        def one_pass():
+            passes = []
+            for r, (geo, obj) in zip(residents, states):
+                blocks = r.feed(batch, amplitude=True, depth=depth)
+                passes.append(update.frame_pass(obj, r.xp.asarray(probe), blocks, geo, step, r.xp))
+            return passes
+
+        return await self.run_in(self.queries, one_pass)
+
+    async def ptycho_objects(self, names: list[str], run: str) -> list[np.ndarray]:
+        """The objects of ``run`` for ``names``, as NumPy."""
+        states = [self.reconstruction(run, n) for n in names]
+        return await self.run_in(self.queries, lambda: [to_host(obj) for _, obj in states])
+
+    async def ptycho_end(self, names: list[str], run: str) -> None:
+        """Drop the state of reconstruction ``run`` for ``names`` (idempotent)."""
+        state = self.reconstructions.get(run, {})
+        for name in names:
+            state.pop(name, None)
+        if not state:
+            self.reconstructions.pop(run, None)
 
     async def run(self, name: str, fn: Callable, args: tuple, kwargs: dict) -> Any:
         """``fn(resident, *args, **kwargs)`` next to the data; CuPy results come back as NumPy."""

@@ -1,0 +1,172 @@
+"""Time-series ptychography: one object per frame of a series, one probe for all, each frame updated on
+the shard that holds it, from its resident's feed.
+
+Each iteration every shard makes one pass over its frames (``update.frame_pass``), updating their objects
+where they live and returning the probe's sums per frame; the client adds them in series order and
+updates the probe (``update.probe_step``), so the result does not depend on how the frames are spread.
+Every ``checkpoint_every`` iterations the objects and probe come back to the client (and to the file
+``checkpoint``, when given); a shard lost mid-run has its acquisitions re-homed by the service, and the run
+goes on from the last checkpoint. The series is reached through its service (``routed``, ``send``,
+``routed_method``): this layer does not import it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..ssb.optics import Optics
+from . import geometry, update
+
+RESTARTS = 3  # restarts from a checkpoint after lost state, before giving up
+
+
+@dataclass
+class Reconstruction:
+    """``objects`` (n_frames, rows, cols) complex64 on the object grid (detector axes, ``pixel_A``);
+    ``probe`` (det_rows, det_cols) complex64 in real space; ``errors`` (iterations, n_frames): each pass's
+    sum (|Psi| - sqrt(I))^2 over sum I; ``corners``: each scan position's window corner on the object grid."""
+
+    objects: np.ndarray
+    probe: np.ndarray
+    errors: np.ndarray
+    pixel_A: tuple[float, float]
+    corners: np.ndarray
+    restarts: int = 0
+
+    @property
+    def phase(self) -> np.ndarray:
+        """The objects' phases (rad), float32."""
+        return np.angle(self.objects).astype(np.float32)
+
+
+@dataclass
+class Checkpoint:
+    iteration: int
+    probe: np.ndarray
+    objects: list | None
+    errors: list = field(default_factory=list)
+
+    def save(self, path: Path, names: list[str]) -> None:
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, iteration=self.iteration, probe=self.probe, objects=np.stack(self.objects), errors=np.asarray(self.errors),
+                 names=np.asarray(names))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path, names: list[str]) -> "Checkpoint":
+        with np.load(path) as saved:
+            if list(saved["names"]) != names:
+                raise ValueError(f"checkpoint {path} is of the series {list(saved['names'])}, not {names}")
+            return cls(int(saved["iteration"]), saved["probe"], list(saved["objects"]), [list(e) for e in saved["errors"]])
+
+
+def check_positive_int(value, what: str) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def check_step(value, what: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number in (0, 2], got {value!r}") from None
+    if not 0 < number <= 2:
+        raise ValueError(f"{what} must be a number in (0, 2], got {value!r}")
+    return number
+
+
+def per_frame(service, names: list[str], method: str, *args) -> list:
+    """A shard method's per-acquisition replies, one call per shard, in series order."""
+    out: list = [None] * len(names)
+    for reply, where in service.routed_method(names, method, *args).result():
+        for part, i in zip(reply, where):
+            out[i] = part
+    return out
+
+
+def start(service, names: list[str], run: str, optics: Optics, objects: list | None) -> None:
+    """Objects of ``run`` on each frame's shard: ones, or the checkpoint's."""
+
+    def send(owner, mine):
+        given = None if objects is None else [objects[names.index(n)] for n in mine]
+        return service.send(owner, "ptycho_start", mine, run, optics, given)
+
+    service.routed(names, send).result()
+
+
+def reconstruct(
+    series,
+    fit: Optics,
+    iterations: int = 20,
+    batch: int = 512,
+    object_step: float = 1.0,
+    probe_step: float = 1.0,
+    probe_after: int = 2,
+    depth: int = 2,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 10,
+    progress: bool = True,
+) -> Reconstruction:
+    """Single-slice ptychography of every frame of ``series`` with calibrated ``fit`` (its aberrations give
+    the starting probe): ``iterations`` passes, positions in batches of ``batch`` (the feed's blocks, made
+    ``depth`` ahead), object and probe steps in (0, 2], the probe updated from pass ``probe_after`` on.
+    With ``checkpoint`` (a .npz path) the run saves there every ``checkpoint_every`` iterations and resumes
+    from it when it exists."""
+    iterations = check_positive_int(iterations, "iterations")
+    batch = check_positive_int(batch, "batch")
+    probe_after = check_positive_int(probe_after, "probe_after")
+    checkpoint_every = check_positive_int(checkpoint_every, "checkpoint_every")
+    if not isinstance(depth, (int, np.integer)) or isinstance(depth, bool) or depth < 0:
+        raise ValueError(f"depth must be an integer >= 0, got {depth!r}")
+    object_step, probe_step = check_step(object_step, "object_step"), check_step(probe_step, "probe_step")
+    names = list(series.names)
+    scan_shape, det_shape = series.same("scan_shape"), series.same("det_shape")
+    geo = geometry.geometry(fit, scan_shape, det_shape)
+    totals = series.reduce(op="sum").sum(axis=(1, 2)).astype(np.float64)  # per frame: sum I = sum a^2
+    if not (totals > 0).all():
+        raise ValueError(f"frames {np.flatnonzero(totals <= 0).tolist()} hold no counts: nothing to reconstruct")
+    initial = Checkpoint(0, geometry.starting_probe(fit, geo, float(totals.mean()) / (scan_shape[0] * scan_shape[1])), None)
+    path = Path(checkpoint) if checkpoint is not None else None
+    saved = Checkpoint.load(path, names) if path is not None and path.exists() else initial
+    service, run = series.service, uuid.uuid4().hex
+    state, restarts = saved, 0
+    probe, errors, done = state.probe, list(state.errors), state.iteration
+    bar = tqdm(total=iterations, initial=done, desc="ptychography", unit="it", disable=not progress)
+    try:
+        start(service, names, run, fit, state.objects)
+        while done < iterations:
+            try:
+                passes = per_frame(service, names, "ptycho_pass", run, probe, batch, int(depth), object_step)
+            except KeyError:
+                restarts += 1
+                if restarts > RESTARTS:
+                    raise
+                start(service, names, run, fit, state.objects)
+                probe, errors, done = state.probe, list(state.errors), state.iteration
+                bar.n = done
+                bar.refresh()
+                continue
+            errors.append([p.error / t for p, t in zip(passes, totals)])
+            done += 1
+            if done >= probe_after:
+                probe = update.probe_step(probe, passes, probe_step)
+            bar.update(1)
+            bar.set_postfix(error=f"{np.mean(errors[-1]):.4g}")
+            if done % checkpoint_every == 0 and done < iterations:
+                state = Checkpoint(done, probe, per_frame(service, names, "ptycho_objects", run), list(errors))
+                if path is not None:
+                    state.save(path, names)
+        objects = per_frame(service, names, "ptycho_objects", run)
+    finally:
+        bar.close()
+        service.routed_method(names, "ptycho_end", run).result()
+    if path is not None:
+        Checkpoint(done, probe, objects, errors).save(path, names)
+    return Reconstruction(np.stack(objects), probe, np.asarray(errors, np.float64).reshape(-1, len(names)), geo.pixel_A, geo.corners, restarts)
