@@ -139,12 +139,25 @@ def reconstruct(
     state, restarts = saved, 0
     probe, errors, done = state.probe, list(state.errors), state.iteration
     bar = tqdm(total=iterations, initial=done, desc="ptychography", unit="it", disable=not progress)
+    objects = None
     try:
         start(service, names, run, fit, state.objects)
-        while done < iterations:
+        while objects is None:
             try:
-                passes = per_frame(service, names, "ptycho_pass", run, probe, batch, int(depth), object_step)
-            except KeyError:
+                while done < iterations:
+                    passes = per_frame(service, names, "ptycho_pass", run, probe, batch, int(depth), object_step)
+                    errors.append([p.error / t for p, t in zip(passes, totals)])
+                    done += 1
+                    if done >= probe_after:
+                        probe = update.probe_step(probe, passes, probe_step)
+                    bar.update(1)
+                    bar.set_postfix(error=f"{np.mean(errors[-1]):.4g}")
+                    if done % checkpoint_every == 0 and done < iterations:
+                        state = Checkpoint(done, probe, per_frame(service, names, "ptycho_objects", run), list(errors))
+                        if path is not None:
+                            state.save(path, names)
+                objects = per_frame(service, names, "ptycho_objects", run)
+            except KeyError:  # a shard's state is gone (its worker was lost): again from the last checkpoint
                 restarts += 1
                 if restarts > RESTARTS:
                     raise
@@ -152,18 +165,6 @@ def reconstruct(
                 probe, errors, done = state.probe, list(state.errors), state.iteration
                 bar.n = done
                 bar.refresh()
-                continue
-            errors.append([p.error / t for p, t in zip(passes, totals)])
-            done += 1
-            if done >= probe_after:
-                probe = update.probe_step(probe, passes, probe_step)
-            bar.update(1)
-            bar.set_postfix(error=f"{np.mean(errors[-1]):.4g}")
-            if done % checkpoint_every == 0 and done < iterations:
-                state = Checkpoint(done, probe, per_frame(service, names, "ptycho_objects", run), list(errors))
-                if path is not None:
-                    state.save(path, names)
-        objects = per_frame(service, names, "ptycho_objects", run)
     finally:
         bar.close()
         service.routed_method(names, "ptycho_end", run).result()

@@ -1,0 +1,144 @@
+"""Time-series ptychography fed from residents: a shifted crystal's frames spread over the shards, against
+the truth and SSB, the same objects however the frames are spread, checkpoints, a lost worker, bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+from qgpu_dask.ssb import simulate
+from qgpu_dask.ssb.calibration import correlation
+from qgpu_dask.ssb.optics import interaction_constant
+
+from conftest import BACKENDS, make_service
+from test_recovery import wait_for, worker_pid
+
+SCAN, OVER, DET, STEP = (24, 24), 3, (72, 72), 1.0  # object pixels of 1/3 A: the scan step is 3 of them
+OPTICS = qd.Optics(300e3, 20.0, STEP, aberrations={"C10": -30.0})
+FIT = OPTICS.with_(det_sampling_mrad=OPTICS.wavelength_A * 1e3 / (SCAN[0] * STEP), rotation_deg=0.0, flip=False,
+                   bf_center_px=(DET[0] // 2, DET[1] // 2))
+
+
+@pytest.fixture(scope="module")
+def crystal():
+    """Three frames of one crystal shifted between them (projected potentials, V A) and their counts."""
+    potential = simulate.atoms_potential((SCAN[0] * OVER, SCAN[1] * OVER), STEP / OVER, 3.9)
+    frames = [np.roll(potential, (2 * f, 5 * f), axis=(0, 1)) for f in range(3)]
+    counts = [simulate.acquisition(OPTICS, SCAN, DET, p, OVER, dose=1e6, seed=f).astype(np.uint16) for f, p in enumerate(frames)]
+    return frames, counts
+
+
+def put_series(svc, names, counts, workers, representation="auto") -> qd.Series:
+    return qd.Series(svc, [svc.put(c, name=names("f"), worker=w, representation=representation) for c, w in zip(counts, workers)])
+
+
+def window_phase(result: qd.ptycho.Reconstruction, f: int) -> np.ndarray:
+    """Frame f's phase over the scanned area: a scan position's probe centre is half a window from its corner."""
+    h = DET[0] // 2, DET[1] // 2
+    return result.phase[f][h[0] : h[0] + SCAN[0] * OVER, h[1] : h[1] + SCAN[1] * OVER]
+
+
+def test_frames_on_several_shards_beat_ssb_and_match_one_shard(svc, names, crystal):
+    frames, counts = crystal
+    workers = sorted(svc.client.scheduler_info()["workers"])
+    together = put_series(svc, names, counts, [workers[0]] * 3, "dense")
+    spread = put_series(svc, names, counts, workers[:3], "compressed")
+    one = qd.ptycho.reconstruct(together, FIT, iterations=8, batch=96, progress=False)
+    many = qd.ptycho.reconstruct(spread, FIT, iterations=8, batch=96, progress=False)
+    assert one.objects.shape == (3, 23 * 3 + DET[0], 23 * 3 + DET[1]) and one.objects.dtype == np.complex64
+    assert one.pixel_A == pytest.approx((STEP / OVER, STEP / OVER))
+    if svc.backend == "cpu":  # the same arithmetic in the same order: the same bits
+        assert (one.objects == many.objects).all() and (one.probe == many.probe).all()
+    else:  # atomic scatter-adds on the GPU add in any order
+        assert np.abs(one.objects - many.objects).max() <= 1e-5 and np.abs(one.probe - many.probe).max() <= 1e-5 * np.abs(one.probe).max()
+    assert one.errors.shape == (8, 3) and (one.errors[-1] < one.errors[0]).all()
+    ssb = spread.ssb(FIT)
+    sigma = interaction_constant(300e3)
+    for f in range(3):
+        truth = sigma * frames[f]
+        ptycho = correlation(window_phase(many, f), truth)
+        assert ptycho >= 0.95 and ptycho > correlation(ssb[f], simulate.band_limited(truth, OVER)) + 0.01
+
+
+def test_a_checkpoint_resumes_the_same_run(svc, names, crystal, tmp_path):
+    _, counts = crystal
+    workers = sorted(svc.client.scheduler_info()["workers"])
+    series = put_series(svc, names, counts[:2], workers[1:3])
+    straight = qd.ptycho.reconstruct(series, FIT, iterations=5, batch=200, progress=False)
+    path = tmp_path / "run.npz"
+    first = qd.ptycho.reconstruct(series, FIT, iterations=3, batch=200, checkpoint=path, checkpoint_every=2, progress=False)
+    assert path.exists() and first.errors.shape == (3, 2)
+    resumed = qd.ptycho.reconstruct(series, FIT, iterations=5, batch=200, checkpoint=path, progress=False)
+    assert resumed.errors.shape == (5, 2) and (resumed.errors[:3] == first.errors).all()
+    if svc.backend == "cpu":
+        assert (resumed.objects == straight.objects).all() and (resumed.probe == straight.probe).all()
+    with pytest.raises(ValueError, match="checkpoint"):
+        qd.ptycho.reconstruct(series[:1], FIT, iterations=6, checkpoint=path, progress=False)
+
+
+def test_bad_reconstruction_input(svc, names, crystal):
+    _, counts = crystal
+    series = put_series(svc, names, counts[:1], [None])
+    for kwargs, word in (({"iterations": 0}, "iterations"), ({"batch": 2.5}, "batch"), ({"object_step": 3}, "object_step"),
+                         ({"probe_step": "x"}, "probe_step"), ({"depth": -1}, "depth"), ({"checkpoint_every": 0}, "checkpoint_every")):
+        with pytest.raises(ValueError, match=word):
+            qd.ptycho.reconstruct(series, FIT, progress=False, **kwargs)
+    with pytest.raises(ValueError, match="calibrate"):
+        qd.ptycho.reconstruct(series, OPTICS, progress=False)
+    other = put_series(svc, names, [counts[0][:12]], [None])
+    with pytest.raises(ValueError, match="scan_shape"):
+        qd.ptycho.reconstruct(qd.Series(svc, [series[0], other[0]]), FIT, progress=False)
+    blank = put_series(svc, names, [np.zeros_like(counts[0])], [None])
+    with pytest.raises(ValueError, match="no counts"):
+        qd.ptycho.reconstruct(blank, FIT, progress=False)
+    assert qd.ptycho.reconstruct(series, FIT, iterations=1, progress=False).objects.shape[0] == 1  # still usable
+
+
+def test_the_feed_runs_next_to_the_data(svc, names, crystal):
+    _, counts = crystal
+    acq = svc.put(counts[0], name=names("f"), representation="compressed")
+
+    def sums(resident, block):
+        return np.concatenate([resident.xp.asnumpy(b.sum(axis=(1, 2))) if resident.xp is not np else b.sum(axis=(1, 2))
+                               for b in resident.feed(block, amplitude=False)])
+
+    got = svc.submit(sums, acq, 100).result()
+    assert (got == counts[0].reshape(-1, *DET).sum(axis=(1, 2))).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_lost_worker_resumes_from_the_last_checkpoint(backend, crystal, tmp_path):
+    _, counts = crystal
+    svc = make_service(backend, n_workers=3, budget="256 MiB")
+    try:
+        workers = sorted(svc.client.scheduler_info()["workers"])
+        series = qd.Series(svc, [svc.put(c, name=f"lost-{f}", worker=w) for f, (c, w) in enumerate(zip(counts, workers))])
+        straight = qd.ptycho.reconstruct(series, FIT, iterations=8, batch=96, progress=False)
+        outcome = {}
+
+        path = tmp_path / "lost.npz"
+
+        def run():
+            outcome["result"] = qd.ptycho.reconstruct(series, FIT, iterations=8, batch=96, checkpoint=path, checkpoint_every=2,
+                                                      progress=False)
+
+        pid = worker_pid(svc, workers[2])
+        runner = threading.Thread(target=run)
+        runner.start()
+        wait_for(lambda: path.exists() or not runner.is_alive(), 120, "the first checkpoint")
+        os.kill(pid, signal.SIGKILL)
+        runner.join(300)
+        assert not runner.is_alive()
+        result = outcome["result"]
+        assert result.restarts >= 1, "the kill came after the run: nothing was tested"
+        if backend == "cpu":
+            assert (result.objects == straight.objects).all() and (result.probe == straight.probe).all()
+        else:
+            assert np.abs(result.objects - straight.objects).max() <= 1e-5
+    finally:
+        svc.close()
