@@ -133,10 +133,7 @@ def main() -> None:
                                "correlation_with_object": correlation(result.phase, truth)}
         results["owner"] = svc.submit(owner_stages, acq, optics, u, args.precision_rows).result()
     device = "cuda" if cupy_or_none() is not None else "cpu"
-    out = record.write(f"direct_{device}", results)
-    for key, value in results.items():
-        print(f"{key}: {value}")
-    print(f"wrote {out}")
+    record.publish(f"direct_{device}", results)
 
 
 if __name__ == "__main__":

@@ -53,3 +53,12 @@ def write(name: str, results: dict, out_dir: str | os.PathLike | None = None) ->
     path = out / f"{name}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
+
+
+def publish(name: str, results: dict) -> Path:
+    """:func:`write` the results, print them a line per key and where they went."""
+    out = write(name, results)
+    for key, value in results.items():
+        print(f"{key}: {value}")
+    print(f"wrote {out}")
+    return out

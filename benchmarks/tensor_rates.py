@@ -112,10 +112,7 @@ def main() -> None:
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     rates = {name: tflops(module.get_function(name), 8 * sms, 256, flops) for name, flops in FLOPS_PER_ITERATION.items()}
     results = {"multiprocessors": sms, "tflops": rates, "over_f32_fma": {name: rate / rates["f32_fma"] for name, rate in rates.items()}}
-    out = record.write("tensor_rates_cuda", results)
-    for key, value in results.items():
-        print(f"{key}: {value}")
-    print(f"wrote {out}")
+    record.publish("tensor_rates_cuda", results)
 
 
 if __name__ == "__main__":

@@ -31,14 +31,21 @@ class Pass:
 
 
 def scatter_add(target, index, values, xp) -> None:
-    """target.flat[index] += values, repeats added (complex as its float pairs)."""
-    if xp.iscomplexobj(target):
-        pairs = target.view(xp.float32 if target.dtype == np.complex64 else xp.float64)
-        index = index.ravel()
-        xp.add.at(pairs, 2 * index, values.real.ravel())
-        xp.add.at(pairs, 2 * index + 1, values.imag.ravel())
+    """target.flat[index] += values, repeats added (complex as its float pairs): np.add.at, or CuPy's atomic
+    cupyx.scatter_add (which adds repeats in any order)."""
+    if xp is np:
+        add = np.add.at
     else:
-        xp.add.at(target, index.ravel(), values.ravel())
+        import cupyx
+
+        add = cupyx.scatter_add
+    index = index.ravel()
+    if xp.iscomplexobj(target):
+        pairs = target.view(np.float32 if target.dtype == np.complex64 else np.float64)
+        add(pairs, 2 * index, xp.ascontiguousarray(values.real).ravel())
+        add(pairs, 2 * index + 1, xp.ascontiguousarray(values.imag).ravel())
+    else:
+        add(target, index, xp.ascontiguousarray(values).ravel())
 
 
 def frame_pass(obj, probe, blocks, geo: Geometry, step: float, xp) -> Pass:

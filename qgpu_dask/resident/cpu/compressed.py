@@ -676,16 +676,23 @@ def decode_loop(index, block_base, payload, n_frames, block, run, values, table_
                 out[k * pixel_stride + (f - lo) * frame_stride] = val[j]
 
 
+def decoded_layout(frames: tuple[int, int] | None, n_frames: int, n_pix: int, pixel_major: bool):
+    """(lo, hi, shape, (pixel_stride, frame_stride)) of decoding ``frames`` (default all) of ``n_pix`` pixels;
+    IndexError for a range outside the acquisition. Shared by both twins' ``decode_pixels``."""
+    lo, hi = frames if frames is not None else (0, n_frames)
+    if not 0 <= lo <= hi <= n_frames:
+        raise IndexError(f"frames [{lo}, {hi}) are not inside [0, {n_frames})")
+    if pixel_major:
+        return lo, hi, (n_pix, hi - lo), (hi - lo, 1)
+    return lo, hi, (hi - lo, n_pix), (1, n_pix)
+
+
 def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bool, frames: tuple[int, int] | None = None) -> np.ndarray:
     """The counts of the int64 ``pixels`` in ``dtype`` over ``frames`` = (lo, hi) (default: all):
     (n_pixels, hi - lo) when ``pixel_major``, else (hi - lo, n_pixels). Only the blocks holding the range
     are decoded."""
-    lo, hi = frames if frames is not None else (0, model.n_frames)
-    if not 0 <= lo <= hi <= model.n_frames:
-        raise IndexError(f"frames [{lo}, {hi}) are not inside [0, {model.n_frames})")
     pixels = np.ascontiguousarray(pixels, dtype=np.int64)
-    shape = (pixels.size, hi - lo) if pixel_major else (hi - lo, pixels.size)
-    strides = (hi - lo, 1) if pixel_major else (1, pixels.size)
+    lo, hi, shape, strides = decoded_layout(frames, model.n_frames, pixels.size, pixel_major)
     out = np.zeros(shape, dtype=dtype)
     if hi > lo:
         run_checked(decode_loop, streams, model, lo // model.block, -(-hi // model.block), lo, hi, pixels, strides[0], strides[1],

@@ -256,17 +256,13 @@ def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bo
     """The counts of the host int64 ``pixels`` in ``dtype`` over ``frames`` = (lo, hi) (default: all):
     (n_pixels, hi - lo) when ``pixel_major``, else (hi - lo, n_pixels). Only the blocks holding the range
     are decoded."""
-    lo, hi = frames if frames is not None else (0, model.n_frames)
-    if not 0 <= lo <= hi <= model.n_frames:
-        raise IndexError(f"frames [{lo}, {hi}) are not inside [0, {model.n_frames})")
-    first, last = lo // model.block, -(-hi // model.block)
     pixels = cupy.asarray(np.asarray(pixels, dtype=np.int64))
     n_pix = int(pixels.size)
-    shape = (n_pix, hi - lo) if pixel_major else (hi - lo, n_pix)
+    lo, hi, shape, strides = twin.decoded_layout(frames, model.n_frames, n_pix, pixel_major)
+    first, last = lo // model.block, -(-hi // model.block)
     out = cupy.zeros(shape, dtype=dtype)
     if hi <= lo or n_pix == 0:
         return out
-    strides = (hi - lo, 1) if pixel_major else (1, n_pix)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
     kernel(f"decode<{DECODED_TYPES[np.dtype(dtype)]}>")(
         (grid(n_pix, 128), last - first), (128,),

@@ -1,0 +1,97 @@
+"""The feed and one ptychography iteration on the owner (issue 8's measurements).
+
+A resident of Poisson counts (``--scan`` x ``--scan`` positions, ``--det`` x ``--det`` uint16 pixels, mean
+``--dose`` counts per pixel), dense and compressed. Measured, each against a baseline of the same run:
+- the feed: every block of ``--block`` positions made (native counts, and float32 amplitudes), in counts
+  per second, against a plain read of the dense counts (the device's bandwidth in practice);
+- one pass of ``ptycho.update.frame_pass`` over all positions (a scan step of 2 object pixels): fed from
+  the compressed resident, and with the blocks made beforehand (the update alone), so the overlap of
+  feed and update is (feed + update - fed pass) / feed.
+
+    python benchmarks/ptycho_gpu.py                     # on the GPU machine: 512 x 512 x 192 x 192
+    python benchmarks/ptycho_gpu.py --scan 32 --det 32  # a small dry run (CPU too)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import qgpu_dask as qd
+from qgpu_dask.device import array_module
+from qgpu_dask.ptycho import geometry, update
+from qgpu_dask.resident.compressed import CompressedCounts
+from qgpu_dask.resident.dense import DenseCounts
+
+import record
+from compressed import full_read, poisson_counts, release, synced
+
+
+def seconds(xp, fn, repeats: int = 3) -> float:
+    """Median wall seconds of ``fn`` (device work included), after one warm-up."""
+    fn = synced(xp, fn)
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def drain(resident, block: int, amplitude: bool, depth: int):
+    """Every block of the feed, touched by a sum so the consumer's stream waits for each."""
+    return lambda: [b[:1, :1, :1].sum() for b in resident.feed(block, amplitude=amplitude, depth=depth)][-1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scan", type=int, default=512)
+    ap.add_argument("--det", type=int, default=192)
+    ap.add_argument("--dose", type=float, default=0.5, help="mean counts per pixel")
+    ap.add_argument("--block", type=int, default=512)
+    ap.add_argument("--depth", type=int, default=2)
+    args = ap.parse_args()
+    xp = array_module()
+    shape = (args.scan, args.scan, args.det, args.det)
+    n_frames, frame_len = args.scan * args.scan, args.det * args.det
+    counts = n_frames * frame_len
+    flat = poisson_counts(xp, xp.empty((n_frames, frame_len), np.uint16), args.dose, seed=1)
+    results: dict = {"shape": list(shape), "dose": args.dose, "block": args.block, "depth": args.depth}
+    read_s = seconds(xp, full_read(xp, flat))
+    results["read_GBps"] = flat.nbytes / read_s / 1e9
+    compressed = CompressedCounts.encode("compressed", flat, shape)
+    results["compressed_ratio"] = compressed.raw_bytes / compressed.nbytes
+    dense = DenseCounts("dense", flat, shape)
+    for label, resident in (("dense", dense), ("compressed", compressed)):
+        for amplitude in (False, True):
+            s = seconds(xp, drain(resident, args.block, amplitude, args.depth))
+            results[f"feed_{label}_{'amplitude' if amplitude else 'counts'}"] = {
+                "G_counts_per_s": counts / s / 1e9, "ms": s * 1e3, "over_read": (flat.nbytes / s / 1e9) / results["read_GBps"]}
+    del dense, flat
+    release(xp)
+
+    wavelength = qd.Optics(300e3, 20.0, 1.0).wavelength_A
+    pixel = 0.25  # object pixel (A); the scan step is 2 of them
+    fit = qd.Optics(300e3, 20.0, 2 * pixel, det_sampling_mrad=wavelength * 1e3 / (args.det * pixel), rotation_deg=0.0, flip=False,
+                    bf_center_px=(args.det // 2, args.det // 2), aberrations={"C10": -50.0})
+    geo = geometry.geometry(fit, shape[:2], shape[2:])
+    probe = xp.asarray(geometry.starting_probe(fit, geo, args.dose * frame_len))
+    fresh = lambda: xp.ones(geo.object_shape, np.complex64)
+    fed_s = seconds(xp, lambda: update.frame_pass(fresh(), probe, compressed.feed(args.block, True, args.depth), geo, 1.0, xp), 2)
+    feed_s = results["feed_compressed_amplitude"]["ms"] / 1e3
+    made = [b.copy() for b in compressed.feed(args.block, True, args.depth)] if counts * 4 < 64e9 else None  # the amplitudes, made beforehand
+    alone_s = seconds(xp, lambda: update.frame_pass(fresh(), probe, made, geo, 1.0, xp), 2) if made else None
+    results["iteration"] = {
+        "positions": n_frames, "object_shape": list(geo.object_shape),
+        "fed_ms": fed_s * 1e3, "ms_per_262144_positions": fed_s * 1e3 * 262144 / n_frames,
+        "update_alone_ms": alone_s * 1e3 if alone_s else None, "feed_ms": feed_s * 1e3,
+        "overlap": (feed_s + alone_s - fed_s) / feed_s if alone_s else None,
+    }
+    record.publish(f"ptycho_{'cuda' if xp is not np else 'cpu'}", results)
+
+
+if __name__ == "__main__":
+    main()
