@@ -110,6 +110,20 @@ def test_the_feed_runs_next_to_the_data(svc, names, crystal):
     got = svc.submit(sums, acq, 100).result()
     assert (got == counts[0].reshape(-1, *DET).sum(axis=(1, 2))).all()
 
+    workers = sorted(svc.client.scheduler_info()["workers"])
+    series = put_series(svc, names, counts, [workers[0], workers[1], workers[0]], "compressed")
+
+    def totals(part, block):
+        seen = {}
+        for position, b in part.feed(block, amplitude=False, depth=1):
+            seen[position] = seen.get(position, 0) + int(b.sum(dtype=part[0].xp.uint64))
+        return seen
+
+    replies = svc.submit(totals, series, 128).result()
+    assert [positions for positions, _ in replies] == [[0, 2], [1]]
+    merged = {k: v for _, seen in replies for k, v in seen.items()}
+    assert merged == {f: int(c.sum(dtype=np.uint64)) for f, c in enumerate(counts)}
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_lost_worker_resumes_from_the_last_checkpoint(backend, crystal, tmp_path):

@@ -13,6 +13,7 @@ until the next one is asked for.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
@@ -99,3 +100,26 @@ def device_feed(resident, parts: list[tuple[int, int]], amplitude: bool, depth: 
         free[slot] = consumer.record()
         if i + slots < len(parts):
             make(i + slots)
+
+
+class ShardSeries(Sequence):
+    """The residents of one shard that belong to a series, in series order, with ``positions``: their
+    places in the whole series. What ``svc.submit(fn, series)`` hands ``fn`` on each shard."""
+
+    def __init__(self, residents: list, positions: list[int]):
+        self.residents = list(residents)
+        self.positions = list(positions)
+
+    def __getitem__(self, index):
+        return self.residents[index]
+
+    def __len__(self) -> int:
+        return len(self.residents)
+
+    def feed(self, block_scans: int = 512, amplitude: bool = True, depth: int = 2) -> Iterator[tuple[int, object]]:
+        """(position in the series, block) for every block of every resident here, in series order
+        (``Resident.feed``; each acquisition's feed starts when the previous one's ends)."""
+        check_feed(block_scans, depth, amplitude)
+        for position, resident in zip(self.positions, self.residents):
+            for block in resident.feed(block_scans, amplitude, depth):
+                yield position, block

@@ -392,8 +392,21 @@ class Service:
         """Every acquisition in the catalog, by name."""
         return [Acquisition(self, r) for _, r in sorted(self.state()["acquisitions"].items())]
 
-    def submit(self, fn: Callable, acq: Acquisition | str, *args, **kwargs) -> QueryFuture:
-        """Run ``fn(resident, *args, **kwargs)`` on the owner of ``acq``; CuPy results return as NumPy."""
+    def submit(self, fn: Callable, acq: Acquisition | Series | str, *args, **kwargs) -> QueryFuture:
+        """Run ``fn(resident, *args, **kwargs)`` on the owner of ``acq``; CuPy results return as NumPy. For a
+        ``Series``, ``fn(part, *args, **kwargs)`` runs once on each shard holding some of it, ``part`` a
+        ``ShardSeries`` (its residents in series order, ``part.positions`` their places, ``part.feed``);
+        the result is [(positions, fn's result)] per shard, by first position."""
+        if isinstance(acq, Series):
+            names = acq.names
+
+            def send(owner, mine):
+                return self.send(owner, "run_series", mine, [names.index(n) for n in mine], fn, args, kwargs)
+
+            def assemble(replies, positions):
+                return sorted(((where, reply[0]) for reply, where in zip(replies, positions)), key=lambda pair: pair[0][0])
+
+            return QueryFuture(self.routed(names, send), assemble)
         acq = acq if isinstance(acq, Acquisition) else self[acq]
         return acq.query("run", fn, args, kwargs)
 

@@ -29,6 +29,7 @@ from ..io.source import Source, detect_format, open_reader
 from ..ptycho import geometry, update
 from ..resident import DenseCounts, Resident, combine_parts, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
+from ..resident import feed
 from ..resident.compressed import CompressedCounts, compressible
 from ..ssb import direct, fit, parallax, sideband
 from ..ssb.direct import DirectResult
@@ -504,3 +505,9 @@ class Shard:
         """``fn(resident, *args, **kwargs)`` next to the data; CuPy results come back as NumPy."""
         resident = self.resident(name)
         return await self.run_in(self.queries, lambda: to_host(fn(resident, *args, **kwargs)))
+
+    async def run_series(self, names: list[str], positions: list[int], fn: Callable, args: tuple, kwargs: dict) -> list:
+        """``fn(ShardSeries of names, *args, **kwargs)`` next to this shard's part of a series, as a one-item
+        list (a routed reply per shard); CuPy results come back as NumPy."""
+        part = feed.ShardSeries([self.resident(n) for n in names], positions)
+        return [await self.run_in(self.queries, lambda: to_host(fn(part, *args, **kwargs)))]
