@@ -4,9 +4,10 @@ For a batch of positions with measured amplitudes a = sqrt(I) (the resident's fe
 frame's object and the probe P: the exit waves psi = P O_R, their far fields Psi = FFT(psi), and the
 corrections chi = IFFT(a Psi / |Psi|) - psi that make the far fields' moduli the measured ones (the negative
 gradient of sum (|Psi| - a)^2 up to a factor). The object takes, per pixel, the batch's
-sum conj(P) chi / (sum |P|^2 + floor); the probe's numerator sum conj(O_R) chi and denominator
-sum |O_R|^2 are returned, so the probe is updated once per iteration from every frame's sums, added in
-series order, whichever shard holds a frame. Complex64 arithmetic, float64 error sums.
+sum conj(P) chi / (sum |P|^2 + floor) (the denominator made once per layout of a batch's windows: the rows
+of a regular scan share it); the probe's numerator sum conj(O_R) chi and denominator sum |O_R|^2 are
+returned, so the probe is updated once per iteration from every frame's sums, added in series order,
+whichever shard holds a frame. Complex64 arithmetic, float64 error sums.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def frame_pass(obj, probe, blocks, geo: Geometry, step: float, xp) -> Pass:
     numerator = xp.zeros(geo.window, xp.complex64)
     denominator = xp.zeros(geo.window, xp.float32)
     error = xp.zeros((), xp.float64)
+    lit = {}  # 1 / (sum |P|^2 over a batch's windows + floor), by the windows' layout: a regular scan repeats it
     start = 0
     for amplitude in blocks:
         n = amplitude.shape[0]
@@ -78,11 +80,14 @@ def frame_pass(obj, probe, blocks, geo: Geometry, step: float, xp) -> Pass:
         chi = (xp.fft.ifft2(far * ratio) - psi).astype(xp.complex64)
         numerator += (xp.conj(windows) * chi).sum(axis=0)
         denominator += (windows.real**2 + windows.imag**2).sum(axis=0)
+        layout = (mine - lo).tobytes()
+        if layout not in lit:
+            bottom = xp.zeros(band.shape, xp.float32)
+            scatter_add(bottom, index, xp.broadcast_to(weight, chi.shape), xp)
+            lit = {layout: step / (bottom + floor)}  # keep only the latest: consecutive batches share it
         top = xp.zeros(band.shape, xp.complex64)
-        bottom = xp.zeros(band.shape, xp.float32)
         scatter_add(top, index, xp.conj(probe)[None] * chi, xp)
-        scatter_add(bottom, index, xp.broadcast_to(weight, chi.shape), xp)
-        band += step * top / (bottom + floor)
+        band += top * lit[layout]
     if start != geo.corners.shape[0]:
         raise ValueError(f"the feed gave {start} scan positions, the geometry has {geo.corners.shape[0]}")
     host = (lambda a: a) if xp is np else (lambda a: a.get())
