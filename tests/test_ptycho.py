@@ -96,6 +96,10 @@ def test_bad_reconstruction_input(svc, names, crystal):
     blank = put_series(svc, names, [np.zeros_like(counts[0])], [None])
     with pytest.raises(ValueError, match="no counts"):
         qd.ptycho.reconstruct(blank, FIT, progress=False)
+    sparse = put_series(svc, names, [np.random.default_rng(3).poisson(1.0, (64, 64, 8, 8)).astype(np.uint16)], [None])
+    wide = FIT.with_(scan_step_A=100 * FIT.wavelength_A * 1e3 / (8 * FIT.det_sampling_mrad))  # 100 object pixels a step
+    with pytest.raises(ValueError, match="objects of reconstruction .* need .* budget"):
+        qd.ptycho.reconstruct(sparse, wide, progress=False)
     assert qd.ptycho.reconstruct(series, FIT, iterations=1, progress=False).objects.shape[0] == 1  # still usable
 
 

@@ -156,6 +156,7 @@ class Shard:
             "resident_bytes": used,
             "reserved_bytes": self.reserved,
             "ssb_cache_bytes": self.prepared.nbytes,
+            "ptycho_bytes": self.ptycho_bytes(),
             "acquisitions": {n: r.describe() for n, r in self.residents.items()},
         }
 
@@ -165,21 +166,24 @@ class Shard:
         except KeyError:
             raise KeyError(f"acquisition {name!r} is not resident on {self.address} (released, or never loaded)") from None
 
+    def check_room(self, what_needs: str, nbytes: int) -> None:
+        """ValueError ("<what_needs> <bytes>, but ...") before anything is allocated if ``nbytes`` more do not
+        fit in the budget beside the residents, loads under way and reconstructions (kept phase preparations
+        make room first)."""
+        used = sum(r.nbytes for r in self.residents.values()) + self.reserved + self.ptycho_bytes()
+        short = nbytes - (self.budget - used - self.prepared.nbytes)
+        if short > 0:
+            self.prepared.release(short)
+        free = self.budget - used - self.prepared.nbytes
+        if nbytes > free:
+            raise ValueError(f"{what_needs} {format_bytes(nbytes)}, but the shard on {self.address} has "
+                             f"{format_bytes(max(free, 0))} free of its {format_bytes(self.budget)} budget")
+
     def admit(self, name: str, nbytes: int) -> None:
         """Reserve ``nbytes`` for a new resident, or refuse before anything is allocated."""
         if name in self.residents:
             raise ValueError(f"an acquisition named {name!r} is already resident on {self.address}")
-        used = sum(r.nbytes for r in self.residents.values()) + self.reserved
-        short = nbytes - (self.budget - used - self.prepared.nbytes)
-        if short > 0:  # cached phase preparations make room for residents
-            self.prepared.release(short)
-        used += self.prepared.nbytes
-        free = self.budget - used
-        if nbytes > free:
-            raise ValueError(
-                f"acquisition {name!r} needs {format_bytes(nbytes)}, but the shard on {self.address} has "
-                f"{format_bytes(max(free, 0))} free of its {format_bytes(self.budget)} budget"
-            )
+        self.check_room(f"acquisition {name!r} needs", nbytes)
         if self.device.kind == "cuda":
             device_free = device_info().free_bytes
             if nbytes > 0.95 * device_free:
@@ -451,6 +455,10 @@ class Shard:
     async def ptycho_start(self, names: list[str], run: str, optics: Optics, objects: list | None) -> None:
         """Keep an object per resident for reconstruction ``run``: ones, or the given NumPy ``objects``."""
         residents = [self.resident(n) for n in names]
+        shapes = [geometry.geometry(optics, r.scan_shape, r.det_shape).object_shape for r in residents]
+        held = sum(obj.nbytes for n, (_, obj) in self.reconstructions.get(run, {}).items() if n not in names)
+        need = sum(8 * a * b for a, b in shapes) + held  # complex64 objects, replacing any of these names
+        self.check_room(f"the objects of reconstruction {run[:8]} need", need - self.ptycho_bytes(run))
 
         def start():
             state = {}
@@ -466,6 +474,11 @@ class Shard:
             self.reconstructions.setdefault(run, {}).update(state)
 
         await self.run_in(self.queries, start)
+
+    def ptycho_bytes(self, run: str | None = None) -> int:
+        """Device bytes of the objects of reconstruction ``run`` (default: of every run) held here."""
+        runs = [self.reconstructions.get(run, {})] if run is not None else list(self.reconstructions.values())
+        return sum(obj.nbytes for state in runs for _, obj in state.values())
 
     def reconstruction(self, run: str, name: str) -> tuple[geometry.Geometry, Any]:
         try:
