@@ -25,19 +25,25 @@ STEP = CELLS * A / POSITIONS
 ABERRATIONS = {"C10": -60.0, "C12": 20.0, "phi12": 0.5}  # abTEM's frame
 
 
+def srtio3(abtem):
+    """abTEM's potential of the 4 x 4 cells (one cell thick) and the probe (300 kV, 20 mrad, ABERRATIONS), on the CPU."""
+    from ase import Atoms
+
+    abtem.config.set({"device": "cpu"})
+    cell = Atoms("SrTiO3", scaled_positions=[(0, 0, 0), (0.5, 0.5, 0.5), (0.5, 0.5, 0), (0.5, 0, 0.5), (0, 0.5, 0.5)],
+                 cell=[A, A, A], pbc=True)
+    potential = abtem.Potential(cell * (CELLS, CELLS, 1), sampling=0.05, slice_thickness=A / 2, projection="infinite")
+    return potential, abtem.Probe(energy=300e3, semiangle_cutoff=20, aberrations=ABERRATIONS)
+
+
 def simulated(tmp_path_factory, positions: int) -> tuple[np.ndarray, float, np.ndarray]:
     """(counts (positions, positions, 65, 65) uint32, abTEM's detector sampling in mrad, abTEM's projected
     potential in V A) of the 4 x 4 cells scanned on positions x positions, cached for the session."""
     abtem = pytest.importorskip("abtem")
-    from ase import Atoms
 
     cache = tmp_path_factory.getbasetemp() / f"abtem-srtio3-{positions}.npz"
     if not cache.exists():
-        abtem.config.set({"device": "cpu"})
-        cell = Atoms("SrTiO3", scaled_positions=[(0, 0, 0), (0.5, 0.5, 0.5), (0.5, 0.5, 0), (0.5, 0, 0.5), (0, 0.5, 0.5)],
-                     cell=[A, A, A], pbc=True)
-        potential = abtem.Potential(cell * (CELLS, CELLS, 1), sampling=0.05, slice_thickness=A / 2, projection="infinite")
-        probe = abtem.Probe(energy=300e3, semiangle_cutoff=20, aberrations=ABERRATIONS)
+        potential, probe = srtio3(abtem)
         scan = abtem.GridScan(start=(0, 0), end=(CELLS * A, CELLS * A), gpts=(positions, positions), endpoint=False)
         measured = probe.scan(potential, scan=scan, detectors=abtem.PixelatedDetector(max_angle=40)).compute()
         projected = potential.project().compute()
@@ -130,16 +136,11 @@ def shifted_strontium_titanate(tmp_path_factory):
     starts moved), 1e6 electrons per position, the detector sampling in mrad and sigma V_proj of each frame
     on the object grid (60 x 60 per period)."""
     abtem = pytest.importorskip("abtem")
-    from ase import Atoms
 
     step = CELLS * A / SERIES_POSITIONS
     cache = tmp_path_factory.getbasetemp() / "abtem-srtio3-series.npz"
     if not cache.exists():
-        abtem.config.set({"device": "cpu"})
-        cell = Atoms("SrTiO3", scaled_positions=[(0, 0, 0), (0.5, 0.5, 0.5), (0.5, 0.5, 0), (0.5, 0, 0.5), (0, 0.5, 0.5)],
-                     cell=[A, A, A], pbc=True)
-        potential = abtem.Potential(cell * (CELLS, CELLS, 1), sampling=0.05, slice_thickness=A / 2, projection="infinite")
-        probe = abtem.Probe(energy=300e3, semiangle_cutoff=20, aberrations=ABERRATIONS)
+        potential, probe = srtio3(abtem)
         frames = []
         for shift in SERIES_SHIFTS:
             start = (shift[0] * step, shift[1] * step)
