@@ -160,3 +160,25 @@ def test_a_lost_worker_resumes_from_the_last_checkpoint(backend, crystal, tmp_pa
             assert np.abs(result.objects - straight.objects).max() <= 1e-5
     finally:
         svc.close()
+
+
+def test_detector_axes_turned_against_the_scan():
+    """Scan vectors go to detector axes by the inverse of calibration.to_scan, for any turn and flip."""
+    from qgpu_dask.ptycho.geometry import to_detector
+    from qgpu_dask.ssb.calibration import to_scan
+
+    vectors = np.random.default_rng(2).normal(size=(2, 50))
+    for rotation in (0.0, 33.0, -90.0, 180.0):
+        for flip in (False, True):
+            assert np.abs(to_scan(to_detector(vectors, rotation, flip), rotation, flip) - vectors).max() < 1e-12
+
+
+def test_a_transposed_detector_gives_the_transposed_object(svc, names, crystal):
+    """With rows and columns of the detector swapped (flip), the object, which lives in detector axes,
+    comes out transposed: still the crystal."""
+    frames, counts = crystal
+    flipped = np.ascontiguousarray(counts[0].transpose(0, 1, 3, 2))
+    series = put_series(svc, names, [flipped], [None])
+    result = qd.ptycho.reconstruct(series, FIT.with_(flip=True), iterations=8, batch=96, progress=False)
+    truth = interaction_constant(300e3) * frames[0]
+    assert correlation(window_phase(result, 0), truth.T) >= 0.95
