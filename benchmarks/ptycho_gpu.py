@@ -15,7 +15,6 @@ A resident of Poisson counts (``--scan`` x ``--scan`` positions, ``--det`` x ``-
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
@@ -27,18 +26,12 @@ from qgpu_dask.resident.dense import DenseCounts
 
 import record
 from compressed import full_read, poisson_counts, release, synced
+from timing import median_ms
 
 
 def seconds(xp, fn, repeats: int = 3) -> float:
     """Median wall seconds of ``fn`` (device work included), after one warm-up."""
-    fn = synced(xp, fn)
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return median_ms(synced(xp, fn), repeats) / 1e3
 
 
 def drain(resident, block: int, amplitude: bool, depth: int):

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..resident.feed import check_count
 from ..ssb.optics import Optics
 from . import geometry, update
 
@@ -64,12 +65,6 @@ class Checkpoint:
             if list(saved["names"]) != names:
                 raise ValueError(f"checkpoint {path} is of the series {list(saved['names'])}, not {names}")
             return cls(int(saved["iteration"]), saved["probe"], list(saved["objects"]), [list(e) for e in saved["errors"]])
-
-
-def check_positive_int(value, what: str) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
-    return int(value)
 
 
 def check_step(value, what: str) -> float:
@@ -119,12 +114,9 @@ def reconstruct(
     ``depth`` ahead), object and probe steps in (0, 2], the probe updated from pass ``probe_after`` on.
     With ``checkpoint`` (a .npz path) the run saves there every ``checkpoint_every`` iterations and resumes
     from it when it exists."""
-    iterations = check_positive_int(iterations, "iterations")
-    batch = check_positive_int(batch, "batch")
-    probe_after = check_positive_int(probe_after, "probe_after")
-    checkpoint_every = check_positive_int(checkpoint_every, "checkpoint_every")
-    if not isinstance(depth, (int, np.integer)) or isinstance(depth, bool) or depth < 0:
-        raise ValueError(f"depth must be an integer >= 0, got {depth!r}")
+    iterations, batch = check_count(iterations, "iterations", 1), check_count(batch, "batch", 1)
+    probe_after, checkpoint_every = check_count(probe_after, "probe_after", 1), check_count(checkpoint_every, "checkpoint_every", 1)
+    depth = check_count(depth, "depth", 0)
     object_step, probe_step = check_step(object_step, "object_step"), check_step(probe_step, "probe_step")
     names = list(series.names)
     scan_shape, det_shape = series.same("scan_shape"), series.same("det_shape")
@@ -145,7 +137,7 @@ def reconstruct(
         while objects is None:
             try:
                 while done < iterations:
-                    passes = per_frame(service, names, "ptycho_pass", run, probe, batch, int(depth), object_step)
+                    passes = per_frame(service, names, "ptycho_pass", run, probe, batch, depth, object_step)
                     errors.append([p.error / t for p, t in zip(passes, totals)])
                     done += 1
                     if done >= probe_after:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..device import to_host
 from .geometry import Geometry, window_offsets
 
 FLOOR = 0.1  # of the largest denominator (rPIE's alpha, Maiden, Johnson & Li, Optica 4 (2017) 736): weakly lit pixels move less, noise grows less
@@ -90,8 +91,7 @@ def frame_pass(obj, probe, blocks, geo: Geometry, step: float, xp) -> Pass:
         band += top * lit[layout]
     if start != geo.corners.shape[0]:
         raise ValueError(f"the feed gave {start} scan positions, the geometry has {geo.corners.shape[0]}")
-    host = (lambda a: a) if xp is np else (lambda a: a.get())
-    return Pass(host(numerator), host(denominator), float(error))
+    return Pass(to_host(numerator), to_host(denominator), float(error))
 
 
 def probe_step(probe: np.ndarray, passes: list[Pass], step: float) -> np.ndarray:

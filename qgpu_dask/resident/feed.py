@@ -20,13 +20,18 @@ from typing import Iterator
 import numpy as np
 
 
+def check_count(value, what: str, least: int) -> int:
+    """``value`` as an int; ValueError naming ``what`` unless it is an integer >= ``least``."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{what} must be an integer >= {least}, got {value!r}")
+    return int(value)
+
+
 def check_feed(block_scans, depth, amplitude) -> tuple[int, int, bool]:
-    for label, value, least in (("block_scans", block_scans, 1), ("depth", depth, 0)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{label} must be an integer >= {least}, got {value!r}")
+    block_scans, depth = check_count(block_scans, "block_scans", 1), check_count(depth, "depth", 0)
     if not isinstance(amplitude, (bool, np.bool_)):
         raise ValueError(f"amplitude must be True or False, got {amplitude!r}")
-    return int(block_scans), int(depth), bool(amplitude)
+    return block_scans, depth, bool(amplitude)
 
 
 def spans(n_frames: int, block_scans: int) -> list[tuple[int, int]]:

@@ -27,9 +27,8 @@ from ..io.load import describe, inspect, read_dense
 from ..io.saved import describe_saved, open_resident, save_resident
 from ..io.source import Source, detect_format, open_reader
 from ..ptycho import geometry, update
-from ..resident import DenseCounts, Resident, combine_parts, mask_weights
+from ..resident import DenseCounts, Resident, combine_parts, feed, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
-from ..resident import feed
 from ..resident.compressed import CompressedCounts, compressible
 from ..ssb import direct, fit, parallax, sideband
 from ..ssb.direct import DirectResult
@@ -455,15 +454,14 @@ class Shard:
     async def ptycho_start(self, names: list[str], run: str, optics: Optics, objects: list | None) -> None:
         """Keep an object per resident for reconstruction ``run``: ones, or the given NumPy ``objects``."""
         residents = [self.resident(n) for n in names]
-        shapes = [geometry.geometry(optics, r.scan_shape, r.det_shape).object_shape for r in residents]
+        geos = [geometry.geometry(optics, r.scan_shape, r.det_shape) for r in residents]
         held = sum(obj.nbytes for n, (_, obj) in self.reconstructions.get(run, {}).items() if n not in names)
-        need = sum(8 * a * b for a, b in shapes) + held  # complex64 objects, replacing any of these names
+        need = sum(8 * g.object_shape[0] * g.object_shape[1] for g in geos) + held  # complex64 objects, replacing any of these names
         self.check_room(f"the objects of reconstruction {run[:8]} need", need - self.ptycho_bytes(run))
 
         def start():
             state = {}
-            for i, r in enumerate(residents):
-                geo = geometry.geometry(optics, r.scan_shape, r.det_shape)
+            for i, (r, geo) in enumerate(zip(residents, geos)):
                 if objects is None:
                     obj = r.xp.ones(geo.object_shape, np.complex64)
                 else:
