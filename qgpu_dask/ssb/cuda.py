@@ -98,6 +98,7 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     degree, poly = monomials(np.asarray(table))
     ky, kx = cupy.asarray(ky, np.float64), cupy.asarray(kx, np.float64)
     order = patch_order(ky, kx)
+    ky, kx = ky[order], kx[order]
     width = 2 * (cols + 1)  # Y = [Re X, Im X] of X = [T, g]
     span = 16 * math.ceil(width / 16)
     per_warp = (span * COLUMN_STRIDE + 4 * d) * 8
@@ -110,8 +111,8 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     name = f"normal_equations<{degree}, {d}, {'true' if complex_method else 'false'}>"
     compile.kernel("ssb.cu", name)(
         (math.ceil(n / warps),), (32 * warps,),
-        (G, np.int64(G[0].size), order, np.int64(n_pix), cupy.asarray(freq, np.int64), np.int64(n), ky[order], kx[order],
-         cupy.stack([ky[order], kx[order]], axis=1).astype(np.float32), cupy.asarray(chi_k, np.float32)[order],
+        (G, np.int64(G[0].size), order, np.int64(n_pix), cupy.asarray(freq, np.int64), np.int64(n), ky, kx,
+         cupy.stack([ky, kx], axis=1).astype(np.float32), cupy.asarray(chi_k, np.float32)[order],
          cupy.sqrt(cupy.asarray(weights, np.float32))[order], poly_argument(poly),
          cupy.ascontiguousarray(cupy.asarray(alias_q, np.float64)), np.float64(kmax2), np.float32(1.0 / upsampling**2), yy),
         shared_mem=warps * per_warp,
