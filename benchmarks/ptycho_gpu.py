@@ -39,6 +39,24 @@ def drain(resident, block: int, amplitude: bool, depth: int):
     return lambda: [b[:1, :1, :1].sum() for b in resident.feed(block, amplitude=amplitude, depth=depth)][-1]
 
 
+def stages(xp, geo, probe, obj, amplitude) -> dict:
+    """Median microseconds of each step of one batch (``update.frame_pass``'s loop body), on the first block."""
+    k = update.kernels(xp)
+    corners = xp.asarray(geo.corners)
+    batch = update.batch_of(geo, 0, amplitude.shape[0])
+    far = k.exit_waves(obj, probe, corners, batch)
+    sums = xp.zeros(geo.window, xp.complex64), xp.zeros(geo.window, xp.float32)
+    steps = {
+        "exit_waves": lambda: k.exit_waves(obj, probe, corners, batch),
+        "fft2": lambda: k.fft2(far),
+        "project": lambda: k.project(far, amplitude, geo.center, 1.0),
+        "ifft2": lambda: k.ifft2(far),
+        "probe_sums": lambda: k.probe_sums(obj, probe, far, corners, batch, *sums),
+        "object_update": lambda: k.object_update(obj, probe, far, corners, batch, 1.0, 1.0),
+    }
+    return {name: seconds(xp, fn, 20) * 1e6 for name, fn in steps.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scan", type=int, default=512)
@@ -77,11 +95,13 @@ def main() -> None:
     feed_s = results["feed_compressed_amplitude"]["ms"] / 1e3
     made = [b.copy() for b in compressed.feed(args.block, True, args.depth)] if counts * 4 < 64e9 else None  # the amplitudes, made beforehand
     alone_s = seconds(xp, lambda: update.frame_pass(fresh(), probe, made, geo, 1.0, xp), 2) if made else None
+    results["stages_us_per_batch"] = stages(xp, geo, probe, fresh(), made[0] if made else next(iter(compressed.feed(args.block))))
     results["iteration"] = {
         "positions": n_frames, "object_shape": list(geo.object_shape),
         "fed_ms": fed_s * 1e3, "ms_per_262144_positions": fed_s * 1e3 * 262144 / n_frames,
         "update_alone_ms": alone_s * 1e3 if alone_s else None, "feed_ms": feed_s * 1e3,
         "overlap": (feed_s + alone_s - fed_s) / feed_s if alone_s else None,
+        "amplitude_read_over_fed": n_frames * frame_len * 4 / (results["read_GBps"] * 1e9) / fed_s,
     }
     record.publish(f"ptycho_{'cuda' if xp is not np else 'cpu'}", results)
 

@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 
 from qgpu_dask.device import to_host
+from qgpu_dask.formats import codec
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.dense import DenseCounts
+from qgpu_dask.resident.feed import SPAN_BYTES, span_frames
 
 from conftest import cupy_available
+from test_compressed import corrupt
 
 BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
 
@@ -81,3 +84,25 @@ def test_frames_of_a_compressed_resident_decode_only_their_blocks(counts):
     for lo, hi in ((-1, 3), (5, 4), (890, 900)):
         with pytest.raises(IndexError, match="frames"):
             compressed.frames_flat(lo, hi)
+
+
+def test_spans_are_whole_blocks_and_whole_codec_blocks():
+    assert span_frames(512, (1, 1), 4 * 192 * 192) == 512  # dense: one block at a time
+    assert span_frames(512, (2048, 8), 4 * 192 * 192) == 2048 * (SPAN_BYTES // (2048 * 4 * 192 * 192)) < 8 * 2048  # capped at SPAN_BYTES
+    assert span_frames(512, (2048, 8), 2 * 64 * 64) == 8 * 2048  # as many as fill the device
+    assert span_frames(100, (256, 3), 4) == 800  # no short common multiple: whole blocks covering the units
+    assert span_frames(4096, (256, 1), 4) == 4096 and span_frames(64, (256, 1), 1 << 30) == 256  # at least a block or a unit
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_malformed_stream_stops_the_feed_before_its_frames(counts, backend):
+    resident = residents(counts, backend)[1]
+    corrupt(resident, "flip")
+    bad_block = int(np.argwhere((to_host(resident.streams.index) >> codec.FORM_SHIFT) == codec.ANS)[0, 0])
+    flat = counts.reshape(-1, *counts.shape[2:])
+    got = []
+    with pytest.raises(ValueError, match="malformed compressed stream"):
+        for block in resident.feed(64, amplitude=False, depth=2):
+            got.append(to_host(block).copy())
+    seen = sum(len(g) for g in got)
+    assert seen <= bad_block * resident.block and (np.concatenate(got or [flat[:0]]) == flat[:seen]).all()

@@ -4,10 +4,10 @@ For a batch of positions with measured amplitudes a = sqrt(I) (the resident's fe
 frame's object and the probe P: the exit waves psi = P O_R, their far fields Psi = FFT(psi), and the
 corrections chi = IFFT(a Psi / |Psi|) - psi that make the far fields' moduli the measured ones (the negative
 gradient of sum (|Psi| - a)^2 up to a factor). The object takes, per pixel, the batch's
-sum conj(P) chi / (sum |P|^2 + floor) (the denominator made once per layout of a batch's windows: the rows
-of a regular scan share it); the probe's numerator sum conj(O_R) chi and denominator sum |O_R|^2 are
-returned, so the probe is updated once per iteration from every frame's sums, added in series order,
-whichever shard holds a frame. Complex64 arithmetic, float64 error sums.
+sum conj(P) chi / (sum |P|^2 + floor); the probe's numerator sum conj(O_R) chi and denominator sum |O_R|^2
+are returned, so the probe is updated once per iteration from every frame's sums, added in series order,
+whichever shard holds a frame. Complex64 arithmetic, float64 error sums. Each step is a kernel of
+``ptycho.cuda`` (twin ``ptycho.cpu``) or an FFT; the object's sums are gathered per pixel in a fixed order.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..device import to_host
-from .geometry import Geometry, window_offsets
+from .cpu import Batch
+from .geometry import Geometry
 
 FLOOR = 0.1  # of the largest denominator (rPIE's alpha, Maiden, Johnson & Li, Optica 4 (2017) 736): weakly lit pixels move less, noise grows less
 
@@ -32,66 +33,47 @@ class Pass:
     error: float
 
 
-def scatter_add(target, index, values, xp) -> None:
-    """target.flat[index] += values, repeats added (complex as its float pairs): np.add.at, or CuPy's atomic
-    cupyx.scatter_add (which adds repeats in any order)."""
+def kernels(xp):
+    """The batch kernels for ``xp``: ``ptycho.cpu`` (NumPy) or ``ptycho.cuda``."""
     if xp is np:
-        add = np.add.at
-    else:
-        import cupyx
+        from . import cpu
 
-        add = cupyx.scatter_add
-    index = index.ravel()
-    if xp.iscomplexobj(target):
-        pairs = target.view(np.float32 if target.dtype == np.complex64 else np.float64)
-        add(pairs, 2 * index, xp.ascontiguousarray(values.real).ravel())
-        add(pairs, 2 * index + 1, xp.ascontiguousarray(values.imag).ravel())
-    else:
-        add(target, index, xp.ascontiguousarray(values).ravel())
+        return cpu
+    from . import cuda
+
+    return cuda
+
+
+def batch_of(geo: Geometry, first: int, n: int) -> Batch:
+    """Positions [first, first + n) with the object box their windows cover; ValueError past the geometry's."""
+    if first + n > geo.corners.shape[0]:
+        raise ValueError(f"the feed gave more than the geometry's {geo.corners.shape[0]} scan positions")
+    mine = geo.corners[first : first + n]
+    low, high = mine.min(axis=0), mine.max(axis=0)
+    return Batch(first, n, (int(low[0]), int(high[0]) + geo.window[0], int(low[1]), int(high[1]) + geo.window[1]))
 
 
 def frame_pass(obj, probe, blocks, geo: Geometry, step: float, xp) -> Pass:
     """Update ``obj`` (object_shape complex64, on the device) in place from ``blocks`` (the feed's
     amplitude blocks, positions in order) with ``probe``; the probe's sums for this frame."""
-    offsets = window_offsets(geo)
-    corners = geo.corners[:, 0] * geo.object_shape[1] + geo.corners[:, 1]
-    device_offsets = xp.asarray(offsets)
-    flat = obj.reshape(-1)
-    weight = (probe.real**2 + probe.imag**2).astype(xp.float32)
-    floor = FLOOR * float(weight.max())
+    k = kernels(xp)
+    corners = xp.asarray(geo.corners)
+    floor = FLOOR * float((probe.real**2 + probe.imag**2).max())
+    scale = 1.0 / (geo.window[0] * geo.window[1])
     numerator = xp.zeros(geo.window, xp.complex64)
     denominator = xp.zeros(geo.window, xp.float32)
-    error = xp.zeros((), xp.float64)
-    lit = {}  # 1 / (sum |P|^2 over a batch's windows + floor), by the windows' layout: a regular scan repeats it
-    start = 0
+    errors, start = [], 0
     for amplitude in blocks:
-        n = amplitude.shape[0]
-        mine = corners[start : start + n]
-        start += n
-        lo, hi = int(mine.min()), int(mine.max()) + int(offsets[-1, -1]) + 1  # the band of the object these windows touch
-        band = flat[lo:hi]
-        index = xp.asarray(mine - lo)[:, None, None] + device_offsets[None]
-        amplitude = xp.roll(amplitude, (-geo.center[0], -geo.center[1]), axis=(1, 2))
-        windows = band[index]
-        psi = probe[None] * windows
-        far = xp.fft.fft2(psi)
-        modulus = xp.abs(far)
-        error += ((modulus - amplitude) ** 2).sum(dtype=xp.float64)
-        ratio = xp.where(modulus > 0, amplitude / xp.maximum(modulus, 1e-30), 0).astype(xp.float32)
-        chi = (xp.fft.ifft2(far * ratio) - psi).astype(xp.complex64)
-        numerator += (xp.conj(windows) * chi).sum(axis=0)
-        denominator += (windows.real**2 + windows.imag**2).sum(axis=0)
-        layout = (mine - lo).tobytes()
-        if layout not in lit:
-            bottom = xp.zeros(band.shape, xp.float32)
-            scatter_add(bottom, index, xp.broadcast_to(weight, chi.shape), xp)
-            lit = {layout: step / (bottom + floor)}  # keep only the latest: consecutive batches share it
-        top = xp.zeros(band.shape, xp.complex64)
-        scatter_add(top, index, xp.conj(probe)[None] * chi, xp)
-        band += top * lit[layout]
+        batch = batch_of(geo, start, int(amplitude.shape[0]))
+        start += batch.n
+        far = k.fft2(k.exit_waves(obj, probe, corners, batch))
+        errors.append(k.project(far, amplitude, geo.center, scale))
+        updated = k.ifft2(far)
+        k.probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
+        k.object_update(obj, probe, updated, corners, batch, step, floor)
     if start != geo.corners.shape[0]:
         raise ValueError(f"the feed gave {start} scan positions, the geometry has {geo.corners.shape[0]}")
-    return Pass(to_host(numerator), to_host(denominator), float(error))
+    return Pass(to_host(numerator), to_host(denominator), float(to_host(xp.stack(errors)).sum()) if errors else 0.0)
 
 
 def probe_step(probe: np.ndarray, passes: list[Pass], step: float) -> np.ndarray:

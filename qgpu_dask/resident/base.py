@@ -138,6 +138,19 @@ class Resident(AcquisitionShape, ABC):
         """Frames [lo, hi) as a (hi - lo, frame_len) native-dtype device array: a view of the held counts,
         or only those frames decoded."""
 
+    feed_grain: tuple[int, int] = (1, 1)
+    """(unit, units): frames the feed best makes together come in whole units (a compressed resident's codec
+    blocks), ``units`` of them at once fill the device."""
+
+    def feed_frames(self, lo: int, hi: int, amplitude: bool, out=None):
+        """Frames [lo, hi) for the feed, (hi - lo, frame_len): the counts (a view where they are held as they
+        are), or float32 sqrt(counts) into ``out``; with a ``done()`` that raises if they were malformed, to
+        call before they are used (a GPU decode reports only once it is through)."""
+        counts = self.frames_flat(lo, hi)
+        if amplitude:
+            counts = self.xp.sqrt(counts, dtype=np.float32, out=out)
+        return counts, lambda: None
+
     def feed(self, block_scans: int = 512, amplitude: bool = True, depth: int = 2):
         """Blocks of ``block_scans`` consecutive scan positions (C order) as device arrays
         (scans_in_block, det_rows, det_cols): native counts, or float32 sqrt(counts) with ``amplitude``;

@@ -155,6 +155,15 @@ class CompressedCounts(Resident):
     def frames_flat(self, lo: int, hi: int):
         return self.kernels.decode_all(self.streams, self.model, self.dtype, frames=(lo, hi))
 
+    @property
+    def feed_grain(self) -> tuple[int, int]:
+        return self.block, -(-self.kernels.fill_streams() // self.frame_len)
+
+    def feed_frames(self, lo: int, hi: int, amplitude: bool, out=None):
+        if out is None:
+            out = self.xp.empty((hi - lo, self.frame_len), np.float32 if amplitude else self.dtype)
+        return out, self.kernels.decode_frames(self.streams, self.model, (lo, hi), out, amplitude)
+
     def multiplicity(self, indices) -> object:
         """How often each frame is selected (uint32 on the device), from host int64 ``indices``."""
         indices = np.asarray(indices, dtype=np.int64)

@@ -3,21 +3,25 @@ reconstructions that run where the data is.
 
 ``feed(resident, block_scans, amplitude, depth)`` yields device arrays (scans_in_block, det_rows, det_cols)
 of consecutive scan positions in C order: the native counts, or float32 sqrt(counts) (the amplitudes a
-ptychographic update compares with). A compressed resident decodes only each block's frames, so its
-consumer never holds a dense copy of the acquisition. Blocks are made ``depth`` ahead: on a GPU on a
-stream of their own (the consumer's stream waits for each block, the maker waits until the consumer's
-work on a buffer is done before reusing it), on a CPU by a background thread. A yielded block is valid
-until the next one is asked for.
-"""
+ptychographic update compares with). Blocks are cut from spans of frames made at once: one block for a
+dense resident; for a compressed one, whole codec blocks of every pixel, as many as fill the GPU with
+streams to decode (at most SPAN_BYTES a span), so its consumer never holds a dense copy of the acquisition
+and the decoder runs at full width. Spans are made at least ``depth`` blocks ahead: on a GPU on a stream of
+their own (the consumer's stream waits for each span, the maker waits until the consumer's work on a
+buffer is done before reusing it, decode errors are raised before a span is handed out), on a CPU by a
+background thread. A yielded block is valid until the next one is asked for."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
+
+SPAN_BYTES = 2**31  # the most one span of decoded frames may hold (the feed holds ahead + 1 of them)
 
 
 def check_count(value, what: str, least: int) -> int:
@@ -39,69 +43,74 @@ def spans(n_frames: int, block_scans: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + block_scans, n_frames)) for lo in range(0, n_frames, block_scans)]
 
 
-def block_of(resident, lo: int, hi: int, amplitude: bool, out=None):
-    """Frames [lo, hi) as (hi - lo, det_rows, det_cols): the counts, or float32 sqrt(counts) into ``out``."""
-    xp = resident.xp
-    counts = resident.frames_flat(lo, hi)
-    if amplitude:
-        counts = xp.sqrt(counts, dtype=np.float32, out=out)
-    return counts.reshape(hi - lo, *resident.det_shape)
+def span_frames(block_scans: int, grain: tuple[int, int], frame_bytes: int) -> int:
+    """Frames made at once: whole blocks; as many of the resident's grain units as fill the device (``grain``
+    = (unit, units)), whole units where blocks and units share a short common multiple; at most SPAN_BYTES
+    (but one block or unit at least)."""
+    unit, units = grain
+    whole = math.lcm(block_scans, unit)
+    step = whole if whole <= max(block_scans, unit * units) else block_scans
+    return step * max(1, min(-(-unit * units // step), SPAN_BYTES // (step * frame_bytes)))
 
 
 def feed(resident, block_scans: int = 512, amplitude: bool = True, depth: int = 2) -> Iterator:
     """The resident's frames in blocks of ``block_scans`` consecutive scan positions, made ``depth`` ahead."""
     block_scans, depth, amplitude = check_feed(block_scans, depth, amplitude)
-    parts = spans(resident.n_frames, block_scans)
-    if resident.xp is np:
-        return host_feed(resident, parts, amplitude, depth)
-    return device_feed(resident, parts, amplitude, depth)
+    span = span_frames(block_scans, resident.feed_grain, resident.frame_len * (4 if amplitude else resident.dtype.itemsize))
+    ahead = -(-depth // (span // block_scans))  # spans made ahead: at least `depth` blocks
+    maker = host_feed if resident.xp is np else device_feed
+    for made in maker(resident, spans(resident.n_frames, span), amplitude, ahead):
+        for lo in range(0, made.shape[0], block_scans):
+            yield made[lo : lo + block_scans].reshape(-1, *resident.det_shape)
 
 
-def host_feed(resident, parts: list[tuple[int, int]], amplitude: bool, depth: int) -> Iterator[np.ndarray]:
-    if depth == 0:
+def host_feed(resident, parts: list[tuple[int, int]], amplitude: bool, ahead: int) -> Iterator[np.ndarray]:
+    """Spans made by a background thread, ``ahead`` of the one in use."""
+    make = lambda lo, hi: resident.feed_frames(lo, hi, amplitude)[0]  # the CPU decoders raise at once
+    if ahead == 0:
         for lo, hi in parts:
-            yield block_of(resident, lo, hi, amplitude)
+            yield make(lo, hi)
         return
     with ThreadPoolExecutor(1, thread_name_prefix="feed") as pool:
-        ahead = deque(pool.submit(block_of, resident, lo, hi, amplitude) for lo, hi in parts[: depth + 1])
-        for lo, hi in parts[depth + 1 :]:
-            block = ahead.popleft().result()
-            ahead.append(pool.submit(block_of, resident, lo, hi, amplitude))
-            yield block
-        while ahead:
-            yield ahead.popleft().result()
+        queued = deque(pool.submit(make, lo, hi) for lo, hi in parts[: ahead + 1])
+        for lo, hi in parts[ahead + 1 :]:
+            made = queued.popleft().result()
+            queued.append(pool.submit(make, lo, hi))
+            yield made
+        while queued:
+            yield queued.popleft().result()
 
 
-def device_feed(resident, parts: list[tuple[int, int]], amplitude: bool, depth: int) -> Iterator:
-    """On the GPU: block i is made on the feed's stream into buffer i % (depth + 1), after the consumer's
-    stream has finished with that buffer's previous block; the consumer's stream waits for it."""
+def device_feed(resident, parts: list[tuple[int, int]], amplitude: bool, ahead: int) -> Iterator:
+    """On the GPU: span i is made on the feed's stream into buffer i % (ahead + 1), after the consumer's stream
+    has finished with that buffer's previous span; the consumer's stream waits for it, and its decode errors
+    are raised before it is handed out."""
     cupy = resident.xp
     consumer = cupy.cuda.get_current_stream()
     maker = cupy.cuda.Stream(non_blocking=True)
-    slots = depth + 1
-    width = max((hi - lo for lo, hi in parts), default=0)
-    buffers = [cupy.empty((width, resident.frame_len), np.float32) if amplitude else None for _ in range(slots)]
+    slots = ahead + 1
+    buffers = [None] * slots  # each slot's last span, whose memory the next one reuses
+    done = [None] * slots
     ready = [cupy.cuda.Event(disable_timing=True) for _ in range(slots)]
     free = [None] * slots  # the consumer's event after its use of each buffer
-    blocks = [None] * slots
 
     def make(i: int) -> None:
         slot = i % slots
         lo, hi = parts[i]
         if free[slot] is not None:
             maker.wait_event(free[slot])
+        reuse = buffers[slot] is not None and buffers[slot].shape[0] >= hi - lo
         with maker:
-            out = buffers[slot][: hi - lo] if amplitude else None
-            blocks[slot] = block_of(resident, lo, hi, amplitude, out)
+            buffers[slot], done[slot] = resident.feed_frames(lo, hi, amplitude, buffers[slot][: hi - lo] if reuse else None)
             ready[slot].record(maker)
 
     for i in range(min(slots, len(parts))):
         make(i)
     for i in range(len(parts)):
         slot = i % slots
+        done[slot]()
         consumer.wait_event(ready[slot])
-        yield blocks[slot]
-        blocks[slot] = None
+        yield buffers[slot]
         free[slot] = consumer.record()
         if i + slots < len(parts):
             make(i + slots)

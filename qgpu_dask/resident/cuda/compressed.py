@@ -9,7 +9,10 @@ ValueError, so no partial result leaves.
 
 from __future__ import annotations
 
+import functools
+
 import cupy
+import cupyx
 import numpy as np
 
 from ...formats.codec import HIST_BINS, TOKEN_SLOTS, pack_index
@@ -18,7 +21,7 @@ from ..cpu.compressed import ERRORS
 from . import compile
 from .compile import limits
 
-__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_pixels", "decode_all", "check"]
+__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_pixels", "decode_frames", "decode_all", "check", "fill_streams"]
 
 THREADS = 256
 HIST_FRAMES = 1024  # frames per histogram block
@@ -168,11 +171,29 @@ def table_bytes(model: Model, threads: int) -> int:
 
 def raise_error(err: cupy.ndarray, frame_len: int) -> None:
     """ValueError for the first malformed stream a kernel reported."""
-    value = int(err.get()[0])
+    check_word(int(err.get()[0]), frame_len)
+
+
+def check_word(value: int, frame_len: int) -> None:
     if value != NO_ERROR:
         stream, code = value >> 8, value & 0xFF
         b, p = divmod(stream, frame_len)
         raise ValueError(f"malformed compressed stream (scan block {b}, detector pixel {p}): {ERRORS.get(-code, 'unknown error')}")
+
+
+def raise_error_later(err: cupy.ndarray, frame_len: int):
+    """A ``done()`` that raises for ``err`` once the current stream has got this far, waiting for nothing else
+    (the word comes back through pinned memory on this stream)."""
+    host = cupyx.empty_pinned(1, np.uint64)
+    stream = cupy.cuda.get_current_stream()
+    cupy.cuda.runtime.memcpyAsync(host.ctypes.data, err.data.ptr, 8, cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+    reached = stream.record()
+
+    def done() -> None:
+        reached.synchronize()
+        check_word(int(host[0]), frame_len)
+
+    return done
 
 
 def mask_sums(streams: Streams, model: Model, pixels: cupy.ndarray, weights: cupy.ndarray, narrow: bool = False) -> cupy.ndarray:
@@ -256,23 +277,56 @@ def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bo
     """The counts of the host int64 ``pixels`` in ``dtype`` over ``frames`` = (lo, hi) (default: all):
     (n_pixels, hi - lo) when ``pixel_major``, else (hi - lo, n_pixels). Only the blocks holding the range
     are decoded."""
-    pixels = cupy.asarray(np.asarray(pixels, dtype=np.int64))
-    n_pix = int(pixels.size)
+    n_pix = int(np.size(pixels))
     lo, hi, shape, strides = twin.decoded_layout(frames, model.n_frames, n_pix, pixel_major)
-    first, last = lo // model.block, -(-hi // model.block)
     out = cupy.zeros(shape, dtype=dtype)
-    if hi <= lo or n_pix == 0:
-        return out
+    if hi > lo and n_pix:
+        raise_error(launch_decode(streams, model, cupy.asarray(np.asarray(pixels, dtype=np.int64)), lo, hi, strides, out, False),
+                    streams.index.shape[1])
+    return out
+
+
+def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: cupy.ndarray, amplitude: bool):
+    """Every pixel's counts of ``frames`` = (lo, hi) into ``out`` ((hi - lo, frame_len), zeroed here), or float32
+    sqrt(counts) with ``amplitude``, launched on the current stream: ``done()`` raises for a malformed stream
+    once the decode is through, waiting for nothing else (the feed decodes ahead of its consumer so)."""
+    frame_len = streams.index.shape[1]
+    lo, hi, shape, strides = twin.decoded_layout(frames, model.n_frames, frame_len, False)
+    if out.shape != shape or (amplitude and out.dtype != np.float32):
+        raise ValueError(f"out must be {shape}{' float32' if amplitude else ''}, got {out.shape} {out.dtype}")
+    out.fill(0)
+    if hi <= lo:
+        return lambda: None
+    return raise_error_later(launch_decode(streams, model, all_pixels(frame_len), lo, hi, strides, out, amplitude), frame_len)
+
+
+@functools.cache
+def all_pixels_on(frame_len: int, device_id: int) -> cupy.ndarray:
+    return cupy.arange(frame_len, dtype=np.int64)
+
+
+def all_pixels(frame_len: int) -> cupy.ndarray:
+    """0 .. frame_len - 1 on the current device (made once)."""
+    return all_pixels_on(frame_len, cupy.cuda.Device().id)
+
+
+def launch_decode(streams: Streams, model: Model, pixels: cupy.ndarray, lo: int, hi: int, strides, out: cupy.ndarray, amplitude: bool):
+    """The decode kernel over frames [lo, hi) of ``pixels`` (device int64) into ``out`` at ``strides``; its error word."""
+    first, last = lo // model.block, -(-hi // model.block)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
-    kernel(f"decode<{DECODED_TYPES[np.dtype(dtype)]}>")(
-        (grid(n_pix, 128), last - first), (128,),
+    kernel(f"decode<{DECODED_TYPES[out.dtype]}, {'true' if amplitude else 'false'}>")(
+        (grid(pixels.size, 128), last - first), (128,),
         (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride),
-         np.int32(first), np.int32(last - first), np.int64(lo), np.int64(hi), pixels, np.int64(n_pix), np.int64(strides[0]),
+         np.int32(first), np.int32(last - first), np.int64(lo), np.int64(hi), pixels, np.int64(pixels.size), np.int64(strides[0]),
          np.int64(strides[1]), out, err),
         shared_mem=table_bytes(model, 128),
     )
-    raise_error(err, streams.index.shape[1])
-    return out
+    return err
+
+
+def fill_streams() -> int:
+    """Streams decoded at once that fill the current GPU: 2048 threads on each multiprocessor."""
+    return limits(cupy.cuda.Device().id)[0] * 2048
 
 
 def decode_all(streams: Streams, model: Model, dtype, frames: tuple[int, int] | None = None) -> cupy.ndarray:

@@ -1,0 +1,70 @@
+"""One batch of a ptychographic pass on the GPU (kernels/ptycho.cu and cuFFT), twins of ``qgpu_dask.ptycho.cpu``.
+
+Same contracts (see its docstrings), with ``corners`` a device array. Sums run in a fixed order without atomics:
+the probe's per group of PER_GROUP positions, the groups then added in order; the object's per pixel, in
+position order. Launches go to the current stream and nothing waits for the host.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy
+import numpy as np
+
+from ..resident.cuda import compile
+from .cpu import Batch
+
+THREADS = 256  # kernels/ptycho.cu object_update's tile: TILE_COLS x TILE_ROWS
+TILE = (8, 32)  # kernels/ptycho.cu TILE_ROWS, TILE_COLS
+PER_GROUP = 32  # positions per partial sum of the probe's
+
+
+def kernel(name: str) -> cupy.RawKernel:
+    return compile.kernel("ptycho.cu", name)
+
+
+def exit_waves(obj, probe, corners, batch: Batch):
+    R, C = probe.shape
+    psi = cupy.empty((batch.n, R, C), np.complex64)
+    kernel("exit_waves")((math.ceil(psi.size / THREADS),), (THREADS,),
+                         (obj, np.int64(obj.shape[1]), probe, np.int32(R), np.int32(C), corners, np.int64(batch.first), np.int64(batch.n), psi))
+    return psi
+
+
+def fft2(psi):
+    return cupy.fft.fft2(psi, overwrite_x=True)
+
+
+def ifft2(far):
+    return cupy.fft.ifft2(far, norm="forward", overwrite_x=True)
+
+
+def project(far, amplitude, center: tuple[int, int], scale: float):
+    n, R, C = far.shape
+    blocks = math.ceil(far.size / THREADS)
+    partial = cupy.empty(blocks, np.float64)
+    amplitude = cupy.ascontiguousarray(amplitude, np.float32)
+    kernel("project")((blocks,), (THREADS,), (far, amplitude, np.int32(R), np.int32(C), np.int32(center[0] % R), np.int32(center[1] % C),
+                                                np.int64(far.size), np.float32(scale), partial))
+    return partial.sum()
+
+
+def probe_sums(obj, probe, updated, corners, batch: Batch, numerator, denominator) -> None:
+    R, C = probe.shape
+    groups = math.ceil(batch.n / PER_GROUP)
+    top = cupy.empty((groups, R * C), np.complex64)
+    bottom = cupy.empty((groups, R * C), np.float32)
+    kernel("probe_sums")((math.ceil(R * C / THREADS), groups), (THREADS,),
+                         (obj, np.int64(obj.shape[1]), probe, updated, np.int32(R), np.int32(C), corners, np.int64(batch.first),
+                          np.int64(batch.n), np.int32(PER_GROUP), top, bottom))
+    numerator += top.sum(axis=0).reshape(R, C)
+    denominator += bottom.sum(axis=0).reshape(R, C)
+
+
+def object_update(obj, probe, updated, corners, batch: Batch, step: float, floor: float) -> None:
+    R, C = probe.shape
+    row0, row1, col0, col1 = batch.box
+    kernel("object_update")((math.ceil((col1 - col0) / TILE[1]), math.ceil((row1 - row0) / TILE[0])), (THREADS,),
+                            (obj, np.int64(obj.shape[1]), np.int64(row0), np.int64(row1), np.int64(col0), np.int64(col1), probe, updated,
+                             np.int32(R), np.int32(C), corners, np.int64(batch.first), np.int64(batch.n), np.float32(step), np.float32(floor)))
