@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import cupy
+import cupyx.scipy.fft
 import numpy as np
 
 from ..resident.cuda import compile
@@ -33,11 +34,11 @@ def exit_waves(obj, probe, corners, batch: Batch):
 
 
 def fft2(psi):
-    return cupy.fft.fft2(psi, overwrite_x=True)
+    return cupyx.scipy.fft.fft2(psi, overwrite_x=True)
 
 
 def ifft2(far):
-    return cupy.fft.ifft2(far, norm="forward", overwrite_x=True)
+    return cupyx.scipy.fft.ifft2(far, norm="forward", overwrite_x=True)
 
 
 def project(far, amplitude, center: tuple[int, int], scale: float):
