@@ -3,7 +3,9 @@
 A resident of Poisson counts (``--scan`` x ``--scan`` positions, ``--det`` x ``--det`` uint16 pixels, mean
 ``--dose`` counts per pixel), dense and compressed. Measured, each against a baseline of the same run:
 - the feed: every block of ``--block`` positions made (native counts, and float32 amplitudes), in counts
-  per second, against a plain read of the dense counts (the device's bandwidth in practice);
+  per second, against a plain read of the dense counts (the device's bandwidth in practice); compressed
+  amplitudes also at the ``--feed-doses`` (the decoder's cost grows with the nonzero counts);
+- each step of one batch (``stages_us_per_batch``);
 - one pass of ``ptycho.update.frame_pass`` over all positions (a scan step of 2 object pixels): fed from
   the compressed resident, and with the blocks made beforehand (the update alone), so the overlap of
   feed and update is (feed + update - fed pass) / feed.
@@ -64,6 +66,7 @@ def main() -> None:
     ap.add_argument("--dose", type=float, default=0.5, help="mean counts per pixel")
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--feed-doses", type=float, nargs="*", default=[0.05, 0.2], help="more doses to feed compressed residents at")
     args = ap.parse_args()
     xp = array_module()
     shape = (args.scan, args.scan, args.det, args.det)
@@ -83,6 +86,15 @@ def main() -> None:
                 "G_counts_per_s": counts / s / 1e9, "ms": s * 1e3, "over_read": (flat.nbytes / s / 1e9) / results["read_GBps"]}
     del dense, flat
     release(xp)
+    results["feed_compressed_by_dose"] = {str(args.dose): dict(results["feed_compressed_amplitude"], ratio=results["compressed_ratio"])}
+    for dose in args.feed_doses:
+        other = CompressedCounts.encode("other", poisson_counts(xp, xp.empty((n_frames, frame_len), np.uint16), dose, seed=2), shape)
+        release(xp)
+        s = seconds(xp, drain(other, args.block, True, args.depth))
+        results["feed_compressed_by_dose"][str(dose)] = {"G_counts_per_s": counts / s / 1e9, "ms": s * 1e3,
+                                                         "ratio": other.raw_bytes / other.nbytes}
+        del other
+        release(xp)
 
     wavelength = qd.Optics(300e3, 20.0, 1.0).wavelength_A
     pixel = 0.25  # object pixel (A); the scan step is 2 of them

@@ -12,38 +12,37 @@ __device__ __forceinline__ float2 times(float2 a, float2 b) { return make_float2
 __device__ __forceinline__ float2 conj_times(float2 a, float2 b) { return make_float2(a.x * b.x + a.y * b.y, a.x * b.y - a.y * b.x); }
 __device__ __forceinline__ float norm2(float2 a) { return a.x * a.x + a.y * a.y; }
 
-// psi[k, r, s] = probe[r, s] object[corner_k + (r, s)].
+// psi[k, r, s] = probe[r, s] object[corner_k + (r, s)]. Position k = blockIdx.x, window pixels by blockDim.x
+// along blockIdx.y (no 64-bit divisions).
 __global__ void exit_waves(const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe, int R, int C,
-                           const i64* __restrict__ corners, i64 first, i64 n, float2* __restrict__ psi) {
-    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    i64 w = (i64)R * C;
-    if (i >= n * w) return;
-    i64 k = i / w;
-    int j = (int)(i - k * w), r = j / C, s = j - r * C;
+                           const i64* __restrict__ corners, i64 first, float2* __restrict__ psi) {
+    int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= R * C) return;
+    i64 k = blockIdx.x;
+    int r = j / C, s = j - r * C;
     const i64* corner = corners + 2 * (first + k);
-    psi[i] = times(probe[j], object[(corner[0] + r) * cols + corner[1] + s]);
+    psi[k * R * C + j] = times(probe[j], object[(corner[0] + r) * cols + corner[1] + s]);
 }
 
 // The modulus projection, in place: far <- far a / |far| * scale (0 where |far| = 0), a the measured amplitude of
 // the same frequency (amplitude[k] holds detector pixels: frequency (r, s) is pixel (r + cr, s + cs) mod (R, C));
-// partial[block] = the block's sum of (|far| - a)^2 in float64, squares made in float32.
-__global__ void project(float2* __restrict__ far, const float* __restrict__ amplitude, int R, int C, int cr, int cs, i64 total,
+// partial[block] = the block's sum of (|far| - a)^2 in float64, squares made in float32. Blocks as exit_waves'.
+__global__ void project(float2* __restrict__ far, const float* __restrict__ amplitude, int R, int C, int cr, int cs,
                         float scale, double* __restrict__ partial) {
     __shared__ double sums[32];
-    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    int j = blockIdx.y * blockDim.x + threadIdx.x;
     double error = 0.0;
-    if (i < total) {
-        i64 w = (i64)R * C;
-        i64 k = i / w;
-        int j = (int)(i - k * w), r = j / C, s = j - r * C;
+    if (j < R * C) {
+        i64 at = (i64)blockIdx.x * R * C;
+        int r = j / C, s = j - r * C;
         int ar = r + cr >= R ? r + cr - R : r + cr, as = s + cs >= C ? s + cs - C : s + cs;
-        float a = amplitude[k * w + (i64)ar * C + as];
-        float2 f = far[i];
+        float a = amplitude[at + ar * C + as];
+        float2 f = far[at + j];
         float m = sqrtf(norm2(f));
         float d = m - a;
         error = (double)(d * d);
         float ratio = m > 0.f ? a / m * scale : 0.f;
-        far[i] = make_float2(f.x * ratio, f.y * ratio);
+        far[at + j] = make_float2(f.x * ratio, f.y * ratio);
     }
     for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
     if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = error;
@@ -51,7 +50,7 @@ __global__ void project(float2* __restrict__ far, const float* __restrict__ ampl
     if (threadIdx.x < 32) {
         error = threadIdx.x < (blockDim.x + 31) / 32 ? sums[threadIdx.x] : 0.0;
         for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
-        if (threadIdx.x == 0) partial[blockIdx.x] = error;
+        if (threadIdx.x == 0) partial[(i64)blockIdx.y * gridDim.x + blockIdx.x] = error;
     }
 }
 

@@ -28,8 +28,8 @@ def kernel(name: str) -> cupy.RawKernel:
 def exit_waves(obj, probe, corners, batch: Batch):
     R, C = probe.shape
     psi = cupy.empty((batch.n, R, C), np.complex64)
-    kernel("exit_waves")((math.ceil(psi.size / THREADS),), (THREADS,),
-                         (obj, np.int64(obj.shape[1]), probe, np.int32(R), np.int32(C), corners, np.int64(batch.first), np.int64(batch.n), psi))
+    kernel("exit_waves")((batch.n, math.ceil(R * C / THREADS)), (THREADS,),
+                         (obj, np.int64(obj.shape[1]), probe, np.int32(R), np.int32(C), corners, np.int64(batch.first), psi))
     return psi
 
 
@@ -43,11 +43,11 @@ def ifft2(far):
 
 def project(far, amplitude, center: tuple[int, int], scale: float):
     n, R, C = far.shape
-    blocks = math.ceil(far.size / THREADS)
-    partial = cupy.empty(blocks, np.float64)
+    blocks = (n, math.ceil(R * C / THREADS))
+    partial = cupy.empty(blocks[0] * blocks[1], np.float64)
     amplitude = cupy.ascontiguousarray(amplitude, np.float32)
-    kernel("project")((blocks,), (THREADS,), (far, amplitude, np.int32(R), np.int32(C), np.int32(center[0] % R), np.int32(center[1] % C),
-                                                np.int64(far.size), np.float32(scale), partial))
+    kernel("project")(blocks, (THREADS,), (far, amplitude, np.int32(R), np.int32(C), np.int32(center[0] % R), np.int32(center[1] % C),
+                                           np.float32(scale), partial))
     return partial.sum()
 
 
