@@ -24,10 +24,18 @@ __global__ void exit_waves(const float2* __restrict__ object, i64 cols, const fl
     psi[k * R * C + j] = times(probe[j], object[(corner[0] + r) * cols + corner[1] + s]);
 }
 
+// The measured amplitude of a detector pixel: given, or sqrt of the counts (in float32, as the feed's amplitudes).
+__device__ __forceinline__ float amplitude_of(float v) { return v; }
+__device__ __forceinline__ float amplitude_of(unsigned char v) { return sqrtf((float)v); }
+__device__ __forceinline__ float amplitude_of(unsigned short v) { return sqrtf((float)v); }
+__device__ __forceinline__ float amplitude_of(unsigned int v) { return sqrtf((float)v); }
+
 // The modulus projection, in place: far <- far a / |far| * scale (0 where |far| = 0), a the measured amplitude of
-// the same frequency (amplitude[k] holds detector pixels: frequency (r, s) is pixel (r + cr, s + cs) mod (R, C));
-// partial[block] = the block's sum of (|far| - a)^2 in float64, squares made in float32. Blocks as exit_waves'.
-__global__ void project(float2* __restrict__ far, const float* __restrict__ amplitude, int R, int C, int cr, int cs,
+// the same frequency (measured[k] holds detector pixels, amplitudes or counts: frequency (r, s) is pixel
+// (r + cr, s + cs) mod (R, C)); partial[block] = the block's sum of (|far| - a)^2 in float64, squares made in
+// float32. Blocks as exit_waves'.
+template <class T>
+__global__ void project(float2* __restrict__ far, const T* __restrict__ measured, int R, int C, int cr, int cs,
                         float scale, double* __restrict__ partial) {
     __shared__ double sums[32];
     int j = blockIdx.y * blockDim.x + threadIdx.x;
@@ -36,7 +44,7 @@ __global__ void project(float2* __restrict__ far, const float* __restrict__ ampl
         i64 at = (i64)blockIdx.x * R * C;
         int r = j / C, s = j - r * C;
         int ar = r + cr >= R ? r + cr - R : r + cr, as = s + cs >= C ? s + cs - C : s + cs;
-        float a = amplitude[at + ar * C + as];
+        float a = amplitude_of(measured[at + ar * C + as]);
         float2 f = far[at + j];
         float m = sqrtf(norm2(f));
         float d = m - a;

@@ -209,6 +209,13 @@ def test_cuda_batch_kernels_match_their_twins():
     error = cpu.project(far, amplitude, geo.center, 0.25)
     assert abs(float(cuda.project(far_gpu, on(amplitude), geo.center, 0.25)) - error) <= 1e-6 * error
     assert close(far_gpu, far, 1e-6)
+    counts = rng.poisson(30.0, (batch.n, *window)).astype(np.uint16)  # the projection takes their square roots itself
+    far_counts, far_counts_gpu = far.copy(), far_gpu.copy()
+    error = cpu.project(far_counts, counts, geo.center, 0.25)
+    assert abs(float(cuda.project(far_counts_gpu, on(counts), geo.center, 0.25)) - error) <= 1e-6 * error
+    assert close(far_counts_gpu, far_counts, 1e-6)
+    roots = np.sqrt(counts, dtype=np.float32)
+    assert (cpu.project(far.copy(), roots, geo.center, 0.25) == cpu.project(far.copy(), counts, geo.center, 0.25))
     sums = [np.zeros(window, np.complex64), np.zeros(window, np.float32)]
     sums_gpu = [on(s) for s in sums]
     cpu.probe_sums(obj, probe, updated, corners, batch, *sums)

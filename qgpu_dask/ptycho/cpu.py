@@ -48,10 +48,20 @@ def ifft2(far: np.ndarray) -> np.ndarray:
     return np.fft.ifft2(far, norm="forward")
 
 
-def project(far: np.ndarray, amplitude: np.ndarray, center: tuple[int, int], scale: float) -> np.float64:
-    """far <- far a / |far| * scale in place (0 where |far| = 0), a = ``amplitude`` (detector pixels, (n, R, C))
-    rolled so that ``center`` is frequency 0; returns sum (|far| - a)^2 in float64."""
-    a = np.roll(amplitude, (-center[0], -center[1]), axis=(1, 2))
+def amplitudes(measured: np.ndarray) -> np.ndarray:
+    """float32 amplitudes as they are, or float32 sqrt of unsigned counts."""
+    if measured.dtype == np.float32:
+        return measured
+    if measured.dtype not in (np.uint8, np.uint16, np.uint32):
+        raise ValueError(f"measured patterns are float32 amplitudes or uint8/16/32 counts, got {measured.dtype}")
+    return np.sqrt(measured, dtype=np.float32)
+
+
+def project(far: np.ndarray, measured: np.ndarray, center: tuple[int, int], scale: float) -> np.float64:
+    """far <- far a / |far| * scale in place (0 where |far| = 0), a the amplitudes of ``measured`` (detector
+    pixels, (n, R, C): float32 amplitudes or counts) rolled so that ``center`` is frequency 0; returns
+    sum (|far| - a)^2 in float64."""
+    a = np.roll(amplitudes(measured), (-center[0], -center[1]), axis=(1, 2))
     modulus = np.sqrt(far.real**2 + far.imag**2)
     error = ((modulus - a) ** 2).sum(dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):

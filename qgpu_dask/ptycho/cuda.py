@@ -41,13 +41,19 @@ def ifft2(far):
     return cupyx.scipy.fft.ifft2(far, norm="forward", overwrite_x=True)
 
 
-def project(far, amplitude, center: tuple[int, int], scale: float):
+MEASURED = {np.dtype(np.float32): "float", np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short",
+            np.dtype(np.uint32): "unsigned int"}  # amplitudes, or counts whose square roots the kernel takes
+
+
+def project(far, measured, center: tuple[int, int], scale: float):
     n, R, C = far.shape
+    if measured.dtype not in MEASURED:
+        raise ValueError(f"measured patterns are float32 amplitudes or uint8/16/32 counts, got {measured.dtype}")
     blocks = (n, math.ceil(R * C / THREADS))
     partial = cupy.empty(blocks[0] * blocks[1], np.float64)
-    amplitude = cupy.ascontiguousarray(amplitude, np.float32)
-    kernel("project")(blocks, (THREADS,), (far, amplitude, np.int32(R), np.int32(C), np.int32(center[0] % R), np.int32(center[1] % C),
-                                           np.float32(scale), partial))
+    kernel(f"project<{MEASURED[measured.dtype]}>")(
+        blocks, (THREADS,), (far, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R),
+                             np.int32(center[1] % C), np.float32(scale), partial))
     return partial.sum()
 
 

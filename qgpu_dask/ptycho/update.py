@@ -54,8 +54,9 @@ def batch_of(geo: Geometry, first: int, n: int) -> Batch:
 
 
 def frame_pass(obj, probe, blocks, geo: Geometry, step: float, xp) -> Pass:
-    """Update ``obj`` (object_shape complex64, on the device) in place from ``blocks`` (the feed's
-    amplitude blocks, positions in order) with ``probe``; the probe's sums for this frame."""
+    """Update ``obj`` (object_shape complex64, on the device) in place from ``blocks`` (the feed's blocks,
+    positions in order: counts, whose square roots the projection takes, or float32 amplitudes) with
+    ``probe``; the probe's sums for this frame."""
     k = kernels(xp)
     corners = xp.asarray(geo.corners)
     floor = FLOOR * float((probe.real**2 + probe.imag**2).max())
@@ -63,11 +64,11 @@ def frame_pass(obj, probe, blocks, geo: Geometry, step: float, xp) -> Pass:
     numerator = xp.zeros(geo.window, xp.complex64)
     denominator = xp.zeros(geo.window, xp.float32)
     errors, start = [], 0
-    for amplitude in blocks:
-        batch = batch_of(geo, start, int(amplitude.shape[0]))
+    for measured in blocks:
+        batch = batch_of(geo, start, int(measured.shape[0]))
         start += batch.n
         far = k.fft2(k.exit_waves(obj, probe, corners, batch))
-        errors.append(k.project(far, amplitude, geo.center, scale))
+        errors.append(k.project(far, measured, geo.center, scale))
         updated = k.ifft2(far)
         k.probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
         k.object_update(obj, probe, updated, corners, batch, step, floor)

@@ -493,7 +493,7 @@ class Shard:
         def one_pass():
             passes = []
             for r, (geo, obj) in zip(residents, states):
-                blocks = r.feed(batch, amplitude=True, depth=depth)
+                blocks = r.feed(batch, amplitude=False, depth=depth)  # counts: the projection takes their roots
                 passes.append(update.frame_pass(obj, r.xp.asarray(probe), blocks, geo, step, r.xp))
             return passes
 
