@@ -41,19 +41,22 @@ def drain(resident, block: int, amplitude: bool, depth: int):
     return lambda: [b[:1, :1, :1].sum() for b in resident.feed(block, amplitude=amplitude, depth=depth)][-1]
 
 
-def stages(xp, geo, probe, obj, amplitude) -> dict:
-    """Median microseconds of each step of one batch (``update.frame_pass``'s loop body), on the first block."""
+def stages(xp, geo, probe, obj, measured) -> dict:
+    """Median microseconds of each step of one batch on the first block: ``updated_waves`` (fused on the GPU)
+    and ``object_update`` (``update.frame_pass``'s loop body), and the steps ``updated_waves`` takes one by
+    one through cuFFT (its baseline)."""
     k = update.kernels(xp)
     corners = xp.asarray(geo.corners)
-    batch = update.batch_of(geo, 0, amplitude.shape[0])
+    batch = update.batch_of(geo, 0, measured.shape[0])
     far = k.exit_waves(obj, probe, corners, batch)
     sums = xp.zeros(geo.window, xp.complex64), xp.zeros(geo.window, xp.float32)
     steps = {
         "exit_waves": lambda: k.exit_waves(obj, probe, corners, batch),
         "fft2": lambda: k.fft2(far),
-        "project": lambda: k.project(far, amplitude, geo.center, 1.0),
+        "project": lambda: k.project(far, measured, geo.center, 1.0),
         "ifft2": lambda: k.ifft2(far),
         "probe_sums": lambda: k.probe_sums(obj, probe, far, corners, batch, *sums),
+        "updated_waves": lambda: k.updated_waves(obj, probe, measured, corners, batch, geo.center, 1.0, *sums),
         "object_update": lambda: k.object_update(obj, probe, far, corners, batch, 1.0, 1.0),
     }
     return {name: seconds(xp, fn, 20) * 1e6 for name, fn in steps.items()}

@@ -182,7 +182,8 @@ def test_a_transposed_detector_gives_the_transposed_object(svc, names, crystal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
-def test_cuda_batch_kernels_match_their_twins():
+@pytest.mark.parametrize("window", [(24, 20), (72, 72), (22, 14)], ids=["fused", "fused72", "cufft"])  # 11 and 7: no Stockham plan
+def test_cuda_batch_kernels_match_their_twins(window):
     """Irregular, repeated windows; more positions than a gather block lists at once (256)."""
     import cupy
 
@@ -191,31 +192,33 @@ def test_cuda_batch_kernels_match_their_twins():
     from qgpu_dask.ptycho.update import batch_of
 
     rng = np.random.default_rng(5)
-    window = (24, 20)
     corners = rng.integers(0, 40, (400, 2))
     corners[50:60] = corners[49]
     geo = Geometry(corners, (40 + window[0], 40 + window[1]), window, (1.0, 1.0), (5, 7))
     cplx = lambda *shape: (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(np.complex64)
     obj, probe = cplx(*geo.object_shape), cplx(*window)
     batch = batch_of(geo, 37, 300)
-    amplitude = rng.random((batch.n, *window)).astype(np.float32)
-    updated = cplx(batch.n, *window)
     on = lambda a: cupy.asarray(a)
     close = lambda got, want, tol: np.abs(cupy.asnumpy(got) - want).max() <= tol * np.abs(want).max()
 
     assert close(cuda.exit_waves(on(obj), on(probe), on(corners), batch), cpu.exit_waves(obj, probe, corners, batch), 1e-6)
-    far = cpu.fft2(cpu.exit_waves(obj, probe, corners, batch))
-    far_gpu = on(far)
-    error = cpu.project(far, amplitude, geo.center, 0.25)
-    assert abs(float(cuda.project(far_gpu, on(amplitude), geo.center, 0.25)) - error) <= 1e-6 * error
-    assert close(far_gpu, far, 1e-6)
+    amplitude = rng.random((batch.n, *window)).astype(np.float32)
     counts = rng.poisson(30.0, (batch.n, *window)).astype(np.uint16)  # the projection takes their square roots itself
-    far_counts, far_counts_gpu = far.copy(), far_gpu.copy()
-    error = cpu.project(far_counts, counts, geo.center, 0.25)
-    assert abs(float(cuda.project(far_counts_gpu, on(counts), geo.center, 0.25)) - error) <= 1e-6 * error
-    assert close(far_counts_gpu, far_counts, 1e-6)
+    for measured in (amplitude, counts):
+        far = cpu.fft2(cpu.exit_waves(obj, probe, corners, batch))
+        far_gpu = on(far)
+        error = cpu.project(far, measured, geo.center, 0.25)
+        assert abs(float(cuda.project(far_gpu, on(measured), geo.center, 0.25)) - error) <= 1e-6 * error
+        assert close(far_gpu, far, 1e-6)
+        sums = [np.zeros(window, np.complex64), np.zeros(window, np.float32)]
+        sums_gpu = [on(s) for s in sums]
+        updated, error = cpu.updated_waves(obj, probe, measured, corners, batch, geo.center, 0.25, *sums)
+        updated_gpu, error_gpu = cuda.updated_waves(on(obj), on(probe), on(measured), on(corners), batch, geo.center, 0.25, *sums_gpu)
+        assert abs(float(error_gpu) - error) <= 1e-5 * error and close(updated_gpu, updated, 1e-5)
+        assert close(sums_gpu[0], sums[0], 1e-5) and close(sums_gpu[1], sums[1], 1e-5)
     roots = np.sqrt(counts, dtype=np.float32)
-    assert (cpu.project(far.copy(), roots, geo.center, 0.25) == cpu.project(far.copy(), counts, geo.center, 0.25))
+    far = cpu.fft2(cpu.exit_waves(obj, probe, corners, batch))
+    assert cpu.project(far.copy(), roots, geo.center, 0.25) == cpu.project(far.copy(), counts, geo.center, 0.25)
     sums = [np.zeros(window, np.complex64), np.zeros(window, np.float32)]
     sums_gpu = [on(s) for s in sums]
     cpu.probe_sums(obj, probe, updated, corners, batch, *sums)

@@ -77,6 +77,17 @@ def probe_sums(obj, probe, updated, corners, batch: Batch, numerator, denominato
     denominator += (o.real**2 + o.imag**2).sum(axis=0)
 
 
+def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int, int], scale: float, numerator, denominator):
+    """The batch's far-field step: exit waves, their FFTs projected on the measured amplitudes (``project``,
+    with ``scale``), inverse FFTs (unscaled: ``updated``), and the probe's sums added (``probe_sums``);
+    returns (updated, error sum)."""
+    far = fft2(exit_waves(obj, probe, corners, batch))
+    error = project(far, measured, center, scale)
+    updated = ifft2(far)
+    probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
+    return updated, error
+
+
 def object_update(obj, probe, updated, corners, batch: Batch, step: float, floor: float) -> None:
     """O <- O + step (sum conj(P) updated - O sum |P|^2) / (sum |P|^2 + floor) per pixel of the box, sums over
     the batch's windows holding the pixel (pixels no window holds keep their value)."""

@@ -67,10 +67,8 @@ def frame_pass(obj, probe, blocks, geo: Geometry, step: float, xp) -> Pass:
     for measured in blocks:
         batch = batch_of(geo, start, int(measured.shape[0]))
         start += batch.n
-        far = k.fft2(k.exit_waves(obj, probe, corners, batch))
-        errors.append(k.project(far, measured, geo.center, scale))
-        updated = k.ifft2(far)
-        k.probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
+        updated, error = k.updated_waves(obj, probe, measured, corners, batch, geo.center, scale, numerator, denominator)
+        errors.append(error)
         k.object_update(obj, probe, updated, corners, batch, step, floor)
     if start != geo.corners.shape[0]:
         raise ValueError(f"the feed gave {start} scan positions, the geometry has {geo.corners.shape[0]}")
