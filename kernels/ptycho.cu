@@ -157,16 +157,10 @@ __global__ void object_update(float2* __restrict__ object, i64 cols, i64 row0, i
 // waves instead of nine: rows_forward (exit waves and their FFTs along rows), columns (FFTs along columns, the
 // projection, inverse FFTs along columns), rows_inverse (inverse FFTs along rows, the probe's sums). Each FFT is
 // a mixed-radix Stockham FFT (radices 2 to 5, natural order in and out) of one row or column by one warp in
-// shared memory; twiddles[m] = exp(-2 pi i m / n), made in float64 by the host.
+// shared memory, its stages unrolled at compile time: a kernel is made for each window (FFT<N, radices...>);
+// twiddles[m] = exp(-2 pi i m / N), made in float64 by the host.
 
-#define MAX_STAGES 12
-#define MAX_RADIX 5
-#define TILE_C 16    // columns per block of `columns`: one warp each
-
-struct Plan {
-    int n, stages;
-    int radix[MAX_STAGES];
-};
+#define TILE_C 16  // columns per block of `columns`: one warp each
 
 template <bool INVERSE>
 __device__ __forceinline__ float2 twiddle(const float2* tw, int m) {
@@ -174,19 +168,19 @@ __device__ __forceinline__ float2 twiddle(const float2* tw, int m) {
     return INVERSE ? make_float2(w.x, -w.y) : w;
 }
 
-// The R-point DFT of v in place (exp(-2 pi i / R) forward, its conjugate inverse); tw holds n twiddles, R | n.
-template <bool INVERSE>
-__device__ __forceinline__ void butterfly(float2* v, int R, const float2* tw, int n) {
-    if (R == 2) {
+// The R-point DFT of v in place (exp(-2 pi i / R) forward, its conjugate inverse); tw holds N twiddles, R | N.
+template <bool INVERSE, int R, int N>
+__device__ __forceinline__ void butterfly(float2* v, const float2* tw) {
+    if constexpr (R == 2) {
         float2 a = v[0], b = v[1];
         v[0] = make_float2(a.x + b.x, a.y + b.y);
         v[1] = make_float2(a.x - b.x, a.y - b.y);
-    } else if (R == 4) {
+    } else if constexpr (R == 4) {
         float2 s02 = make_float2(v[0].x + v[2].x, v[0].y + v[2].y), d02 = make_float2(v[0].x - v[2].x, v[0].y - v[2].y);
         float2 s13 = make_float2(v[1].x + v[3].x, v[1].y + v[3].y), d13 = make_float2(v[1].x - v[3].x, v[1].y - v[3].y);
         v[0] = make_float2(s02.x + s13.x, s02.y + s13.y);
         v[2] = make_float2(s02.x - s13.x, s02.y - s13.y);
-        if (INVERSE) {  // X1 = d02 + i d13, X3 = d02 - i d13
+        if constexpr (INVERSE) {  // X1 = d02 + i d13, X3 = d02 - i d13
             v[1] = make_float2(d02.x - d13.y, d02.y + d13.x);
             v[3] = make_float2(d02.x + d13.y, d02.y - d13.x);
         } else {  // X1 = d02 - i d13, X3 = d02 + i d13
@@ -194,66 +188,77 @@ __device__ __forceinline__ void butterfly(float2* v, int R, const float2* tw, in
             v[3] = make_float2(d02.x - d13.y, d02.y + d13.x);
         }
     } else {
-        float2 x[MAX_RADIX];
+        float2 x[R];
 #pragma unroll
-        for (int q = 0; q < MAX_RADIX; ++q) {
-            if (q < R) {
-                float2 sum = v[0];
+        for (int q = 0; q < R; ++q) {
+            float2 sum = v[0];
 #pragma unroll
-                for (int r = 1; r < MAX_RADIX; ++r) {
-                    if (r < R) {
-                        float2 t = times(v[r], twiddle<INVERSE>(tw, (r * q % R) * (n / R)));
-                        sum.x += t.x;
-                        sum.y += t.y;
-                    }
-                }
-                x[q] = sum;
+            for (int r = 1; r < R; ++r) {
+                float2 t = times(v[r], twiddle<INVERSE>(tw, (r * q % R) * (N / R)));
+                sum.x += t.x;
+                sum.y += t.y;
             }
+            x[q] = sum;
         }
 #pragma unroll
-        for (int q = 0; q < MAX_RADIX; ++q)
-            if (q < R) v[q] = x[q];
+        for (int q = 0; q < R; ++q) v[q] = x[q];
     }
 }
 
-// One warp's FFT of the plan.n points at a (b: scratch of as many), every lane of the warp taking part; returns
-// where the result is (a or b). The caller syncs the warp before (a filled) and after (result read).
-template <bool INVERSE>
-__device__ float2* fft(float2* a, float2* b, const float2* tw, const Plan& plan, int lane) {
-    const int n = plan.n;
-    int ns = 1;
-    for (int st = 0; st < plan.stages; ++st) {
-        const int R = plan.radix[st], m = n / R, step = n / (ns * R);
-        for (int j = lane; j < m; j += 32) {
-            const int js = j % ns;
-            float2 v[MAX_RADIX];
+// Stages of one warp's N-point FFT from a (scratch b), sub-transforms of NS points done; returns where the result
+// is. The caller syncs the warp before (a filled) and after (result read).
+template <bool INVERSE, int N, int NS, int R, int... REST>
+__device__ __forceinline__ float2* fft_stages(float2* a, float2* b, const float2* tw, int lane) {
+    constexpr int M = N / R, STEP = N / (NS * R);
 #pragma unroll
-            for (int r = 0; r < MAX_RADIX; ++r) {
-                if (r < R) {
-                    v[r] = a[j + r * m];
-                    if (r > 0) v[r] = times(v[r], twiddle<INVERSE>(tw, js * r * step));
-                }
+    for (int j0 = 0; j0 < M; j0 += 32) {
+        const int j = j0 + lane;
+        if (j < M) {
+            const int js = j % NS;
+            float2 v[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                v[r] = a[j + r * M];
+                if (r > 0) v[r] = times(v[r], twiddle<INVERSE>(tw, js * r * STEP));
             }
-            butterfly<INVERSE>(v, R, tw, n);
+            butterfly<INVERSE, R, N>(v, tw);
             const int out = (j - js) * R + js;
 #pragma unroll
-            for (int q = 0; q < MAX_RADIX; ++q)
-                if (q < R) b[out + q * ns] = v[q];
+            for (int q = 0; q < R; ++q) b[out + q * NS] = v[q];
         }
-        __syncwarp();
-        float2* t = a;
-        a = b;
-        b = t;
-        ns *= R;
     }
-    return a;
+    __syncwarp();
+    if constexpr (sizeof...(REST) == 0) {
+        return b;
+    } else {
+        return fft_stages<INVERSE, N, NS * R, REST...>(b, a, tw, lane);
+    }
 }
 
-// far[k, r, :] = FFT along the row of probe[r, :] object[corner_k + (r, :)], one warp per row of the batch.
-// Shared memory: C twiddles, then 2 C per warp.
+template <bool INVERSE, int N, int... RADICES>
+__device__ __forceinline__ float2* fft(float2* a, float2* b, const float2* tw, int lane) {
+    if constexpr (sizeof...(RADICES) == 0) {
+        return a;
+    } else {
+        return fft_stages<INVERSE, N, 1, RADICES...>(a, b, tw, lane);
+    }
+}
+
+// An N-point line: its radices, and whether its FFT ends in the scratch (an odd number of stages).
+template <int N, int... RADICES>
+struct Line {
+    static constexpr bool odd = sizeof...(RADICES) & 1;
+    template <bool INVERSE>
+    __device__ static float2* fft(float2* a, float2* b, const float2* tw, int lane) {
+        return ::fft<INVERSE, N, RADICES...>(a, b, tw, lane);
+    }
+};
+
+// far[k, r, :] = FFT along the row of probe[r, :] object[corner_k + (r, :)], one warp per row of the batch;
+// ROW is the Line of C points. Shared memory: C twiddles, then 2 C per warp.
+template <class ROW>
 __global__ void rows_forward(const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe, int R, int C,
-                             const i64* __restrict__ corners, i64 first, i64 n, Plan plan, const float2* __restrict__ tw,
-                             float2* __restrict__ far) {
+                             const i64* __restrict__ corners, i64 first, i64 n, const float2* __restrict__ tw, float2* __restrict__ far) {
     extern __shared__ float2 shared[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int i = threadIdx.x; i < C; i += blockDim.x) shared[i] = tw[i];
@@ -267,16 +272,16 @@ __global__ void rows_forward(const float2* __restrict__ object, i64 cols, const 
     float2 *a = shared + C + 2 * warp * C, *b = a + C;
     for (int s = lane; s < C; s += 32) a[s] = times(probe[r * C + s], o[s]);
     __syncwarp();
-    const float2* x = fft<false>(a, b, shared, plan, lane);
+    const float2* x = ROW::template fft<false>(a, b, shared, lane);
     for (int s = lane; s < C; s += 32) far[row * C + s] = x[s];
 }
 
 // For a tile of TILE_C columns of position k = blockIdx.y: FFTs along the columns (one warp each), the modulus
 // projection (as `project`, with `scale`), inverse FFTs along the columns, in place; partial[block] = the
-// tile's error sum. Shared memory: R twiddles, then two columns of R + 1 per warp.
-template <class T>
+// tile's error sum. COLUMN is the Line of R points. Shared memory: R twiddles, then two columns of R + 1 per warp.
+template <class T, class COLUMN>
 __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured, int R, int C, int cr, int cs, float scale,
-                        Plan plan, const float2* __restrict__ tw, double* __restrict__ partial) {
+                        const float2* __restrict__ tw, double* __restrict__ partial) {
     extern __shared__ float2 shared[];
     __shared__ double sums[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pitch = R + 1;
@@ -291,8 +296,7 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
     }
     __syncthreads();
     float2 *a = tile + 2 * warp * pitch, *b = a + pitch;
-    const bool odd = plan.stages & 1;  // where a column's FFT ends: its scratch when odd
-    if (warp < width) fft<false>(a, b, shared, plan, lane);
+    if (warp < width) COLUMN::template fft<false>(a, b, shared, lane);
     __syncthreads();
     double error = 0.0;
     const T* pattern = measured + k * R * C;
@@ -301,7 +305,7 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
         if (c < width) {
             int ar = r + cr >= R ? r + cr - R : r + cr, s = s0 + c, as = s + cs >= C ? s + cs - C : s + cs;
             float amp = amplitude_of(pattern[(i64)ar * C + as]);
-            float2* f = tile + 2 * c * pitch + (odd ? pitch : 0) + r;
+            float2* f = tile + 2 * c * pitch + (COLUMN::odd ? pitch : 0) + r;
             float m = sqrtf(norm2(*f));
             float d = m - amp;
             error += (double)(d * d);
@@ -318,8 +322,8 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
         if (lane == 0) partial[(i64)blockIdx.y * gridDim.x + blockIdx.x] = error;
     }
     if (warp < width) {
-        if (odd) fft<true>(b, a, shared, plan, lane);
-        else fft<true>(a, b, shared, plan, lane);
+        if (COLUMN::odd) COLUMN::template fft<true>(b, a, shared, lane);
+        else COLUMN::template fft<true>(a, b, shared, lane);
     }
     __syncthreads();
     for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {  // two FFTs of as many stages: back in the column's first half
@@ -330,10 +334,11 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
 
 // Inverse FFTs along the rows, in place: far becomes the updated waves; and the probe's sums as probe_sums',
 // by groups of per_group positions (blockIdx.y), one warp per row r (of the group's positions in order).
-// SLOTS >= C / 32: the row's pixels each lane sums. Shared memory: C twiddles, then 2 C per warp.
-template <int SLOTS>
+// ROW is the Line of C points, SLOTS >= C / 32 the row's pixels each lane sums. Shared memory: C twiddles, then
+// 2 C per warp.
+template <int SLOTS, class ROW>
 __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe,
-                             int R, int C, const i64* __restrict__ corners, i64 first, i64 n, int per_group, Plan plan,
+                             int R, int C, const i64* __restrict__ corners, i64 first, i64 n, int per_group,
                              const float2* __restrict__ tw, float2* __restrict__ numerator, float* __restrict__ denominator) {
     extern __shared__ float2 shared[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -354,7 +359,7 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
         float2* wave = far + (k * R + r) * C;
         for (int s = lane; s < C; s += 32) a[s] = wave[s];
         __syncwarp();
-        const float2* u = fft<true>(a, b, shared, plan, lane);
+        const float2* u = ROW::template fft<true>(a, b, shared, lane);
         const i64* corner = corners + 2 * (first + k);
         const float2* o = object + (corner[0] + r) * cols + corner[1];
 #pragma unroll

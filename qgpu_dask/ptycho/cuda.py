@@ -24,26 +24,24 @@ FUSED_GROUP = 16  # the same in rows_inverse, which runs one warp per row and gr
 TILE_C = 16  # kernels/ptycho.cu TILE_C: columns per block of `columns`
 ROW_WARPS = 8  # rows per block of rows_forward and rows_inverse
 RADICES = (4, 2, 3, 5)  # kernels/ptycho.cu butterfly; a plan takes as many 4s as it can
-MAX_STAGES, MAX_FFT = 12, 512  # kernels/ptycho.cu MAX_STAGES; the longest row or column the fused kernels take
+MAX_FFT = 512  # the longest row or column the fused kernels take (shared memory)
 
 
 def kernel(name: str) -> cupy.RawKernel:
     return compile.kernel("ptycho.cu", name)
 
 
-def fft_plan(n: int) -> np.void | None:
-    """The radices of an n-point Stockham FFT as the kernels' Plan struct (passed by value); None when n has a
-    prime factor above 5 or exceeds MAX_FFT (the batch then goes through cuFFT)."""
+def line(n: int) -> str | None:
+    """The kernels' Line<n, radices...> of an n-point Stockham FFT (as many 4s as it can take), or None when n has
+    a prime factor above 5 or exceeds MAX_FFT (the batch then goes through cuFFT)."""
     radices, rest = [], n
     for r in RADICES:
         while rest % r == 0:
             radices.append(r)
             rest //= r
-    if rest != 1 or n > MAX_FFT or len(radices) > MAX_STAGES:
+    if rest != 1 or n > MAX_FFT:
         return None
-    value = np.zeros((), np.dtype([("n", np.int32), ("stages", np.int32), ("radix", np.int32, (MAX_STAGES,))]))
-    value["n"], value["stages"], value["radix"][: len(radices)] = n, len(radices), radices
-    return value[()]
+    return f"Line<{', '.join(map(str, [n, *radices]))}>"
 
 
 @functools.cache
@@ -58,10 +56,10 @@ def twiddles(n: int) -> cupy.ndarray:
 
 def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int, int], scale: float, numerator, denominator):
     """The twin's ``updated_waves``: in three fused passes (kernels/ptycho.cu rows_forward, columns, rows_inverse)
-    where both window sides have fft_plan's, else step by step through cuFFT."""
+    where both window sides have a ``line``, else step by step through cuFFT."""
     R, C = probe.shape
-    plans = fft_plan(R), fft_plan(C)
-    if plans[0] is None or plans[1] is None:
+    column, row = line(R), line(C)
+    if column is None or row is None:
         far = fft2(exit_waves(obj, probe, corners, batch))
         error = project(far, measured, center, scale)
         updated = ifft2(far)
@@ -72,21 +70,21 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
     wave = cupy.empty((batch.n, R, C), np.complex64)
     cols, first, n = np.int64(obj.shape[1]), np.int64(batch.first), np.int64(batch.n)
     row_smem = (C + 2 * ROW_WARPS * C) * 8
-    kernel("rows_forward")((math.ceil(batch.n * R / ROW_WARPS),), (32 * ROW_WARPS,),
-                           (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, plans[1], twiddles(C), wave), shared_mem=row_smem)
+    kernel(f"rows_forward<{row}>")((math.ceil(batch.n * R / ROW_WARPS),), (32 * ROW_WARPS,),
+                                   (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, twiddles(C), wave), shared_mem=row_smem)
     tiles = (math.ceil(C / TILE_C), batch.n)
     partial = cupy.empty(tiles[0] * tiles[1], np.float64)
-    kernel(f"columns<{MEASURED[measured.dtype]}>")(
+    kernel(f"columns<{MEASURED[measured.dtype]}, {column}>")(
         tiles, (32 * TILE_C,), (wave, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R),
-                                np.int32(center[1] % C), np.float32(scale), plans[0], twiddles(R), partial),
+                                np.int32(center[1] % C), np.float32(scale), twiddles(R), partial),
         shared_mem=(R + 2 * TILE_C * (R + 1)) * 8)
     groups = math.ceil(batch.n / FUSED_GROUP)
     top = cupy.empty((groups, R * C), np.complex64)
     bottom = cupy.empty((groups, R * C), np.float32)
     slots = 1 << max(0, math.ceil(math.log2(math.ceil(C / 32))))
-    kernel(f"rows_inverse<{slots}>")((math.ceil(R / ROW_WARPS), groups), (32 * ROW_WARPS,),
-                                     (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP), plans[1],
-                                      twiddles(C), top, bottom), shared_mem=row_smem)
+    kernel(f"rows_inverse<{slots}, {row}>")((math.ceil(R / ROW_WARPS), groups), (32 * ROW_WARPS,),
+                                            (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP),
+                                             twiddles(C), top, bottom), shared_mem=row_smem)
     numerator += top.sum(axis=0).reshape(R, C)
     denominator += bottom.sum(axis=0).reshape(R, C)
     return wave, partial.sum()
