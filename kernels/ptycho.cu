@@ -162,6 +162,11 @@ __global__ void object_update(float2* __restrict__ object, i64 cols, i64 row0, i
 
 #define TILE_C 16  // columns per block of `columns`: one warp each
 
+// Where point i of a line sits in shared memory: one pad after every 16 points, so the butterflies' strided
+// stores fall in different banks. A line of n points takes padded(n).
+__device__ __forceinline__ int at(int i) { return i + (i >> 4); }
+__host__ __device__ constexpr int padded(int n) { return n + (n >> 4) + 1; }
+
 template <bool INVERSE>
 __device__ __forceinline__ float2 twiddle(const float2* tw, int m) {
     float2 w = tw[m];
@@ -218,13 +223,13 @@ __device__ __forceinline__ float2* fft_stages(float2* a, float2* b, const float2
             float2 v[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                v[r] = a[j + r * M];
+                v[r] = a[at(j + r * M)];
                 if (r > 0) v[r] = times(v[r], twiddle<INVERSE>(tw, js * r * STEP));
             }
             butterfly<INVERSE, R, N>(v, tw);
             const int out = (j - js) * R + js;
 #pragma unroll
-            for (int q = 0; q < R; ++q) b[out + q * NS] = v[q];
+            for (int q = 0; q < R; ++q) b[at(out + q * NS)] = v[q];
         }
     }
     __syncwarp();
@@ -255,7 +260,7 @@ struct Line {
 };
 
 // far[k, r, :] = FFT along the row of probe[r, :] object[corner_k + (r, :)], one warp per row of the batch;
-// ROW is the Line of C points. Shared memory: C twiddles, then 2 C per warp.
+// ROW is the Line of C points. Shared memory: C twiddles, then 2 padded(C) per warp.
 template <class ROW>
 __global__ void rows_forward(const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe, int R, int C,
                              const i64* __restrict__ corners, i64 first, i64 n, const float2* __restrict__ tw, float2* __restrict__ far) {
@@ -269,22 +274,22 @@ __global__ void rows_forward(const float2* __restrict__ object, i64 cols, const 
     int r = (int)(row - k * R);
     const i64* corner = corners + 2 * (first + k);
     const float2* o = object + (corner[0] + r) * cols + corner[1];
-    float2 *a = shared + C + 2 * warp * C, *b = a + C;
-    for (int s = lane; s < C; s += 32) a[s] = times(probe[r * C + s], o[s]);
+    float2 *a = shared + C + 2 * warp * padded(C), *b = a + padded(C);
+    for (int s = lane; s < C; s += 32) a[at(s)] = times(probe[r * C + s], o[s]);
     __syncwarp();
     const float2* x = ROW::template fft<false>(a, b, shared, lane);
-    for (int s = lane; s < C; s += 32) far[row * C + s] = x[s];
+    for (int s = lane; s < C; s += 32) far[row * C + s] = x[at(s)];
 }
 
 // For a tile of TILE_C columns of position k = blockIdx.y: FFTs along the columns (one warp each), the modulus
 // projection (as `project`, with `scale`), inverse FFTs along the columns, in place; partial[block] = the
-// tile's error sum. COLUMN is the Line of R points. Shared memory: R twiddles, then two columns of R + 1 per warp.
+// tile's error sum. COLUMN is the Line of R points. Shared memory: R twiddles, then two padded(R) columns per warp.
 template <class T, class COLUMN>
 __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured, int R, int C, int cr, int cs, float scale,
                         const float2* __restrict__ tw, double* __restrict__ partial) {
     extern __shared__ float2 shared[];
     __shared__ double sums[32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pitch = R + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pitch = padded(R);
     const i64 k = blockIdx.y;
     const int s0 = blockIdx.x * TILE_C, width = min(TILE_C, C - s0);
     for (int i = threadIdx.x; i < R; i += blockDim.x) shared[i] = tw[i];
@@ -292,7 +297,7 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
     float2* wave = far + k * R * C + s0;
     for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
         int r = t / TILE_C, c = t - r * TILE_C;
-        if (c < width) tile[2 * c * pitch + r] = wave[(i64)r * C + c];
+        if (c < width) tile[2 * c * pitch + at(r)] = wave[(i64)r * C + c];
     }
     __syncthreads();
     float2 *a = tile + 2 * warp * pitch, *b = a + pitch;
@@ -305,7 +310,7 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
         if (c < width) {
             int ar = r + cr >= R ? r + cr - R : r + cr, s = s0 + c, as = s + cs >= C ? s + cs - C : s + cs;
             float amp = amplitude_of(pattern[(i64)ar * C + as]);
-            float2* f = tile + 2 * c * pitch + (COLUMN::odd ? pitch : 0) + r;
+            float2* f = tile + 2 * c * pitch + (COLUMN::odd ? pitch : 0) + at(r);
             float m = sqrtf(norm2(*f));
             float d = m - amp;
             error += (double)(d * d);
@@ -328,14 +333,14 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
     __syncthreads();
     for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {  // two FFTs of as many stages: back in the column's first half
         int r = t / TILE_C, c = t - r * TILE_C;
-        if (c < width) wave[(i64)r * C + c] = tile[2 * c * pitch + r];
+        if (c < width) wave[(i64)r * C + c] = tile[2 * c * pitch + at(r)];
     }
 }
 
 // Inverse FFTs along the rows, in place: far becomes the updated waves; and the probe's sums as probe_sums',
 // by groups of per_group positions (blockIdx.y), one warp per row r (of the group's positions in order).
 // ROW is the Line of C points, SLOTS >= C / 32 the row's pixels each lane sums. Shared memory: C twiddles, then
-// 2 C per warp.
+// 2 padded(C) per warp.
 template <int SLOTS, class ROW>
 __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe,
                              int R, int C, const i64* __restrict__ corners, i64 first, i64 n, int per_group,
@@ -346,7 +351,7 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
     __syncthreads();
     const int r = blockIdx.x * (blockDim.x >> 5) + warp;
     if (r >= R) return;
-    float2 *a = shared + C + 2 * warp * C, *b = a + C;
+    float2 *a = shared + C + 2 * warp * padded(C), *b = a + padded(C);
     float2 top[SLOTS];
     float bottom[SLOTS];
 #pragma unroll
@@ -357,7 +362,7 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
     i64 lo = (i64)blockIdx.y * per_group, hi = min(n, lo + per_group);
     for (i64 k = lo; k < hi; ++k) {
         float2* wave = far + (k * R + r) * C;
-        for (int s = lane; s < C; s += 32) a[s] = wave[s];
+        for (int s = lane; s < C; s += 32) a[at(s)] = wave[s];
         __syncwarp();
         const float2* u = ROW::template fft<true>(a, b, shared, lane);
         const i64* corner = corners + 2 * (first + k);
@@ -366,7 +371,7 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
         for (int i = 0; i < SLOTS; ++i) {
             int s = lane + 32 * i;
             if (s < C) {
-                float2 v = u[s], ob = o[s], po = times(probe[r * C + s], ob);
+                float2 v = u[at(s)], ob = o[s], po = times(probe[r * C + s], ob);
                 wave[s] = v;
                 float2 t = conj_times(ob, make_float2(v.x - po.x, v.y - po.y));
                 top[i].x += t.x;

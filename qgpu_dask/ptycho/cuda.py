@@ -49,6 +49,11 @@ def twiddles_on(n: int, device_id: int) -> cupy.ndarray:
     return cupy.asarray(np.exp(-2j * np.pi * np.arange(n) / n).astype(np.complex64))
 
 
+def padded(n: int) -> int:
+    """Shared-memory points of an n-point line (kernels/ptycho.cu padded)."""
+    return n + (n >> 4) + 1
+
+
 def twiddles(n: int) -> cupy.ndarray:
     """exp(-2 pi i m / n), m < n, made in float64, on the current device (once)."""
     return twiddles_on(n, cupy.cuda.Device().id)
@@ -69,7 +74,7 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
         raise ValueError(f"measured patterns are float32 amplitudes or uint8/16/32 counts, got {measured.dtype}")
     wave = cupy.empty((batch.n, R, C), np.complex64)
     cols, first, n = np.int64(obj.shape[1]), np.int64(batch.first), np.int64(batch.n)
-    row_smem = (C + 2 * ROW_WARPS * C) * 8
+    row_smem = (C + 2 * ROW_WARPS * padded(C)) * 8
     kernel(f"rows_forward<{row}>")((math.ceil(batch.n * R / ROW_WARPS),), (32 * ROW_WARPS,),
                                    (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, twiddles(C), wave), shared_mem=row_smem)
     tiles = (math.ceil(C / TILE_C), batch.n)
@@ -77,7 +82,7 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
     kernel(f"columns<{MEASURED[measured.dtype]}, {column}>")(
         tiles, (32 * TILE_C,), (wave, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R),
                                 np.int32(center[1] % C), np.float32(scale), twiddles(R), partial),
-        shared_mem=(R + 2 * TILE_C * (R + 1)) * 8)
+        shared_mem=(R + 2 * TILE_C * padded(R)) * 8)
     groups = math.ceil(batch.n / FUSED_GROUP)
     top = cupy.empty((groups, R * C), np.complex64)
     bottom = cupy.empty((groups, R * C), np.float32)
