@@ -156,9 +156,8 @@ __global__ void object_update(float2* __restrict__ object, i64 cols, i64 row0, i
 // The same batch as exit_waves -> cuFFT -> project -> inverse cuFFT -> probe_sums, in three passes over the
 // waves instead of nine: rows_forward (exit waves and their FFTs along rows), columns (FFTs along columns, the
 // projection, inverse FFTs along columns), rows_inverse (inverse FFTs along rows, the probe's sums). Each FFT is
-// a mixed-radix Stockham FFT (radices 2 to 5, natural order in and out) of one row or column by one warp in
-// shared memory, its stages unrolled at compile time: a kernel is made for each window (FFT<N, radices...>);
-// twiddles[m] = exp(-2 pi i m / N), made in float64 by the host.
+// a mixed-radix Stockham FFT (radices 2, 3, 4, 5, 8; natural order in and out) of one row or column by one warp
+// in shared memory, its stages unrolled at compile time: a kernel is made for each window (Line<N, radices...>).
 
 #define TILE_C 16  // columns per block of `columns`: one warp each
 
@@ -167,53 +166,83 @@ __global__ void object_update(float2* __restrict__ object, i64 cols, i64 row0, i
 __device__ __forceinline__ int at(int i) { return i + (i >> 4); }
 __host__ __device__ constexpr int padded(int n) { return n + (n >> 4) + 1; }
 
-template <bool INVERSE>
-__device__ __forceinline__ float2 twiddle(const float2* tw, int m) {
-    float2 w = tw[m];
-    return INVERSE ? make_float2(w.x, -w.y) : w;
+// exp(-+2 pi i m / N) (forward: -), 0 <= m < N, from the fast sine and cosine (absolute error about 4e-7 on
+// [-pi, pi]): no table to read.
+template <bool INVERSE, int N>
+__device__ __forceinline__ float2 twiddle(int m) {
+    float s, c;
+    __sincosf((float)(m > N / 2 ? m - N : m) * (-6.283185307179586f / N), &s, &c);
+    return make_float2(c, INVERSE ? -s : s);
 }
 
-// The R-point DFT of v in place (exp(-2 pi i / R) forward, its conjugate inverse); tw holds N twiddles, R | N.
-template <bool INVERSE, int R, int N>
-__device__ __forceinline__ void butterfly(float2* v, const float2* tw) {
+__device__ __forceinline__ float2 plus(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+__device__ __forceinline__ float2 minus(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
+// -i z forward, +i z inverse: the quarter turn of the DFT's sign
+template <bool INVERSE>
+__device__ __forceinline__ float2 quarter(float2 z) { return INVERSE ? make_float2(-z.y, z.x) : make_float2(z.y, -z.x); }
+
+// The 4-point DFT of a, b, c, d in place.
+template <bool INVERSE>
+__device__ __forceinline__ void dft4(float2& a, float2& b, float2& c, float2& d) {
+    float2 s02 = plus(a, c), d02 = minus(a, c), s13 = plus(b, d), d13 = quarter<INVERSE>(minus(b, d));
+    a = plus(s02, s13);
+    c = minus(s02, s13);
+    b = plus(d02, d13);
+    d = minus(d02, d13);
+}
+
+// The R-point DFT of v in place (exp(-2 pi i / R) forward, its conjugate inverse), R in 2, 3, 4, 5, 8.
+template <bool INVERSE, int R>
+__device__ __forceinline__ void butterfly(float2* v) {
+    constexpr float sign = INVERSE ? 1.f : -1.f;
     if constexpr (R == 2) {
-        float2 a = v[0], b = v[1];
-        v[0] = make_float2(a.x + b.x, a.y + b.y);
-        v[1] = make_float2(a.x - b.x, a.y - b.y);
+        float2 a = v[0];
+        v[0] = plus(a, v[1]);
+        v[1] = minus(a, v[1]);
     } else if constexpr (R == 4) {
-        float2 s02 = make_float2(v[0].x + v[2].x, v[0].y + v[2].y), d02 = make_float2(v[0].x - v[2].x, v[0].y - v[2].y);
-        float2 s13 = make_float2(v[1].x + v[3].x, v[1].y + v[3].y), d13 = make_float2(v[1].x - v[3].x, v[1].y - v[3].y);
-        v[0] = make_float2(s02.x + s13.x, s02.y + s13.y);
-        v[2] = make_float2(s02.x - s13.x, s02.y - s13.y);
-        if constexpr (INVERSE) {  // X1 = d02 + i d13, X3 = d02 - i d13
-            v[1] = make_float2(d02.x - d13.y, d02.y + d13.x);
-            v[3] = make_float2(d02.x + d13.y, d02.y - d13.x);
-        } else {  // X1 = d02 - i d13, X3 = d02 + i d13
-            v[1] = make_float2(d02.x + d13.y, d02.y - d13.x);
-            v[3] = make_float2(d02.x - d13.y, d02.y + d13.x);
-        }
+        dft4<INVERSE>(v[0], v[1], v[2], v[3]);
+    } else if constexpr (R == 8) {  // two 4-point DFTs (even, odd points) joined by exp(-+2 pi i q / 8)
+        dft4<INVERSE>(v[0], v[2], v[4], v[6]);
+        dft4<INVERSE>(v[1], v[3], v[5], v[7]);
+        const float h = 0.70710678118654752f;
+        float2 o1 = times(v[3], make_float2(h, sign * h)), o2 = quarter<INVERSE>(v[5]), o3 = times(v[7], make_float2(-h, sign * h));
+        float2 e0 = v[0], e1 = v[2], e2 = v[4], e3 = v[6], o0 = v[1];
+        v[0] = plus(e0, o0);
+        v[4] = minus(e0, o0);
+        v[1] = plus(e1, o1);
+        v[5] = minus(e1, o1);
+        v[2] = plus(e2, o2);
+        v[6] = minus(e2, o2);
+        v[3] = plus(e3, o3);
+        v[7] = minus(e3, o3);
+    } else if constexpr (R == 3) {
+        const float c = -0.5f, s = sign * 0.86602540378443865f;
+        float2 t = plus(v[1], v[2]), d = minus(v[1], v[2]);
+        float2 m = make_float2(v[0].x + c * t.x, v[0].y + c * t.y), w = make_float2(-s * d.y, s * d.x);
+        v[0] = plus(v[0], t);
+        v[1] = plus(m, w);
+        v[2] = minus(m, w);
     } else {
-        float2 x[R];
-#pragma unroll
-        for (int q = 0; q < R; ++q) {
-            float2 sum = v[0];
-#pragma unroll
-            for (int r = 1; r < R; ++r) {
-                float2 t = times(v[r], twiddle<INVERSE>(tw, (r * q % R) * (N / R)));
-                sum.x += t.x;
-                sum.y += t.y;
-            }
-            x[q] = sum;
-        }
-#pragma unroll
-        for (int q = 0; q < R; ++q) v[q] = x[q];
+        static_assert(R == 5, "radices are 2, 3, 4, 5 and 8");
+        const float c1 = 0.30901699437494742f, c2 = -0.80901699437494742f;
+        const float s1 = sign * 0.95105651629515357f, s2 = sign * 0.58778525229247313f;
+        float2 t1 = plus(v[1], v[4]), d1 = minus(v[1], v[4]), t2 = plus(v[2], v[3]), d2 = minus(v[2], v[3]);
+        float2 m1 = make_float2(v[0].x + c1 * t1.x + c2 * t2.x, v[0].y + c1 * t1.y + c2 * t2.y);
+        float2 m2 = make_float2(v[0].x + c2 * t1.x + c1 * t2.x, v[0].y + c2 * t1.y + c1 * t2.y);
+        float2 w1 = make_float2(-(s1 * d1.y + s2 * d2.y), s1 * d1.x + s2 * d2.x);
+        float2 w2 = make_float2(-(s2 * d1.y - s1 * d2.y), s2 * d1.x - s1 * d2.x);
+        v[0] = plus(v[0], plus(t1, t2));
+        v[1] = plus(m1, w1);
+        v[4] = minus(m1, w1);
+        v[2] = plus(m2, w2);
+        v[3] = minus(m2, w2);
     }
 }
 
 // Stages of one warp's N-point FFT from a (scratch b), sub-transforms of NS points done; returns where the result
 // is. The caller syncs the warp before (a filled) and after (result read).
 template <bool INVERSE, int N, int NS, int R, int... REST>
-__device__ __forceinline__ float2* fft_stages(float2* a, float2* b, const float2* tw, int lane) {
+__device__ __forceinline__ float2* fft_stages(float2* a, float2* b, int lane) {
     constexpr int M = N / R, STEP = N / (NS * R);
 #pragma unroll
     for (int j0 = 0; j0 < M; j0 += 32) {
@@ -224,9 +253,9 @@ __device__ __forceinline__ float2* fft_stages(float2* a, float2* b, const float2
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 v[r] = a[at(j + r * M)];
-                if (r > 0) v[r] = times(v[r], twiddle<INVERSE>(tw, js * r * STEP));
+                if (r > 0 && NS > 1) v[r] = times(v[r], twiddle<INVERSE, N>(js * r * STEP));
             }
-            butterfly<INVERSE, R, N>(v, tw);
+            butterfly<INVERSE, R>(v);
             const int out = (j - js) * R + js;
 #pragma unroll
             for (int q = 0; q < R; ++q) b[at(out + q * NS)] = v[q];
@@ -236,16 +265,16 @@ __device__ __forceinline__ float2* fft_stages(float2* a, float2* b, const float2
     if constexpr (sizeof...(REST) == 0) {
         return b;
     } else {
-        return fft_stages<INVERSE, N, NS * R, REST...>(b, a, tw, lane);
+        return fft_stages<INVERSE, N, NS * R, REST...>(b, a, lane);
     }
 }
 
 template <bool INVERSE, int N, int... RADICES>
-__device__ __forceinline__ float2* fft(float2* a, float2* b, const float2* tw, int lane) {
+__device__ __forceinline__ float2* fft(float2* a, float2* b, int lane) {
     if constexpr (sizeof...(RADICES) == 0) {
         return a;
     } else {
-        return fft_stages<INVERSE, N, 1, RADICES...>(a, b, tw, lane);
+        return fft_stages<INVERSE, N, 1, RADICES...>(a, b, lane);
     }
 }
 
@@ -254,46 +283,43 @@ template <int N, int... RADICES>
 struct Line {
     static constexpr bool odd = sizeof...(RADICES) & 1;
     template <bool INVERSE>
-    __device__ static float2* fft(float2* a, float2* b, const float2* tw, int lane) {
-        return ::fft<INVERSE, N, RADICES...>(a, b, tw, lane);
+    __device__ static float2* fft(float2* a, float2* b, int lane) {
+        return ::fft<INVERSE, N, RADICES...>(a, b, lane);
     }
 };
 
 // far[k, r, :] = FFT along the row of probe[r, :] object[corner_k + (r, :)], one warp per row of the batch;
-// ROW is the Line of C points. Shared memory: C twiddles, then 2 padded(C) per warp.
+// ROW is the Line of C points. Shared memory: 2 padded(C) per warp.
 template <class ROW>
 __global__ void rows_forward(const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe, int R, int C,
-                             const i64* __restrict__ corners, i64 first, i64 n, const float2* __restrict__ tw, float2* __restrict__ far) {
+                             const i64* __restrict__ corners, i64 first, i64 n, float2* __restrict__ far) {
     extern __shared__ float2 shared[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) shared[i] = tw[i];
-    __syncthreads();
     i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + warp;
     if (row >= n * R) return;
     i64 k = row / R;
     int r = (int)(row - k * R);
     const i64* corner = corners + 2 * (first + k);
     const float2* o = object + (corner[0] + r) * cols + corner[1];
-    float2 *a = shared + C + 2 * warp * padded(C), *b = a + padded(C);
+    float2 *a = shared + 2 * warp * padded(C), *b = a + padded(C);
     for (int s = lane; s < C; s += 32) a[at(s)] = times(probe[r * C + s], o[s]);
     __syncwarp();
-    const float2* x = ROW::template fft<false>(a, b, shared, lane);
+    const float2* x = ROW::template fft<false>(a, b, lane);
     for (int s = lane; s < C; s += 32) far[row * C + s] = x[at(s)];
 }
 
 // For a tile of TILE_C columns of position k = blockIdx.y: FFTs along the columns (one warp each), the modulus
 // projection (as `project`, with `scale`), inverse FFTs along the columns, in place; partial[block] = the
-// tile's error sum. COLUMN is the Line of R points. Shared memory: R twiddles, then two padded(R) columns per warp.
+// tile's error sum. COLUMN is the Line of R points. Shared memory: two padded(R) columns per warp.
 template <class T, class COLUMN>
 __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured, int R, int C, int cr, int cs, float scale,
-                        const float2* __restrict__ tw, double* __restrict__ partial) {
+                        double* __restrict__ partial) {
     extern __shared__ float2 shared[];
     __shared__ double sums[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pitch = padded(R);
     const i64 k = blockIdx.y;
     const int s0 = blockIdx.x * TILE_C, width = min(TILE_C, C - s0);
-    for (int i = threadIdx.x; i < R; i += blockDim.x) shared[i] = tw[i];
-    float2* tile = shared + R;  // column c: tile + 2 c pitch (then its scratch)
+    float2* tile = shared;  // column c: tile + 2 c pitch (then its scratch)
     float2* wave = far + k * R * C + s0;
     for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
         int r = t / TILE_C, c = t - r * TILE_C;
@@ -301,7 +327,7 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
     }
     __syncthreads();
     float2 *a = tile + 2 * warp * pitch, *b = a + pitch;
-    if (warp < width) COLUMN::template fft<false>(a, b, shared, lane);
+    if (warp < width) COLUMN::template fft<false>(a, b, lane);
     __syncthreads();
     double error = 0.0;
     const T* pattern = measured + k * R * C;
@@ -327,8 +353,8 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
         if (lane == 0) partial[(i64)blockIdx.y * gridDim.x + blockIdx.x] = error;
     }
     if (warp < width) {
-        if (COLUMN::odd) COLUMN::template fft<true>(b, a, shared, lane);
-        else COLUMN::template fft<true>(a, b, shared, lane);
+        if (COLUMN::odd) COLUMN::template fft<true>(b, a, lane);
+        else COLUMN::template fft<true>(a, b, lane);
     }
     __syncthreads();
     for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {  // two FFTs of as many stages: back in the column's first half
@@ -339,19 +365,17 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
 
 // Inverse FFTs along the rows, in place: far becomes the updated waves; and the probe's sums as probe_sums',
 // by groups of per_group positions (blockIdx.y), one warp per row r (of the group's positions in order).
-// ROW is the Line of C points, SLOTS >= C / 32 the row's pixels each lane sums. Shared memory: C twiddles, then
-// 2 padded(C) per warp.
+// ROW is the Line of C points, SLOTS >= C / 32 the row's pixels each lane sums. Shared memory: 2 padded(C) per
+// warp.
 template <int SLOTS, class ROW>
 __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe,
                              int R, int C, const i64* __restrict__ corners, i64 first, i64 n, int per_group,
-                             const float2* __restrict__ tw, float2* __restrict__ numerator, float* __restrict__ denominator) {
+                             float2* __restrict__ numerator, float* __restrict__ denominator) {
     extern __shared__ float2 shared[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) shared[i] = tw[i];
-    __syncthreads();
     const int r = blockIdx.x * (blockDim.x >> 5) + warp;
     if (r >= R) return;
-    float2 *a = shared + C + 2 * warp * padded(C), *b = a + padded(C);
+    float2 *a = shared + 2 * warp * padded(C), *b = a + padded(C);
     float2 top[SLOTS];
     float bottom[SLOTS];
 #pragma unroll
@@ -364,7 +388,7 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
         float2* wave = far + (k * R + r) * C;
         for (int s = lane; s < C; s += 32) a[at(s)] = wave[s];
         __syncwarp();
-        const float2* u = ROW::template fft<true>(a, b, shared, lane);
+        const float2* u = ROW::template fft<true>(a, b, lane);
         const i64* corner = corners + 2 * (first + k);
         const float2* o = object + (corner[0] + r) * cols + corner[1];
 #pragma unroll

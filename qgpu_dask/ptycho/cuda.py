@@ -7,7 +7,6 @@ position order. Launches go to the current stream and nothing waits for the host
 
 from __future__ import annotations
 
-import functools
 import math
 
 import cupy
@@ -23,7 +22,7 @@ PER_GROUP = 32  # positions per partial sum of the probe's (probe_sums)
 FUSED_GROUP = 16  # the same in rows_inverse, which runs one warp per row and group
 TILE_C = 16  # kernels/ptycho.cu TILE_C: columns per block of `columns`
 ROW_WARPS = 8  # rows per block of rows_forward and rows_inverse
-RADICES = (4, 2, 3, 5)  # kernels/ptycho.cu butterfly; a plan takes as many 4s as it can
+RADICES = (8, 4, 2, 3, 5)  # kernels/ptycho.cu butterfly; a line takes as many 8s, then 4s, as it can
 MAX_FFT = 512  # the longest row or column the fused kernels take (shared memory)
 
 
@@ -32,7 +31,7 @@ def kernel(name: str) -> cupy.RawKernel:
 
 
 def line(n: int) -> str | None:
-    """The kernels' Line<n, radices...> of an n-point Stockham FFT (as many 4s as it can take), or None when n has
+    """The kernels' Line<n, radices...> of an n-point Stockham FFT (RADICES, largest first), or None when n has
     a prime factor above 5 or exceeds MAX_FFT (the batch then goes through cuFFT)."""
     radices, rest = [], n
     for r in RADICES:
@@ -44,19 +43,9 @@ def line(n: int) -> str | None:
     return f"Line<{', '.join(map(str, [n, *radices]))}>"
 
 
-@functools.cache
-def twiddles_on(n: int, device_id: int) -> cupy.ndarray:
-    return cupy.asarray(np.exp(-2j * np.pi * np.arange(n) / n).astype(np.complex64))
-
-
 def padded(n: int) -> int:
     """Shared-memory points of an n-point line (kernels/ptycho.cu padded)."""
     return n + (n >> 4) + 1
-
-
-def twiddles(n: int) -> cupy.ndarray:
-    """exp(-2 pi i m / n), m < n, made in float64, on the current device (once)."""
-    return twiddles_on(n, cupy.cuda.Device().id)
 
 
 def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int, int], scale: float, numerator, denominator):
@@ -74,22 +63,22 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
         raise ValueError(f"measured patterns are float32 amplitudes or uint8/16/32 counts, got {measured.dtype}")
     wave = cupy.empty((batch.n, R, C), np.complex64)
     cols, first, n = np.int64(obj.shape[1]), np.int64(batch.first), np.int64(batch.n)
-    row_smem = (C + 2 * ROW_WARPS * padded(C)) * 8
+    row_smem = 2 * ROW_WARPS * padded(C) * 8
     kernel(f"rows_forward<{row}>")((math.ceil(batch.n * R / ROW_WARPS),), (32 * ROW_WARPS,),
-                                   (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, twiddles(C), wave), shared_mem=row_smem)
+                                   (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, wave), shared_mem=row_smem)
     tiles = (math.ceil(C / TILE_C), batch.n)
     partial = cupy.empty(tiles[0] * tiles[1], np.float64)
     kernel(f"columns<{MEASURED[measured.dtype]}, {column}>")(
         tiles, (32 * TILE_C,), (wave, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R),
-                                np.int32(center[1] % C), np.float32(scale), twiddles(R), partial),
-        shared_mem=(R + 2 * TILE_C * padded(R)) * 8)
+                                np.int32(center[1] % C), np.float32(scale), partial),
+        shared_mem=2 * TILE_C * padded(R) * 8)
     groups = math.ceil(batch.n / FUSED_GROUP)
     top = cupy.empty((groups, R * C), np.complex64)
     bottom = cupy.empty((groups, R * C), np.float32)
     slots = 1 << max(0, math.ceil(math.log2(math.ceil(C / 32))))
     kernel(f"rows_inverse<{slots}, {row}>")((math.ceil(R / ROW_WARPS), groups), (32 * ROW_WARPS,),
                                             (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP),
-                                             twiddles(C), top, bottom), shared_mem=row_smem)
+                                             top, bottom), shared_mem=row_smem)
     numerator += top.sum(axis=0).reshape(R, C)
     denominator += bottom.sum(axis=0).reshape(R, C)
     return wave, partial.sum()
