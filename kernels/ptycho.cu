@@ -159,7 +159,7 @@ __global__ void object_update(float2* __restrict__ object, i64 cols, i64 row0, i
 // a mixed-radix Stockham FFT (radices 2, 3, 4, 5, 8; natural order in and out) of one row or column by one warp
 // in shared memory, its stages unrolled at compile time: a kernel is made for each window (Line<N, radices...>).
 
-#define TILE_C 16  // columns per block of `columns`: one warp each
+#define TILE_C 8  // columns per block of `columns`: one warp each
 
 // Where point i of a line sits in shared memory: one pad after every 16 points, so the butterflies' strided
 // stores fall in different banks. A line of n points takes padded(n).

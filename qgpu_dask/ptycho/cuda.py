@@ -19,8 +19,8 @@ from .cpu import Batch
 THREADS = 256  # kernels/ptycho.cu object_update's tile: TILE_COLS x TILE_ROWS
 TILE = (8, 32)  # kernels/ptycho.cu TILE_ROWS, TILE_COLS
 PER_GROUP = 32  # positions per partial sum of the probe's (probe_sums)
-FUSED_GROUP = 16  # the same in rows_inverse, which runs one warp per row and group
-TILE_C = 16  # kernels/ptycho.cu TILE_C: columns per block of `columns`
+FUSED_GROUP = 8  # the same in rows_inverse, which runs one warp per row and group
+TILE_C = 8  # kernels/ptycho.cu TILE_C: columns per block of `columns`
 ROW_WARPS = 8  # rows per block of rows_forward and rows_inverse
 RADICES = (8, 4, 2, 3, 5)  # kernels/ptycho.cu butterfly; a line takes as many 8s, then 4s, as it can
 MAX_FFT = 512  # the longest row or column the fused kernels take (shared memory)
@@ -75,8 +75,7 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
     groups = math.ceil(batch.n / FUSED_GROUP)
     top = cupy.empty((groups, R * C), np.complex64)
     bottom = cupy.empty((groups, R * C), np.float32)
-    slots = 1 << max(0, math.ceil(math.log2(math.ceil(C / 32))))
-    kernel(f"rows_inverse<{slots}, {row}>")((math.ceil(R / ROW_WARPS), groups), (32 * ROW_WARPS,),
+    kernel(f"rows_inverse<{math.ceil(C / 32)}, {row}>")((math.ceil(R / ROW_WARPS), groups), (32 * ROW_WARPS,),
                                             (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP),
                                              top, bottom), shared_mem=row_smem)
     numerator += top.sum(axis=0).reshape(R, C)
