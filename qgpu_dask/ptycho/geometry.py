@@ -54,12 +54,6 @@ def geometry(optics: Optics, scan_shape: tuple[int, int], det_shape: tuple[int, 
     return Geometry(corners, shape, tuple(det_shape), pixel, center)
 
 
-def window_offsets(geo: Geometry) -> np.ndarray:
-    """(window_rows, window_cols) flat offsets of a window's pixels in the object, from its corner."""
-    rows, cols = np.indices(geo.window)
-    return rows * geo.object_shape[1] + cols
-
-
 def starting_probe(optics: Optics, geo: Geometry, mean_counts: float) -> np.ndarray:
     """The aperture with the optics' aberrations, in real space centred on the window (complex64), scaled so
     that its far field holds ``mean_counts`` (the mean counts of a pattern): sum |FFT(P)|^2 = mean_counts.
