@@ -150,6 +150,19 @@ def build_tables(tokens: np.ndarray, run: np.ndarray, values: np.ndarray) -> tup
     return start, cum
 
 
+def with_every_symbol(tokens: np.ndarray, run: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Token histograms with one more of every symbol each pixel's model has, so tables built from them
+    give every symbol a nonzero frequency: a model chosen from the first frames of a live acquisition can
+    then code any later count (a symbol of frequency 0 cannot be coded)."""
+    tokens = np.asarray(tokens, dtype=np.int64).copy()
+    slots = np.arange(tokens.shape[1])[None, :]
+    values = np.asarray(values, dtype=np.int64)[:, None]
+    run = np.asarray(run, dtype=np.int64)[:, None]
+    tokens += slots <= values
+    tokens += (run > 0) & (slots >= RUN_SLOT) & (slots <= RUN_SLOT + run + 1)
+    return tokens
+
+
 def check_tables(run: np.ndarray, values: np.ndarray, table_start: np.ndarray, cum: np.ndarray) -> None:
     """ValueError unless every pixel's tables lie inside ``cum`` and are valid cumulative frequencies."""
     run = np.asarray(run, dtype=np.int64)

@@ -176,14 +176,20 @@ class Resident(AcquisitionShape, ABC):
         total, count = self.reduce_parts(roi, op)
         return finish_reduce(total, count, op)
 
+    nothing_selected = "the roi selects no scan position"
+
+    def selected(self, roi) -> np.ndarray:
+        """Flat indices of the scan positions a reduction over ``roi`` takes."""
+        return roi_indices(roi, self.scan_shape)
+
     def reduce_parts(self, roi, op: str) -> tuple[np.ndarray, int]:
         """The exact partial result of a reduction (sum or max pattern) and the frame count, for combining."""
         if op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {op!r}: use one of {', '.join(REDUCE_OPS)}")
-        indices = roi_indices(roi, self.scan_shape)
+        indices = self.selected(roi)
         if indices.size == 0:
             if op != "sum":
-                raise ValueError(f"the roi selects no scan position: {op} is undefined")
+                raise ValueError(f"{self.nothing_selected}: {op} is undefined")
             from .cpu.dense import sum_dtype
 
             return np.zeros(self.det_shape, dtype=sum_dtype(self.dtype)), 0

@@ -39,18 +39,20 @@ class CompressedCounts(Resident):
 
     layout = "compressed"
 
-    def __init__(self, name: str, shape, dtype, block: int, model: dict, streams: dict, stats: dict):
-        """``model``: run, values, table_start, cum; ``streams``: index, block_base, payload, totals (device arrays)."""
+    def __init__(self, name: str, shape, dtype, block: int, model: dict, streams: dict, stats: dict, checked: bool = True):
+        """``model``: run, values, table_start, cum; ``streams``: index, block_base, payload, totals (device
+        arrays). ``checked=False`` skips checking the model and index: only for streams this process coded
+        (a live acquisition's view of its coded blocks, made again as blocks arrive)."""
         xp = module_of(streams["payload"])
         super().__init__(name, shape, dtype, xp)
         if not compressible(self.dtype):
             raise ValueError(f"compressed residents hold unsigned integer counts, not {self.dtype}")
         self.block = int(block)
         n_blocks = -(-self.n_frames // self.block)
-        host = {k: to_host(v) for k, v in model.items()}
-        check_model(host, self.frame_len)
-        index, base = to_host(streams["index"]), to_host(streams["block_base"])
-        check_index(index, base, n_blocks, self.frame_len, int(streams["payload"].shape[0]))
+        if checked:
+            check_model({k: to_host(v) for k, v in model.items()}, self.frame_len)
+            index, base = to_host(streams["index"]), to_host(streams["block_base"])
+            check_index(index, base, n_blocks, self.frame_len, int(streams["payload"].shape[0]))
         self.kernels = kernels_for(xp, "compressed")
         self.model = self.kernels.Model(self.n_frames, self.block, *(model[k] for k in MODEL_KEYS), self.dtype)
         self.streams = self.kernels.Streams(streams["index"], streams["block_base"], streams["payload"])
@@ -83,6 +85,20 @@ class CompressedCounts(Resident):
         totals = flat.sum(axis=1, dtype=np.uint64)
         return cls(name, shape, flat.dtype, block, device_model,
                    {"index": streams.index, "block_base": streams.block_base, "payload": streams.payload, "totals": totals}, stats)
+
+    @staticmethod
+    def live_model(flat) -> tuple[int, dict]:
+        """(block, model on the device) for a live acquisition, from its first frames ``flat``: as ``encode``
+        chooses them, with every symbol of every pixel's alphabets given a nonzero frequency, so that blocks
+        coded later with this model may hold any count."""
+        xp = module_of(flat)
+        kernels = kernels_for(xp, "compressed")
+        hist = to_host(kernels.value_histogram(flat))
+        run, values = codec.choose_models(hist, flat.shape[0])
+        block = codec.choose_block(hist, flat.shape[0])
+        tokens = to_host(kernels.token_histogram(flat, block, xp.asarray(run), xp.asarray(values)))
+        table_start, cum = codec.build_tables(codec.with_every_symbol(tokens, run, values), run, values)
+        return block, {k: xp.asarray(v) for k, v in {"run": run, "values": values, "table_start": table_start, "cum": cum}.items()}
 
     # -- the resident interface --------------------------------------------------
 

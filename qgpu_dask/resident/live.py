@@ -1,0 +1,249 @@
+"""Acquisitions that grow while they are queried: frames arrive in scan order (from a detector stream, the
+client or worker-side code) and every query answers exactly for the scan positions received so far.
+
+A live acquisition is held as parts covering the received frames [0, received): dense, one part (the
+counts written into the acquisition's zeroed array); compressed, the coded scan blocks (one
+``CompressedCounts`` over every complete codec block) and the frames of the block still filling, kept
+dense until it completes. The compressed model and block are chosen from the first PROBE frames (held
+dense until then), with every symbol of every pixel's alphabets given a nonzero frequency, so later
+blocks may hold any count. Queries see frames not received yet as zeros (a virtual image is 0 there);
+reductions take only received positions. Once every frame is in, ``finished()`` is the plain dense or
+compressed resident, which the shard then holds instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+
+import numpy as np
+
+from ..formats import codec
+from .base import Resident, kernels_for
+from .compressed import MODEL_KEYS, CompressedCounts, compressible
+from .cpu.dense import sum_dtype
+from .dense import DenseCounts
+from .masks import MaskWeights
+
+PROBE = codec.MIN_BLOCK  # frames a compressed live acquisition holds dense before it chooses its model
+REPRESENTATIONS = ("dense", "compressed")
+
+
+class LiveCounts(Resident):
+    """A growing acquisition of a fixed ``shape``: ``append`` the next scan positions, query at any time."""
+
+    def __init__(self, name: str, shape, dtype, representation: str, xp: ModuleType):
+        super().__init__(name, shape, dtype, xp)
+        if representation not in REPRESENTATIONS:
+            raise ValueError(f"unknown representation {representation!r} for a live acquisition: use 'dense' or 'compressed'")
+        if representation == "compressed" and not compressible(self.dtype):
+            raise ValueError(f"representation='compressed' needs unsigned integer counts, got {self.dtype}")
+        self.layout = representation
+        self.received = 0
+        self.lock = threading.RLock()
+        if representation == "dense":
+            self.flat = xp.zeros((self.n_frames, self.frame_len), self.dtype)
+            return
+        self.tail = xp.zeros((min(self.n_frames, codec.MAX_BLOCK), self.frame_len), self.dtype)  # frames not coded yet
+        self.coded = 0  # frames in complete, coded blocks
+        self.block = 0  # chosen with the model
+        self.model: dict | None = None
+        self.index = self.base = None
+        self.payload = xp.zeros(0, np.uint8)
+        self.payload_bytes = 0
+        self.totals = xp.zeros(self.n_frames, np.uint64)
+        self.view: CompressedCounts | None = None  # the coded blocks, made again when more are coded
+
+    # -- growing ---------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        return self.received == self.n_frames
+
+    def append(self, frames) -> int:
+        """Add ``frames`` (n, det_rows, det_cols) of this dtype, the next n scan positions in C order (host or
+        device array); returns the positions received. ValueError, with nothing added, for a wrong shape or
+        dtype or frames past the scan."""
+        xp = self.xp
+        if getattr(frames, "ndim", None) != 3 or tuple(frames.shape[1:]) != self.det_shape:
+            raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {getattr(frames, 'shape', None)}")
+        if frames.dtype != self.dtype:
+            raise ValueError(f"frames are {frames.dtype}, the acquisition {self.name!r} holds {self.dtype}")
+        n = int(frames.shape[0])
+        with self.lock:
+            if self.received + n > self.n_frames:
+                raise ValueError(f"{n} frames would pass the scan of {self.n_frames} positions of {self.name!r}: "
+                                 f"{self.received} received, {self.n_frames - self.received} to come")
+            flat = xp.asarray(frames).reshape(n, self.frame_len)
+            if self.layout == "dense":
+                self.flat[self.received : self.received + n] = flat
+                self.received += n
+                return self.received
+            done = 0
+            while done < n:
+                take = min(n - done, self.tail.shape[0] - (self.received - self.coded))
+                at = self.received - self.coded
+                self.tail[at : at + take] = flat[done : done + take]
+                self.totals[self.received : self.received + take] = flat[done : done + take].sum(axis=1, dtype=np.uint64)
+                self.received += take
+                done += take
+                self.code_complete_blocks()
+            return self.received
+
+    def code_complete_blocks(self) -> None:
+        """Choose the model once PROBE frames are in (or all of them), then code every complete block of the
+        tail (and the last, short block once the scan is complete)."""
+        held = self.received - self.coded
+        if self.model is None:
+            if held < min(PROBE, self.n_frames):
+                return
+            self.block, self.model = CompressedCounts.live_model(self.tail[:held])
+            n_blocks = -(-self.n_frames // self.block)
+            self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
+            self.base = self.xp.zeros(n_blocks + 1, np.uint64)
+        while held >= self.block or (self.complete and held > 0):
+            n = min(self.block, held)
+            self.code_block(self.tail[:n])
+            self.coded += n
+            held -= n
+            self.tail[:held] = self.tail[n : n + held].copy()
+
+    def code_block(self, flat) -> None:
+        """Code one scan block with the model and add its streams behind the others."""
+        xp = self.xp
+        streams = kernels_for(xp, "compressed").encode(flat, self.block, *(self.model[k] for k in MODEL_KEYS))
+        b = self.coded // self.block
+        size = int(streams.block_base[1])
+        if self.payload_bytes + size > self.payload.size:
+            grown = xp.zeros(max(2 * self.payload.size, self.payload_bytes + size, 1 << 16), np.uint8)
+            grown[: self.payload_bytes] = self.payload[: self.payload_bytes]
+            self.payload = grown
+        self.payload[self.payload_bytes : self.payload_bytes + size] = streams.payload[:size]
+        self.index[b] = streams.index[0]
+        self.payload_bytes += size
+        self.base[b + 1] = self.payload_bytes
+        self.view = None
+
+    def coded_part(self) -> CompressedCounts | None:
+        """The complete coded blocks as a compressed resident of ``coded`` frames (made once per block count)."""
+        if self.coded == 0:
+            return None
+        if self.view is None:
+            n_blocks = -(-self.coded // self.block)
+            streams = {"index": self.index[:n_blocks], "block_base": self.base[: n_blocks + 1],
+                       "payload": self.payload[: self.payload_bytes], "totals": self.totals[: self.coded]}
+            self.view = CompressedCounts(self.name, (self.coded, 1, *self.det_shape), self.dtype, self.block, self.model, streams, {},
+                                         checked=False)
+        return self.view
+
+    def parts(self) -> list[tuple[int, Resident]]:
+        """(first frame, resident) covering the received frames in order; call with the lock held."""
+        if self.layout == "dense":
+            return [(0, self.dense_part(self.flat[: self.received]))] if self.received else []
+        parts = []
+        coded = self.coded_part()
+        if coded is not None:
+            parts.append((0, coded))
+        if self.received > self.coded:
+            parts.append((self.coded, self.dense_part(self.tail[: self.received - self.coded])))
+        return parts
+
+    def dense_part(self, flat) -> DenseCounts:
+        return DenseCounts(self.name, flat, (flat.shape[0], 1, *self.det_shape))
+
+    def finished(self) -> Resident:
+        """The plain resident of a complete acquisition (checked, as one loaded from a file)."""
+        with self.lock:
+            if not self.complete:
+                raise ValueError(f"live acquisition {self.name!r} has {self.received} of {self.n_frames} positions")
+            if self.layout == "dense":
+                return DenseCounts(self.name, self.flat, self.shape)
+            n_blocks = -(-self.n_frames // self.block)
+            streams = {"index": self.index, "block_base": self.base[: n_blocks + 1], "payload": self.payload[: self.payload_bytes],
+                       "totals": self.totals}
+            return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, streams, {})
+
+    # -- the resident interface ----------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        if self.layout == "dense":
+            return int(self.flat.nbytes)
+        held = (self.tail, self.payload, self.totals, self.index, self.base, *((self.model or {}).values()))
+        return int(sum(a.nbytes for a in held if a is not None))
+
+    def settled(self, result):
+        """``result`` once the device has made it, so an append after the lock is released cannot change it."""
+        if self.xp is not np:
+            self.xp.cuda.get_current_stream().synchronize()
+        return result
+
+    def prepare_mask_sums(self, masks: MaskWeights):
+        def run():
+            with self.lock:
+                out = self.xp.zeros((masks.n_masks, self.n_frames), masks.acc_dtype)
+                for first, part in self.parts():
+                    out[:, first : first + part.n_frames] = part.prepare_mask_sums(masks)()
+                return self.settled(out)
+
+        return run
+
+    nothing_selected = "the roi selects no received scan position"
+
+    def selected(self, roi) -> np.ndarray:
+        """The received scan positions ``roi`` selects."""
+        indices = super().selected(roi)
+        with self.lock:
+            return indices[indices < self.received]
+
+    def roi_sum(self, indices):
+        with self.lock:
+            total = self.xp.zeros(self.frame_len, sum_dtype(self.dtype))
+            for first, part in self.parts():
+                mine = indices[(indices >= first) & (indices < first + part.n_frames)] - first
+                if mine.size:
+                    total += part.roi_sum(mine).astype(total.dtype, copy=False)
+            return self.settled(total)
+
+    def roi_max(self, indices):
+        with self.lock:
+            best = None
+            for first, part in self.parts():
+                mine = indices[(indices >= first) & (indices < first + part.n_frames)] - first
+                if mine.size:
+                    got = part.roi_max(mine).astype(self.dtype, copy=False)
+                    best = got if best is None else self.xp.maximum(best, got)
+            return self.settled(best)
+
+    def frames_flat(self, lo: int, hi: int):
+        if not 0 <= lo <= hi <= self.n_frames:
+            raise IndexError(f"frames [{lo}, {hi}) are not inside [0, {self.n_frames})")
+        with self.lock:
+            out = self.xp.zeros((hi - lo, self.frame_len), self.dtype)
+            for first, part in self.parts():
+                a, b = max(lo, first), min(hi, first + part.n_frames)
+                if a < b:
+                    out[a - lo : b - lo] = part.frames_flat(a - first, b - first)
+            return self.settled(out)
+
+    def frame_flat(self, index: int):
+        return self.frames_flat(index, index + 1)[0]
+
+    def counts_flat(self):
+        return self.frames_flat(0, self.n_frames)
+
+    def pixel_images(self, indices: np.ndarray):
+        with self.lock:
+            out = self.xp.zeros((len(indices), self.n_frames), np.float32)
+            for first, part in self.parts():
+                out[:, first : first + part.n_frames] = part.pixel_images(indices)
+            return self.settled(out)
+
+    @property
+    def data(self):
+        """The counts received so far in a new 4-D device array (zeros for positions still to come)."""
+        return self.counts_flat().reshape(self.shape)
+
+    def describe(self) -> dict:
+        with self.lock:
+            return {**super().describe(), "received": self.received, "live": True}
