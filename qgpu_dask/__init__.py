@@ -10,9 +10,10 @@ from . import device, ptycho
 from .detector import masks
 from .formats.png import save_png
 from .io.load import inspect_file as inspect
+from .io.stream import TcpSource
 from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
 from .ssb.direct import DirectResult
 from .ssb.optics import Optics
 
-__all__ = ["Acquisition", "DirectResult", "Optics", "QueryFuture", "Series", "Service", "ServiceInfo", "device", "inspect", "masks", "ptycho", "save_png"]
+__all__ = ["Acquisition", "DirectResult", "Optics", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "device", "inspect", "masks", "ptycho", "save_png"]
 __version__ = "0.1.0"

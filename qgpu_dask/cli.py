@@ -1,4 +1,5 @@
-"""The ``qgpu-dask`` command: ``demo`` (the main job) and ``info`` (the shards of a running cluster)."""
+"""The ``qgpu-dask`` command: ``demo`` (the main job), ``info`` (the shards of a running cluster) and ``simulate``
+(a detector replaying an acquisition file as a frame stream)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import numpy as np
 
 from . import masks
 from .formats.png import save_png
+from .io.source import Source
+from .io.stream import serve
 from .io.synthetic import crystal, crystal_geometry
 from .service import Service
 
@@ -99,6 +102,17 @@ def info(args: argparse.Namespace) -> int:
     return 0
 
 
+def simulate(args: argparse.Namespace) -> int:
+    """Serve ``args.file`` as a qgpu-frames-1 stream to the first client on ``args.port`` at ``args.rate`` Hz."""
+    source = Source(str(args.file), args.dataset, tuple(args.scan_shape) if args.scan_shape else None)
+    print(f"serving {args.file} on {args.host}:{args.port}" + (f" at {args.rate:g} frames/s" if args.rate else ""), flush=True)
+    t0 = time.perf_counter()
+    sent = serve(source, args.port, args.rate, args.host)
+    seconds = time.perf_counter() - t0
+    print(f"sent {sent} frames in {seconds:.2f} s ({sent / max(seconds, 1e-9):.0f} frames/s)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qgpu-dask", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--address", help="scheduler address, e.g. tcp://host:8786")
     where.add_argument("--scheduler-file", help="scheduler file written by `dask scheduler --scheduler-file`")
     p.set_defaults(run=info)
+    p = sub.add_parser("simulate", help="a detector: replay an acquisition file as a frame stream over TCP (svc.ingest reads it)")
+    p.add_argument("file", help="any file svc.load reads")
+    p.add_argument("--rate", type=float, default=None, help="frames per second (default: as fast as it goes)")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--dataset", default=None, help="the HDF5 dataset (default: found)")
+    p.add_argument("--scan-shape", type=int, nargs=2, default=None, metavar=("ROWS", "COLS"), help="for 3-D stacks")
+    p.set_defaults(run=simulate)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from types import ModuleType
+from typing import Callable
 
 import numpy as np
 
@@ -27,6 +28,15 @@ from .masks import MaskWeights
 
 PROBE = codec.MIN_BLOCK  # frames a compressed live acquisition holds dense before it chooses its model
 REPRESENTATIONS = ("dense", "compressed")
+
+
+def start_bytes(shape, dtype, representation: str) -> int:
+    """Device bytes a new live acquisition takes before any frame arrives: dense, all of it; compressed, the
+    block being filled and the frame totals (the coded streams grow as blocks complete)."""
+    n_frames, frame_len, itemsize = shape[0] * shape[1], shape[2] * shape[3], np.dtype(dtype).itemsize
+    if representation == "dense":
+        return n_frames * frame_len * itemsize
+    return min(n_frames, codec.MAX_BLOCK) * frame_len * itemsize + 8 * n_frames
 
 
 class LiveCounts(Resident):
@@ -53,6 +63,7 @@ class LiveCounts(Resident):
         self.payload_bytes = 0
         self.totals = xp.zeros(self.n_frames, np.uint64)
         self.view: CompressedCounts | None = None  # the coded blocks, made again when more are coded
+        self.room: Callable[[int], None] = lambda nbytes: None  # raises if nbytes more do not fit (the shard's budget)
 
     # -- growing ---------------------------------------------------------------
 
@@ -78,7 +89,8 @@ class LiveCounts(Resident):
             if self.layout == "dense":
                 self.flat[self.received : self.received + n] = flat
                 self.received += n
-                return self.received
+                return self.settled(self.received)
+            self.make_room(n)
             done = 0
             while done < n:
                 take = min(n - done, self.tail.shape[0] - (self.received - self.coded))
@@ -88,7 +100,19 @@ class LiveCounts(Resident):
                 self.received += take
                 done += take
                 self.code_complete_blocks()
-            return self.received
+            return self.settled(self.received)
+
+    def make_room(self, n: int) -> None:
+        """Grow the payload, before any frame is added, to hold the most that coding ``n`` more frames can
+        write (every held frame raw, plus a padding byte per stream), so an append either fits or changes nothing."""
+        held = self.received + n - self.coded
+        worst = held * self.frame_len * self.dtype.itemsize + (held // codec.MIN_BLOCK + 1) * self.frame_len
+        if self.payload_bytes + worst > self.payload.size:
+            size = max(2 * self.payload.size, self.payload_bytes + worst)
+            self.room(size - self.payload.size)
+            grown = self.xp.zeros(size, np.uint8)
+            grown[: self.payload_bytes] = self.payload[: self.payload_bytes]
+            self.payload = grown
 
     def code_complete_blocks(self) -> None:
         """Choose the model once PROBE frames are in (or all of them), then code every complete block of the
@@ -110,14 +134,9 @@ class LiveCounts(Resident):
 
     def code_block(self, flat) -> None:
         """Code one scan block with the model and add its streams behind the others."""
-        xp = self.xp
-        streams = kernels_for(xp, "compressed").encode(flat, self.block, *(self.model[k] for k in MODEL_KEYS))
+        streams = kernels_for(self.xp, "compressed").encode(flat, self.block, *(self.model[k] for k in MODEL_KEYS))
         b = self.coded // self.block
-        size = int(streams.block_base[1])
-        if self.payload_bytes + size > self.payload.size:
-            grown = xp.zeros(max(2 * self.payload.size, self.payload_bytes + size, 1 << 16), np.uint8)
-            grown[: self.payload_bytes] = self.payload[: self.payload_bytes]
-            self.payload = grown
+        size = int(streams.block_base[1])  # make_room left space for it
         self.payload[self.payload_bytes : self.payload_bytes + size] = streams.payload[:size]
         self.index[b] = streams.index[0]
         self.payload_bytes += size
@@ -245,5 +264,4 @@ class LiveCounts(Resident):
         return self.counts_flat().reshape(self.shape)
 
     def describe(self) -> dict:
-        with self.lock:
-            return {**super().describe(), "received": self.received, "live": True}
+        return {**super().describe(), "live": True}

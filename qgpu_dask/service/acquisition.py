@@ -112,6 +112,22 @@ class Acquisition(AcquisitionShape):
         """Shard method ``method([name], *args)`` (one serving several acquisitions) on this acquisition's owner; its one result."""
         return QueryFuture(self.service.routed_method([self.name], method, *args), lambda replies, positions: assemble(replies[0][0]))
 
+    @property
+    def received(self) -> int:
+        """Scan positions held so far: of a live acquisition (``svc.create``) those appended or ingested, else all."""
+        return self.query("received").result()
+
+    def append(self, frames) -> int:
+        """Add ``frames`` (n, det_rows, det_cols) of this acquisition's dtype, the next n scan positions in C
+        order, to a live acquisition (``svc.create``); returns the positions received. A wrong shape or dtype
+        or frames past the scan raise ValueError and add nothing."""
+        frames = np.asarray(frames)
+        if frames.ndim != 3 or frames.shape[1:] != self.det_shape:
+            raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {frames.shape}")
+        if frames.dtype != self.dtype:
+            raise ValueError(f"frames are {frames.dtype}, the acquisition {self.name!r} holds {self.dtype}")
+        return self.query("append", np.ascontiguousarray(frames)).result()
+
     def virtual_image(self, mask, wait: bool = True):
         """Exact virtual image (scan_rows, scan_cols) of one mask (bool, integer or float weights)."""
         stack = single_mask(mask, self.det_shape)
@@ -200,7 +216,11 @@ class Acquisition(AcquisitionShape):
         return path
 
     def info(self) -> dict:
-        """Shape, dtype, layout, owner, resident bytes and where it came from."""
+        """Shape, dtype, layout, owner, resident bytes and where it came from, as the catalog has them now (a
+        live acquisition's state included); the last record known once it is released."""
+        entry = self.service.state()["acquisitions"].get(self.name)
+        if entry is not None:
+            self.record.update(entry)
         return dict(self.record)
 
     def __repr__(self) -> str:

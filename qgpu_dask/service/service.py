@@ -19,6 +19,9 @@ from tqdm.auto import tqdm
 
 from ..device import has_gpu, parse_bytes
 from ..io.source import Source
+from ..io.stream import TcpSource
+from ..resident.base import check_dtype, check_shape
+from ..resident.live import REPRESENTATIONS, start_bytes
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture, call_async, shard_pool
 from .catalog import PLUGIN_NAME, Catalog
@@ -342,6 +345,50 @@ class Service:
             self.client.sync(self.client.scheduler.qgpu_forget_copy, name=name)
             raise
         return Acquisition(self, record | {"name": name})
+
+    def create(self, name: str, scan_shape: tuple[int, int], det_shape: tuple[int, int], dtype="uint16",
+               representation: str = "compressed", worker: str | None = None) -> Acquisition:
+        """A new, empty live acquisition on a chosen shard (``worker`` pins it): it grows by
+        ``acq.append(frames)`` (from here or from worker-side code) or ``svc.ingest(source, acq)`` (frames
+        from a detector stream, straight to the owner), and answers queries at any time, exactly, for the scan
+        positions received (``acq.received``). ``representation``: "compressed" (complete scan blocks coded
+        as they fill, the filling one kept dense) or "dense". Once every position has arrived it is held as
+        one loaded from a file. A live acquisition has no file to be read again from: if its worker is lost
+        before it is saved, it is lost."""
+        shape = (*map(int, scan_shape), *map(int, det_shape))
+        if len(shape) != 4:
+            raise ValueError(f"scan_shape and det_shape are (rows, cols) each, got {scan_shape} and {det_shape}")
+        check_shape(shape)
+        dtype = check_dtype(dtype)
+        if representation not in REPRESENTATIONS:
+            raise ValueError(f"unknown representation {representation!r} for a live acquisition: use 'dense' or 'compressed'")
+        wants_compressed(representation, dtype)
+        self.ensure_shards()
+        state = self.state()
+        self.check_new_names([name], state)
+        nbytes = start_bytes(shape, dtype, representation)
+        owner = place([nbytes], state, pinned=worker)[0]
+        record = self.on_loop(self.placed(name, owner, nbytes, worker is not None, "create", shape, str(dtype), representation)).result()
+        return Acquisition(self, record | {"name": name})
+
+    def ingest(self, source: TcpSource, acq: Acquisition, wait: bool = True, progress: bool = True):
+        """Have ``acq``'s owner read ``source``'s frames (a detector stream: ``qd.TcpSource(host, port)``) into
+        it as they come; the frames go from the stream to the owner, not through this client. Returns the
+        owner's {"frames", "received"} (with ``wait=False`` a future of it, while queries go on). If the stream
+        stops inside a frame or breaks, the error is raised and the positions that arrived are kept."""
+        future = acq.query("ingest", source)
+        if not wait:
+            return future
+        with tqdm(total=acq.n_frames, desc=f"ingest {acq.name}", unit="frame", disable=not progress) as bar:
+            while not future.done():
+                try:
+                    bar.update(acq.received - bar.n)
+                except (KeyError, ValueError):
+                    pass
+                concurrent.futures.wait([future.future], timeout=0.25)
+            result = future.result()
+            bar.update(result["received"] - bar.n)
+        return result
 
     def gather(self, loads: "Loads", progress: bool, verb: str) -> list[dict]:
         """Wait for loads; if any fails, release those that succeeded and raise the first error."""

@@ -22,14 +22,16 @@ import numpy as np
 from dask.utils import format_bytes
 from distributed import get_worker
 
-from ..device import cupy_or_none, default_budget, device_info, to_host
+from ..device import array_module, cupy_or_none, default_budget, device_info, to_host
 from ..io.load import describe, inspect, read_dense
 from ..io.saved import describe_saved, open_resident, save_resident
 from ..io.source import Source, detect_format, open_reader
+from ..io.stream import TcpSource
 from ..ptycho import geometry, update
 from ..resident import DenseCounts, Resident, combine_parts, feed, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
 from ..resident.compressed import CompressedCounts, compressible
+from ..resident.live import LiveCounts, start_bytes
 from ..ssb import direct, fit, parallax, sideband
 from ..ssb.direct import DirectResult
 from ..ssb.optics import Optics
@@ -132,6 +134,7 @@ class Shard:
         self.reconstructions: dict[str, dict[str, tuple[geometry.Geometry, Any]]] = {}  # run -> name -> (geometry, object)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="qgpu-query", initializer=use_own_stream)
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
+        self.ingests = ThreadPoolExecutor(8, thread_name_prefix="qgpu-ingest", initializer=use_own_stream)
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -287,6 +290,68 @@ class Shard:
             raise
         finally:
             self.reserved -= nbytes
+
+    # -- live acquisitions ------------------------------------------------------
+
+    async def create(self, name: str, shape: tuple, dtype: str, representation: str) -> dict:
+        """Hold a new, empty live acquisition ``name`` that grows by ``append`` and ``ingest``."""
+        shape, dtype = check_shape(shape), check_dtype(dtype)
+
+        def build() -> Resident:
+            resident = LiveCounts(name, shape, dtype, representation, array_module())
+            resident.room = lambda nbytes: self.check_room(f"live acquisition {name!r} needs", nbytes)
+            synchronize()
+            return resident
+
+        if representation not in ("dense", "compressed"):
+            raise ValueError(f"unknown representation {representation!r} for a live acquisition: use 'dense' or 'compressed'")
+        return await self.add(name, start_bytes(shape, dtype, representation), build, None)
+
+    def live(self, name: str) -> LiveCounts:
+        resident = self.resident(name)
+        if not isinstance(resident, LiveCounts):
+            raise ValueError(f"acquisition {name!r} is not live: it was loaded, or all its {resident.n_frames} scan positions have arrived")
+        return resident
+
+    async def append(self, name: str, frames: np.ndarray) -> int:
+        """Add the next scan positions' frames to live acquisition ``name``; the positions received."""
+        received = await self.run_in(self.loads, self.live(name).append, frames)
+        await self.settle(name)
+        return received
+
+    async def received(self, name: str) -> int:
+        """Scan positions held so far (all of them for an acquisition that is not live)."""
+        resident = self.resident(name)
+        return resident.received if isinstance(resident, LiveCounts) else resident.n_frames
+
+    async def ingest(self, name: str, source: TcpSource) -> dict:
+        """Read ``source``'s frames into live acquisition ``name`` here, as they come; when the stream ends
+        early or breaks, what arrived is kept (and the error raised)."""
+        resident = self.live(name)
+
+        def pull() -> int:
+            frames = 0
+            for block in source.frames(resident.det_shape, resident.dtype):
+                resident.append(block)
+                frames += len(block)
+            return frames
+
+        try:
+            frames = await self.run_in(self.ingests, pull)
+        finally:
+            await self.settle(name)
+        return {"frames": frames, "received": resident.received}
+
+    async def settle(self, name: str) -> None:
+        """A live acquisition whose every position has arrived becomes the plain resident it now is (and
+        the catalog's record says so): saved, fed and reconstructed as one loaded from a file."""
+        resident = self.residents.get(name)
+        if isinstance(resident, LiveCounts) and resident.complete:
+            done = await self.run_in(self.loads, resident.finished)
+            if self.residents.get(name) is resident:
+                self.residents[name] = done
+                self.forget(name)
+                await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record={**done.describe(), "source": None, "live": False})
 
     async def restore(self, name: str, how: dict) -> dict:
         """Hold ``name`` again after its shard was lost, or take it over from another shard (the catalog
@@ -515,7 +580,9 @@ class Shard:
     async def run(self, name: str, fn: Callable, args: tuple, kwargs: dict) -> Any:
         """``fn(resident, *args, **kwargs)`` next to the data; CuPy results come back as NumPy."""
         resident = self.resident(name)
-        return await self.run_in(self.queries, lambda: to_host(fn(resident, *args, **kwargs)))
+        result = await self.run_in(self.queries, lambda: to_host(fn(resident, *args, **kwargs)))
+        await self.settle(name)  # worker-side code may have appended the last frames
+        return result
 
     async def run_series(self, names: list[str], positions: list[int], fn: Callable, args: tuple, kwargs: dict) -> list:
         """``fn(ShardSeries of names, *args, **kwargs)`` next to this shard's part of a series, as a one-item

@@ -1,0 +1,234 @@
+"""Live acquisitions: frames appended in uneven pieces and queried between appends, against NumPy on the
+received part with ==; a detector simulator streaming a file over loopback to the owner; bad appends and
+broken streams keep what arrived."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+
+import h5py
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+from qgpu_dask.io import stream
+from qgpu_dask.io.source import Source
+from qgpu_dask.resident.compressed import CompressedCounts
+from qgpu_dask.resident.dense import DenseCounts
+from qgpu_dask.resident.live import PROBE, LiveCounts
+
+from conftest import cupy_available
+
+BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
+PIECES = (1, 7, 300, 5, 700, 0, 3, 2000)  # across the probe (256 frames) and several codec blocks
+
+
+@pytest.fixture(scope="module")
+def counts():
+    rng = np.random.default_rng(7)
+    data = rng.poisson(0.4, (37, 41, 9, 11)).astype(np.uint16)  # 1517 positions: the last block short
+    data.reshape(-1)[rng.integers(0, data.size, 50)] = 900  # escapes
+    return data
+
+
+def module_for(backend: str):
+    if backend == "gpu":
+        import cupy
+
+        return cupy
+    return np
+
+
+def expected_images(flat: np.ndarray, masks: np.ndarray, received: int) -> np.ndarray:
+    want = np.einsum("fij,mij->mf", flat.astype(np.int64), masks.astype(np.int64))
+    want[:, received:] = 0
+    return want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("representation", ["dense", "compressed"])
+def test_appends_in_uneven_pieces_answer_exactly_between_them(counts, backend, representation):
+    rng = np.random.default_rng(3)
+    flat = counts.reshape(-1, *counts.shape[2:])
+    live = LiveCounts("live", counts.shape, counts.dtype, representation, module_for(backend))
+    masks = rng.random((2, *counts.shape[2:])) < 0.4
+    assert (live.virtual_images(masks) == 0).all()
+    received = 0
+    for n in PIECES:
+        n = min(n, flat.shape[0] - received)
+        assert live.append(module_for(backend).asarray(flat[received : received + n]) if n % 2 else flat[received : received + n]) == received + n
+        received += n
+        assert live.received == received and live.complete == (received == flat.shape[0])
+        assert (live.virtual_images(masks).reshape(2, -1) == expected_images(flat, masks, received)).all()
+        roi = rng.random(counts.shape[:2]) < 0.5
+        chosen = np.flatnonzero(roi.ravel())
+        chosen = chosen[chosen < received]
+        assert (live.reduce(roi, "sum") == flat[chosen].sum(axis=0, dtype=np.uint64)).all()
+        if chosen.size:
+            assert (live.reduce(roi, "max") == flat[chosen].max(axis=0)).all()
+            assert (live.reduce(roi, "mean") == flat[chosen].sum(axis=0, dtype=np.uint64) / chosen.size).all()
+        else:
+            with pytest.raises(ValueError, match="no received scan position"):
+                live.reduce(roi, "max")
+        row, col = divmod(max(received - 1, 0), counts.shape[1])
+        assert (live.frame(row, col) == (counts[row, col] if received else 0)).all()
+    finished = live.finished()
+    assert type(finished) is (DenseCounts if representation == "dense" else CompressedCounts)
+    assert finished.checksum() == live.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+    assert (qd.device.to_host(finished.counts_flat()) == flat.reshape(flat.shape[0], -1)).all()
+    if representation == "compressed":
+        finished.check()
+        assert finished.nbytes < finished.raw_bytes / 2
+
+
+@pytest.mark.parametrize("representation", ["dense", "compressed"])
+def test_bad_appends_change_nothing(counts, representation):
+    flat = counts.reshape(-1, *counts.shape[2:])
+    live = LiveCounts("live", counts.shape, counts.dtype, representation, np)
+    live.append(flat[:PROBE + 10])
+    before = live.virtual_images(np.ones((1, *counts.shape[2:]), bool))
+    for frames, word in ((flat[:3, :8], "frames must be"), (flat[:3].astype(np.uint32), "uint32"), (flat[0], "frames must be"),
+                         (np.concatenate([flat] * 2), "would pass the scan")):
+        with pytest.raises(ValueError, match=word):
+            live.append(frames)
+        assert live.received == PROBE + 10
+        assert (live.virtual_images(np.ones((1, *counts.shape[2:]), bool)) == before).all()
+    with pytest.raises(ValueError, match="has 266 of"):
+        live.finished()
+    with pytest.raises(ValueError, match="unsigned integer"):
+        LiveCounts("f", counts.shape, np.float32, "compressed", np)
+    with pytest.raises(ValueError, match="unknown representation"):
+        LiveCounts("f", counts.shape, np.uint16, "zip", np)
+
+
+def test_a_model_from_the_first_frames_codes_any_later_count(counts):
+    """The probe sees few counts; later blocks hold counts and runs it never saw."""
+    flat = counts.reshape(-1, *counts.shape[2:]).copy()
+    flat[:PROBE] = 0
+    flat[PROBE:] = np.random.default_rng(1).poisson(30.0, flat[PROBE:].shape)
+    live = LiveCounts("live", counts.shape, counts.dtype, "compressed", np)
+    for lo in range(0, flat.shape[0], 500):
+        live.append(flat[lo : lo + 500])
+    finished = live.finished()
+    finished.check()
+    assert (finished.counts_flat() == flat.reshape(flat.shape[0], -1)).all()
+
+
+@pytest.fixture(scope="module")
+def acquisition_file(tmp_path_factory, counts):
+    path = tmp_path_factory.mktemp("live") / "scan.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=counts, chunks=(1, counts.shape[1], *counts.shape[2:]))
+    return path
+
+
+def listening() -> socket.socket:
+    return socket.create_server(("127.0.0.1", 0))
+
+
+def test_a_live_acquisition_through_the_service(svc, names, counts):
+    flat = counts.reshape(-1, *counts.shape[2:])
+    workers = sorted(svc.client.scheduler_info()["workers"])
+    acqs = [svc.create(names("live"), counts.shape[:2], counts.shape[2:], "uint16", representation=r, worker=w)
+            for r, w in zip(("compressed", "dense"), workers[:2])]
+    assert [a.owner for a in acqs] == workers[:2] and all(a.received == 0 for a in acqs)
+    mask = np.zeros(counts.shape[2:], bool)
+    mask[2:6, 3:8] = True
+    received = 0
+    for n in (5, 600, 1, 900, 11):
+        for acq in acqs:
+            if n == 11:  # bad appends first: nothing changes
+                with pytest.raises(ValueError, match="20 frames would pass the scan of 1517 positions"):
+                    acq.append(flat[:20])
+                with pytest.raises(ValueError, match="frames must be"):
+                    acq.append(flat[:2, :3])
+            assert acq.append(flat[received : received + n]) == received + n
+        received += n
+        for acq in acqs:
+            assert acq.received == received
+            assert (acq.virtual_image(mask).ravel() == expected_images(flat, mask[None], received)[0]).all()
+            assert (acq.reduce(op="sum") == flat[:received].sum(axis=0, dtype=np.uint64)).all()
+    for acq in acqs:  # complete: held as if loaded from a file
+        assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+        totals = svc.submit(lambda r: [int(b.sum()) for b in r.feed(500, amplitude=False)], acq).result()
+        assert sum(totals) == int(counts.sum(dtype=np.uint64))
+        with pytest.raises(ValueError, match="is not live: it was loaded, or all its 1517 scan positions have arrived"):
+            acq.append(flat[:1])
+        acq.release()
+
+
+def test_bad_live_arguments(svc, names):
+    with pytest.raises(ValueError, match="unknown representation"):
+        svc.create(names("bad"), (4, 4), (8, 8), "uint16", representation="zip")
+    with pytest.raises(ValueError, match="unsigned integer"):
+        svc.create(names("bad"), (4, 4), (8, 8), "float32", representation="compressed")
+    with pytest.raises(ValueError, match="scan_shape and det_shape"):
+        svc.create(names("bad"), (4, 4, 2), (8, 8))
+    with pytest.raises(ValueError, match="needs"):
+        svc.create(names("bad"), (4096, 4096), (256, 256), "uint32", representation="dense")
+    assert not [a for a in svc.acquisitions() if a.name.startswith("bad")]
+
+
+def test_the_simulator_streams_a_file_to_the_owner_over_loopback(svc, names, counts, acquisition_file):
+    acq = svc.create(names("ingest"), counts.shape[:2], counts.shape[2:], "uint16")
+    server = listening()
+    port = server.getsockname()[1]
+    sender = threading.Thread(target=stream.serve, args=(Source(str(acquisition_file), "data"), port, 20000.0), kwargs={"listener": server})
+    sender.start()
+    try:
+        result = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read=100), acq, progress=False)
+    finally:
+        sender.join(30)
+        server.close()
+    assert result == {"frames": counts.shape[0] * counts.shape[1], "received": counts.shape[0] * counts.shape[1]}
+    assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+    assert acq.info()["layout"] == "compressed" and not acq.info()["live"]
+    acq.release()
+
+
+def test_a_stream_that_stops_inside_a_frame_keeps_the_frames_before(svc, names, counts):
+    flat = counts.reshape(-1, *counts.shape[2:])
+    acq = svc.create(names("broken"), counts.shape[:2], counts.shape[2:], "uint16", representation="dense")
+    server = listening()
+    port = server.getsockname()[1]
+
+    def broken():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(stream.header_line(counts.shape[:2], counts.shape[2:], counts.dtype))
+            conn.sendall(flat[:300].tobytes() + flat[300].tobytes()[:51])
+
+    sender = threading.Thread(target=broken)
+    sender.start()
+    with pytest.raises(ValueError, match="stopped inside a frame: after 300 whole frames, 51 of the next"):
+        svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read=64), acq, progress=False)
+    sender.join(30)
+    server.close()
+    assert acq.received == 300
+    mask = np.ones(counts.shape[2:], bool)
+    assert (acq.virtual_image(mask).ravel() == expected_images(flat, mask[None], 300)[0]).all()
+    acq.append(flat[300:])  # the rest from elsewhere: complete
+    assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+    acq.release()
+
+
+def test_a_stream_of_other_frames_is_refused(svc, names, counts):
+    acq = svc.create(names("other"), counts.shape[:2], counts.shape[2:], "uint16")
+    server = listening()
+    port = server.getsockname()[1]
+
+    def other():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(stream.header_line(counts.shape[:2], (9, 12), "uint16"))
+
+    sender = threading.Thread(target=other)
+    sender.start()
+    with pytest.raises(ValueError, match=r"sends \(9, 12\) uint16 frames, the acquisition holds \(9, 11\) uint16"):
+        svc.ingest(qd.TcpSource("127.0.0.1", port), acq, progress=False)
+    sender.join(30)
+    server.close()
+    assert acq.received == 0
+    acq.release()
