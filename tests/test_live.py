@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import subprocess
+import sys
 import threading
 
 import h5py
@@ -231,4 +233,65 @@ def test_a_stream_of_other_frames_is_refused(svc, names, counts):
     sender.join(30)
     server.close()
     assert acq.received == 0
+    acq.release()
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return probe.getsockname()[1]
+
+
+def simulator(path, port: int, rate: float) -> subprocess.Popen:
+    """``qgpu-dask simulate`` in a process of its own, once it listens."""
+    process = subprocess.Popen([sys.executable, "-m", "qgpu_dask.cli", "simulate", str(path), "--dataset", "data", "--port", str(port),
+                                "--rate", str(rate)], stdout=subprocess.PIPE, text=True)
+    assert "serving" in process.stdout.readline()
+    return process
+
+
+def test_two_detectors_stream_to_two_shards_while_a_viewer_queries(svc, names, counts, acquisition_file, tmp_path):
+    """The CLI simulator, end to end: every view while frames arrive is exact for the positions received
+    before it was asked and 0 past those received after it; then the finished acquisitions save and reload."""
+    flat = counts.reshape(-1, *counts.shape[2:])
+    workers = sorted(svc.client.scheduler_info()["workers"])
+    acqs = [svc.create(names("cam"), counts.shape[:2], counts.shape[2:], "uint16", worker=w) for w in workers[:2]]
+    ports = [free_port(), free_port()]
+    processes = [simulator(acquisition_file, port, 3000.0) for port in ports]
+    futures = [svc.ingest(qd.TcpSource("127.0.0.1", port), acq, wait=False) for port, acq in zip(ports, acqs)]
+    mask = np.zeros(counts.shape[2:], bool)
+    mask[3:7, 2:9] = True
+    truth = expected_images(flat, mask[None], flat.shape[0])[0]
+    views = 0
+    while not all(f.done() for f in futures) or views < 3:
+        before = acqs[0].received
+        image = acqs[0].virtual_image(mask).ravel()
+        after = acqs[0].received
+        assert (image[:before] == truth[:before]).all() and (image[after:] == 0).all()
+        views += 1
+    assert [f.result()["received"] for f in futures] == [flat.shape[0]] * 2
+    for process in processes:
+        assert process.wait(30) == 0 and "sent 1517 frames" in process.stdout.read()
+    for acq in acqs:
+        assert (acq.virtual_image(mask).ravel() == truth).all()
+        path = acq.save(tmp_path / f"{acq.name}.qgpu")
+        acq.release()
+        again = svc.load(path, name=acq.name)
+        assert again.info()["layout"] == "compressed" and again.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+        again.release()
+
+
+def test_worker_side_code_appends_next_to_the_data(svc, names, counts):
+    flat = counts.reshape(-1, *counts.shape[2:])
+    acq = svc.create(names("side"), counts.shape[:2], counts.shape[2:], "uint16")
+
+    def produce(resident, lo, hi):  # a worker-side producer (a detector's software, say) appends on the owner
+        rng = np.random.default_rng(7)
+        data = rng.poisson(0.4, (37 * 41, 9, 11)).astype(np.uint16)
+        data.reshape(-1)[rng.integers(0, data.size, 50)] = 900
+        return resident.append(data[lo:hi])
+
+    assert svc.submit(produce, acq, 0, 1000).result() == 1000
+    assert acq.received == 1000 and acq.info()["live"]
+    assert svc.submit(produce, acq, 1000, flat.shape[0]).result() == flat.shape[0]
+    assert not acq.info()["live"] and acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
     acq.release()

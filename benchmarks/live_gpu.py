@@ -1,0 +1,117 @@
+"""Sustained ingest into a live compressed acquisition while a viewer queries it (issue 9's measurement).
+
+A detector simulator (``io.stream.serve``, what ``qgpu-dask simulate`` runs) replays a .npy file of
+``--frames`` Poisson frames (``--det`` x ``--det`` uint16, ``--dose`` counts per pixel) over loopback TCP,
+as fast as it goes, ``--repeat`` times into one live acquisition of ``--frames * --repeat`` positions on a
+one-worker cluster. A viewer loop meanwhile asks for a moving-disk virtual image as fast as it can.
+Baselines from the same run: the loopback stream read by a bare socket reader (the wire's rate), ingest
+with no viewer, and the viewer on the finished acquisition.
+
+    python benchmarks/live_gpu.py                                   # on the GPU machine
+    python benchmarks/live_gpu.py --frames 2048 --repeat 2 --det 64 # a small dry run (CPU too)
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+import qgpu_dask as qd
+from qgpu_dask.io import stream
+from qgpu_dask.io.source import Source, open_reader
+
+import record
+
+
+def write_frames(path: Path, frames: int, det: int, dose: float) -> None:
+    rng = np.random.default_rng(3)
+    np.save(path, rng.poisson(dose, (frames, 1, det, det)).astype(np.uint16))
+
+
+def serving(path: Path, repeat: int) -> tuple[int, threading.Thread]:
+    """A simulator thread sending the file ``repeat`` times in one stream on a free port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def run():
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                reader = open_reader(Source(str(path)))
+                conn.sendall(stream.header_line((repeat, reader.shape[0]), reader.shape[2:], reader.dtype))
+                for _ in range(repeat):
+                    for _, frames in reader.blocks():
+                        conn.sendall(np.ascontiguousarray(frames).data)
+                reader.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return port, thread
+
+
+def wire_rate(path: Path, repeat: int, det: int) -> float:
+    """Frames per second a bare reader takes from the simulator (bytes discarded)."""
+    port, thread = serving(path, repeat)
+    t0 = time.perf_counter()
+    n = sum(len(b) for b in qd.TcpSource("127.0.0.1", port, frames_per_read=1024).frames((det, det), np.uint16))
+    thread.join()
+    return n / (time.perf_counter() - t0)
+
+
+def ingest(svc, path: Path, repeat: int, frames: int, det: int, viewer: bool) -> dict:
+    """One ingest of ``frames * repeat`` positions, with or without a viewer loop; rates."""
+    acq = svc.create(f"live-{time.monotonic_ns()}", (repeat, frames), (det, det), "uint16")
+    port, thread = serving(path, repeat)
+    t0 = time.perf_counter()
+    future = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read=1024), acq, wait=False)
+    views = 0
+    if viewer:
+        while not future.done():
+            acq.virtual_image(qd.masks.disk((det, det), (det / 2 + 10 * np.sin(views / 7), det / 2), det / 8))
+            views += 1
+    result = future.result()
+    seconds = time.perf_counter() - t0
+    thread.join()
+    out = {"frames_per_s": result["received"] / seconds, "GB_per_s": result["received"] * det * det * 2 / seconds / 1e9,
+           "views_per_s": views / seconds if viewer else None, "ratio": acq.info()["raw_bytes"] / acq.info()["nbytes"]}
+    if viewer:
+        t0, n = time.perf_counter(), 0
+        while time.perf_counter() - t0 < 2.0:
+            acq.virtual_image(qd.masks.disk((det, det), (det / 2 + 10 * np.sin(n / 7), det / 2), det / 8))
+            n += 1
+        out["views_per_s_finished"] = n / (time.perf_counter() - t0)
+    acq.release()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frames", type=int, default=16384)
+    ap.add_argument("--repeat", type=int, default=8)
+    ap.add_argument("--det", type=int, default=192)
+    ap.add_argument("--dose", type=float, default=0.3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
+        path = Path(tmp) / "frames.npy"
+        write_frames(path, args.frames, args.det, args.dose)
+        results: dict = {"frames": args.frames * args.repeat, "det": args.det, "dose": args.dose}
+        results["wire_frames_per_s"] = wire_rate(path, args.repeat, args.det)
+        with qd.Service.local(n_workers=1) as svc:
+            results["alone"] = ingest(svc, path, args.repeat, args.frames, args.det, viewer=False)
+            results["with_viewer"] = ingest(svc, path, args.repeat, args.frames, args.det, viewer=True)
+        results["with_viewer"]["over_wire"] = results["with_viewer"]["frames_per_s"] / results["wire_frames_per_s"]
+        results["alone"]["over_wire"] = results["alone"]["frames_per_s"] / results["wire_frames_per_s"]
+        results["arina_rate_frames_per_s"] = 120000
+        for key, value in results.items():
+            print(f"{key}: {value}")
+        record.publish(f"live_{'cuda' if qd.device.has_gpu() else 'cpu'}", results)
+
+
+if __name__ == "__main__":
+    main()
