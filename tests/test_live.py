@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import h5py
 import numpy as np
@@ -295,3 +296,23 @@ def test_worker_side_code_appends_next_to_the_data(svc, names, counts):
     assert svc.submit(produce, acq, 1000, flat.shape[0]).result() == flat.shape[0]
     assert not acq.info()["live"] and acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
     acq.release()
+
+
+def test_one_stream_at_a_time_and_a_release_drops_it(svc, names, counts, acquisition_file):
+    flat = counts.reshape(-1, *counts.shape[2:])
+    acq = svc.create(names("busy"), counts.shape[:2], counts.shape[2:], "uint16")
+    port = free_port()
+    process = simulator(acquisition_file, port, 500.0)  # 3 s for the whole scan
+    future = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read=16), acq, wait=False)
+    while acq.received < 32:
+        time.sleep(0.02)
+    with pytest.raises(ValueError, match="is already ingesting from tcp://127.0.0.1"):
+        svc.ingest(qd.TcpSource("127.0.0.1", free_port()), acq, progress=False)
+    with pytest.raises(ValueError, match="appends would interleave"):
+        acq.append(flat[:1])
+    acq.release()
+    with pytest.raises(ValueError, match="was released while tcp://127.0.0.1:.* streamed into it"):
+        future.result()
+    process.kill()
+    process.wait(30)
+    assert acq.name not in svc

@@ -135,6 +135,7 @@ class Shard:
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="qgpu-query", initializer=use_own_stream)
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
         self.ingests = ThreadPoolExecutor(8, thread_name_prefix="qgpu-ingest", initializer=use_own_stream)
+        self.ingesting: dict[str, str] = {}  # live acquisition -> the stream feeding it
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -315,7 +316,10 @@ class Shard:
 
     async def append(self, name: str, frames: np.ndarray) -> int:
         """Add the next scan positions' frames to live acquisition ``name``; the positions received."""
-        received = await self.run_in(self.loads, self.live(name).append, frames)
+        resident = self.live(name)
+        if name in self.ingesting:
+            raise ValueError(f"acquisition {name!r} is ingesting from {self.ingesting[name]}: appends would interleave with its frames")
+        received = await self.run_in(self.loads, resident.append, frames)
         await self.settle(name)
         return received
 
@@ -325,13 +329,19 @@ class Shard:
         return resident.received if isinstance(resident, LiveCounts) else resident.n_frames
 
     async def ingest(self, name: str, source: TcpSource) -> dict:
-        """Read ``source``'s frames into live acquisition ``name`` here, as they come; when the stream ends
-        early or breaks, what arrived is kept (and the error raised)."""
+        """Read ``source``'s frames into live acquisition ``name`` here, as they come (one stream at a time);
+        when the stream ends early or breaks, what arrived is kept (and the error raised). Releasing the
+        acquisition drops the stream."""
         resident = self.live(name)
+        if name in self.ingesting:
+            raise ValueError(f"acquisition {name!r} is already ingesting from {self.ingesting[name]}: one stream at a time keeps its frames in order")
+        self.ingesting[name] = source.describe()
 
         def pull() -> int:
             frames = 0
             for block in source.frames(resident.det_shape, resident.dtype):
+                if self.residents.get(name) is not resident:
+                    raise ValueError(f"acquisition {name!r} was released while {source.describe()} streamed into it: the stream was dropped")
                 resident.append(block)
                 frames += len(block)
             return frames
@@ -339,6 +349,7 @@ class Shard:
         try:
             frames = await self.run_in(self.ingests, pull)
         finally:
+            del self.ingesting[name]
             await self.settle(name)
         return {"frames": frames, "received": resident.received}
 
