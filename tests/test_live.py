@@ -153,13 +153,17 @@ def test_a_live_acquisition_through_the_service(svc, names, counts):
             assert acq.received == received
             assert (acq.virtual_image(mask).ravel() == expected_images(flat, mask[None], received)[0]).all()
             assert (acq.reduce(op="sum") == flat[:received].sum(axis=0, dtype=np.uint64)).all()
+    loaded = svc.put(counts, name=names("loaded"))
+    optics = qd.Optics(300e3, 20.0, 1.0, det_sampling_mrad=4.0, rotation_deg=0.0, flip=False, bf_center_px=(4.0, 5.0))
     for acq in acqs:  # complete: held as if loaded from a file
         assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+        assert (acq.ssb(optics) == loaded.ssb(optics)).all()
         totals = svc.submit(lambda r: [int(b.sum()) for b in r.feed(500, amplitude=False)], acq).result()
         assert sum(totals) == int(counts.sum(dtype=np.uint64))
         with pytest.raises(ValueError, match="is not live: it was loaded, or all its 1517 scan positions have arrived"):
             acq.append(flat[:1])
         acq.release()
+    loaded.release()
 
 
 def test_bad_live_arguments(svc, names):
