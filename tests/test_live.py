@@ -320,3 +320,30 @@ def test_one_stream_at_a_time_and_a_release_drops_it(svc, names, counts, acquisi
     process.kill()
     process.wait(30)
     assert acq.name not in svc
+
+
+def test_no_stream_and_a_stalled_stream_are_named(svc, names, counts):
+    flat = counts.reshape(-1, *counts.shape[2:])
+    acq = svc.create(names("quiet"), counts.shape[:2], counts.shape[2:], "uint16", representation="dense")
+    port = free_port()
+    with pytest.raises(ValueError, match=f"no frame stream at tcp://127.0.0.1:{port}"):
+        svc.ingest(qd.TcpSource("127.0.0.1", port), acq, progress=False)
+    server = listening()
+    done = threading.Event()
+
+    def stalls():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(stream.header_line(counts.shape[:2], counts.shape[2:], counts.dtype))
+            conn.sendall(flat[:40].tobytes() + flat[40].tobytes()[:7])
+            done.wait(30)  # quiet, but open
+
+    sender = threading.Thread(target=stalls)
+    sender.start()
+    with pytest.raises(ValueError, match=r"sent nothing for 0.5 s after 40 whole frames"):
+        svc.ingest(qd.TcpSource("127.0.0.1", server.getsockname()[1], frames_per_read=64, timeout_s=0.5), acq, progress=False)
+    done.set()
+    sender.join(30)
+    server.close()
+    assert acq.received == 40  # the whole frames of a read cut short are kept
+    acq.release()

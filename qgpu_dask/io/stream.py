@@ -43,21 +43,31 @@ class TcpSource:
         return f"tcp://{self.host}:{self.port}"
 
     def frames(self, det_shape: tuple[int, int], dtype) -> Iterator[np.ndarray]:
-        """The stream's frames, (n, det_rows, det_cols) arrays; ValueError if its header does not match
-        ``det_shape`` and ``dtype`` or it ends inside a frame."""
-        with socket.create_connection((self.host, self.port), timeout=self.timeout_s) as conn:
+        """The stream's frames, (n, det_rows, det_cols) arrays; ValueError if nothing listens there, its
+        header does not match ``det_shape`` and ``dtype``, it ends inside a frame, or it sends nothing for
+        ``timeout_s``."""
+        try:
+            conn = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+        except OSError as err:
+            raise ValueError(f"no frame stream at {self.describe()}: {err}") from None
+        sent = 0
+        with conn:
             reader = conn.makefile("rb", buffering=0)
-            header = read_header(reader, self.describe())
+            try:
+                header = read_header(reader, self.describe())
+            except TimeoutError:
+                raise ValueError(f"the stream from {self.describe()} sent no header for {self.timeout_s:g} s") from None
             check_header(header, det_shape, np.dtype(dtype), self.describe())
             frame_bytes = det_shape[0] * det_shape[1] * np.dtype(dtype).itemsize
-            sent = 0
             while True:
                 buffer = np.empty((self.frames_per_read, *det_shape), np.dtype(dtype).newbyteorder("<"))
-                got = read_into(conn, memoryview(buffer).cast("B"))
+                got, stalled = read_into(conn, memoryview(buffer).cast("B"))
                 whole, rest = divmod(got, frame_bytes)
                 if whole:
                     sent += whole
                     yield buffer[:whole].astype(np.dtype(dtype), copy=False)
+                if stalled:
+                    raise ValueError(f"the stream from {self.describe()} sent nothing for {self.timeout_s:g} s after {sent} whole frames")
                 if got < buffer.nbytes:  # the sender closed the stream
                     if rest:
                         raise ValueError(f"the stream from {self.describe()} stopped inside a frame: after {sent} whole frames, "
@@ -65,15 +75,19 @@ class TcpSource:
                     return
 
 
-def read_into(conn: socket.socket, view: memoryview) -> int:
-    """Fill ``view`` from ``conn``; the bytes read (fewer only when the sender closed)."""
+def read_into(conn: socket.socket, view: memoryview) -> tuple[int, bool]:
+    """Fill ``view`` from ``conn``: (bytes read, whether the sender went quiet for the socket's timeout); fewer
+    bytes than asked when the sender closed or went quiet."""
     got = 0
     while got < len(view):
-        n = conn.recv_into(view[got:])
+        try:
+            n = conn.recv_into(view[got:])
+        except TimeoutError:
+            return got, True
         if n == 0:
             break
         got += n
-    return got
+    return got, False
 
 
 def read_header(reader, where: str) -> dict:
