@@ -1,11 +1,12 @@
 """Sustained ingest into a live compressed acquisition while a viewer queries it (issue 9's measurement).
 
-A detector simulator (``io.stream.serve``, what ``qgpu-dask simulate`` runs) replays a .npy file of
-``--frames`` Poisson frames (``--det`` x ``--det`` uint16, ``--dose`` counts per pixel) over loopback TCP,
-as fast as it goes, ``--repeat`` times into one live acquisition of ``--frames * --repeat`` positions on a
-one-worker cluster. A viewer loop meanwhile asks for a moving-disk virtual image as fast as it can.
-Baselines from the same run: the loopback stream read by a bare socket reader (the wire's rate), ingest
-with no viewer, and the viewer on the finished acquisition.
+A detector simulator streams ``--frames * --repeat`` Poisson frames (``--det`` x ``--det`` uint16,
+``--dose`` counts per pixel) over loopback TCP, as fast as it goes, into one live compressed acquisition
+on a one-worker cluster: raw frames (a .npy of ``--frames`` sent ``--repeat`` times), and the stored
+bitshuffle-LZ4 chunks of an Arina master as a DECTRIS detector sends them (``serve(compressed=True)``,
+what ``qgpu-dask simulate --compressed`` runs). A viewer loop meanwhile asks for a moving-disk virtual
+image as fast as it can. Baselines from the same run: each stream read by a bare reader (the wire's
+rate, chunks decoded), ingest with no viewer, and the viewer on the finished acquisition.
 
     python benchmarks/live_gpu.py                                   # on the GPU machine
     python benchmarks/live_gpu.py --frames 2048 --repeat 2 --det 64 # a small dry run (CPU too)
@@ -27,6 +28,7 @@ from qgpu_dask.io import stream
 from qgpu_dask.io.source import Source, open_reader
 
 import record
+from load_arina import write_master
 
 
 def write_frames(path: Path, frames: int, det: int, dose: float) -> None:
@@ -34,12 +36,17 @@ def write_frames(path: Path, frames: int, det: int, dose: float) -> None:
     np.save(path, rng.poisson(dose, (frames, 1, det, det)).astype(np.uint16))
 
 
-def serving(path: Path, repeat: int) -> tuple[int, threading.Thread]:
-    """A simulator thread sending the file ``repeat`` times in one stream on a free port."""
+def serving(send) -> tuple[int, threading.Thread]:
+    """``send(listener)`` in a thread, listening on a free port: (port, thread)."""
     listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
+    thread = threading.Thread(target=send, args=(listener,), daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
 
-    def run():
+
+def repeating(path: Path, repeat: int):
+    """A simulator sending the .npy at ``path`` ``repeat`` times in one raw stream."""
+    def send(listener):
         with listener:
             conn, _ = listener.accept()
             with conn:
@@ -50,24 +57,27 @@ def serving(path: Path, repeat: int) -> tuple[int, threading.Thread]:
                         conn.sendall(np.ascontiguousarray(frames).data)
                 reader.close()
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return port, thread
+    return send
 
 
-def wire_rate(path: Path, repeat: int, det: int) -> float:
-    """Frames per second a bare reader takes from the simulator (bytes discarded)."""
-    port, thread = serving(path, repeat)
+def chunks_of(master: Path, scan: tuple[int, int]):
+    """A simulator sending an Arina master's stored bitshuffle-LZ4 chunks as they are."""
+    return lambda listener: stream.serve(Source(str(master), scan_shape=scan), 0, listener=listener, compressed=True)
+
+
+def wire_rate(send, det: int) -> float:
+    """Frames per second a bare reader takes from the simulator (frames decoded, then dropped)."""
+    port, thread = serving(send)
     t0 = time.perf_counter()
     n = sum(len(b) for b in qd.TcpSource("127.0.0.1", port, frames_per_read=1024).frames((det, det), np.uint16))
     thread.join()
     return n / (time.perf_counter() - t0)
 
 
-def ingest(svc, path: Path, repeat: int, frames: int, det: int, viewer: bool) -> dict:
-    """One ingest of ``frames * repeat`` positions, with or without a viewer loop; rates."""
-    acq = svc.create(f"live-{time.monotonic_ns()}", (repeat, frames), (det, det), "uint16")
-    port, thread = serving(path, repeat)
+def ingest(svc, send, scan: tuple[int, int], det: int, viewer: bool) -> dict:
+    """One ingest of a scan from the simulator ``send``, with or without a viewer loop; rates."""
+    acq = svc.create(f"live-{time.monotonic_ns()}", scan, (det, det), "uint16")
+    port, thread = serving(send)
     t0 = time.perf_counter()
     future = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read=1024), acq, wait=False)
     views = 0
@@ -97,17 +107,20 @@ def main() -> None:
     ap.add_argument("--det", type=int, default=192)
     ap.add_argument("--dose", type=float, default=0.3)
     args = ap.parse_args()
+    scan = (args.repeat, args.frames)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
         path = Path(tmp) / "frames.npy"
         write_frames(path, args.frames, args.det, args.dose)
-        results: dict = {"frames": args.frames * args.repeat, "det": args.det, "dose": args.dose}
-        results["wire_frames_per_s"] = wire_rate(path, args.repeat, args.det)
+        master, _ = write_master(Path(tmp), scan, (args.det, args.det), args.dose, seed=4)
+        streams = {"raw": repeating(path, args.repeat), "bitshuffle_lz4": chunks_of(master, scan)}
+        results: dict = {"frames": args.frames * args.repeat, "det": args.det, "dose": args.dose, "arina_rate_frames_per_s": 120000}
         with qd.Service.local(n_workers=1) as svc:
-            results["alone"] = ingest(svc, path, args.repeat, args.frames, args.det, viewer=False)
-            results["with_viewer"] = ingest(svc, path, args.repeat, args.frames, args.det, viewer=True)
-        results["with_viewer"]["over_wire"] = results["with_viewer"]["frames_per_s"] / results["wire_frames_per_s"]
-        results["alone"]["over_wire"] = results["alone"]["frames_per_s"] / results["wire_frames_per_s"]
-        results["arina_rate_frames_per_s"] = 120000
+            for label, send in streams.items():
+                wire = wire_rate(send, args.det)
+                alone = ingest(svc, send, scan, args.det, viewer=False)
+                viewed = ingest(svc, send, scan, args.det, viewer=True)
+                results[label] = {"wire_frames_per_s": wire, "alone": alone | {"over_wire": alone["frames_per_s"] / wire},
+                                  "with_viewer": viewed | {"over_wire": viewed["frames_per_s"] / wire}}
         for key, value in results.items():
             print(f"{key}: {value}")
         record.publish(f"live_{'cuda' if qd.device.has_gpu() else 'cpu'}", results)

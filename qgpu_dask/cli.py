@@ -109,7 +109,7 @@ def simulate(args: argparse.Namespace) -> int:
     with socket.create_server((args.host, args.port)) as listener:  # listening before it says so
         print(f"serving {args.file} on {args.host}:{args.port}" + (f" at {args.rate:g} frames/s" if args.rate else ""), flush=True)
         t0 = time.perf_counter()
-        sent = serve(source, args.port, args.rate, args.host, listener=listener)
+        sent = serve(source, args.port, args.rate, args.host, listener=listener, compressed=args.compressed)
     seconds = time.perf_counter() - t0
     print(f"sent {sent} frames in {seconds:.2f} s ({sent / max(seconds, 1e-9):.0f} frames/s)")
     return 0
@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--dataset", default=None, help="the HDF5 dataset (default: found)")
     p.add_argument("--scan-shape", type=int, nargs=2, default=None, metavar=("ROWS", "COLS"), help="for 3-D stacks")
+    p.add_argument("--compressed", action="store_true", help="send an Arina/Eiger master's bitshuffle-LZ4 chunks as they are stored")
     p.set_defaults(run=simulate)
     args = parser.parse_args(argv)
     return args.run(args)

@@ -5,6 +5,7 @@ broken streams keep what arrived."""
 from __future__ import annotations
 
 import hashlib
+import io
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import threading
 import time
 
 import h5py
+import hdf5plugin
 import numpy as np
 import pytest
 
@@ -23,6 +25,7 @@ from qgpu_dask.resident.dense import DenseCounts
 from qgpu_dask.resident.live import PROBE, LiveCounts
 
 from conftest import cupy_available
+from test_arina import write_arina
 
 BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
 PIECES = (1, 7, 300, 5, 700, 0, 3, 2000)  # across the probe (256 frames) and several codec blocks
@@ -347,3 +350,63 @@ def test_no_stream_and_a_stalled_stream_are_named(svc, names, counts):
     server.close()
     assert acq.received == 40  # the whole frames of a read cut short are kept
     acq.release()
+
+
+@pytest.fixture(scope="module")
+def arina_master(tmp_path_factory, counts):
+    return write_arina(tmp_path_factory.mktemp("arina"), counts.reshape(-1, *counts.shape[2:]), per_file=600)
+
+
+def test_a_detector_sends_its_bitshuffle_lz4_chunks(svc, names, counts, arina_master):
+    """The stored chunks of an Arina master go over the wire as they are and are decoded on the owner."""
+    flat = counts.reshape(-1, *counts.shape[2:])
+    server = listening()
+    source = Source(str(arina_master), scan_shape=counts.shape[:2])
+    sender = threading.Thread(target=stream.serve, args=(source, 0), kwargs={"listener": server, "compressed": True})
+    sender.start()
+    got = np.concatenate(list(qd.TcpSource("127.0.0.1", server.getsockname()[1], frames_per_read=100).frames(counts.shape[2:], np.uint16)))
+    sender.join(30)
+    server.close()
+    assert (got == flat).all()
+    acq = svc.create(names("chunks"), counts.shape[:2], counts.shape[2:], "uint16")
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "qgpu_dask.cli", "simulate", str(arina_master), "--port", str(port), "--compressed",
+                                "--scan-shape", *map(str, counts.shape[:2])],
+                               stdout=subprocess.PIPE, text=True)
+    assert "serving" in process.stdout.readline()
+    assert svc.ingest(qd.TcpSource("127.0.0.1", port), acq, progress=False)["received"] == flat.shape[0]
+    assert process.wait(30) == 0
+    assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+    acq.release()
+
+
+def test_malformed_and_cut_chunk_streams(counts, acquisition_file):
+    flat = counts.reshape(-1, *counts.shape[2:])
+    chunk = hdf5plugin_chunk(flat[0])
+    for body, word in ((b"".join(len(c).to_bytes(4, "little") + c for c in [chunk, chunk, chunk, chunk[:-5]]),
+                        "sent a malformed frame 3"),
+                       (len(chunk).to_bytes(4, "little") + chunk + len(chunk).to_bytes(4, "little") + chunk[:9],
+                        "stopped inside a frame: after 1 whole frames, 13 bytes of the next came")):
+        server = listening()
+
+        def send():
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(stream.header_line(counts.shape[:2], counts.shape[2:], counts.dtype, "bitshuffle-lz4") + body)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        with pytest.raises(ValueError, match=word):
+            list(qd.TcpSource("127.0.0.1", server.getsockname()[1]).frames(counts.shape[2:], np.uint16))
+        sender.join(30)
+        server.close()
+    with pytest.raises(ValueError, match="replays an Arina/Eiger master"):
+        stream.serve(Source(str(acquisition_file), "data"), 0, compressed=True)
+
+
+def hdf5plugin_chunk(frame: np.ndarray) -> bytes:
+    """One frame as the bitshuffle-LZ4 chunk HDF5 stores (written by h5py + hdf5plugin, read back as stored)."""
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as f:
+        f.create_dataset("d", data=frame[None], chunks=(1, *frame.shape), **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
+        return f["d"].id.read_direct_chunk((0, 0, 0))[1]
