@@ -69,36 +69,14 @@ class CompressedCounts(Resident):
     def encode(cls, name: str, flat, shape) -> "CompressedCounts":
         """Encode dense counts ``flat`` (n_frames, frame_len) on their device; ``flat`` is left as it was."""
         xp = module_of(flat)
-        kernels = kernels_for(xp, "compressed")
         if not compressible(flat.dtype):
             raise ValueError(f"representation='compressed' needs unsigned integer counts, got {flat.dtype}")
-        n_frames = flat.shape[0]
-        hist = to_host(kernels.value_histogram(flat))
-        run, values = codec.choose_models(hist, n_frames)
-        block = codec.choose_block(hist, n_frames)
-        tokens = to_host(kernels.token_histogram(flat, block, xp.asarray(run), xp.asarray(values)))
-        table_start, cum = codec.build_tables(tokens, run, values)
-        model = {"run": run, "values": values, "table_start": table_start, "cum": cum}
-        device_model = {k: xp.asarray(v) for k, v in model.items()}
-        streams = kernels.encode(flat, block, *(device_model[k] for k in MODEL_KEYS))
+        block, device_model, hist = chosen_model(flat, every_symbol=False)
+        streams = kernels_for(xp, "compressed").encode(flat, block, *(device_model[k] for k in MODEL_KEYS))
         stats = {"entropy_bytes": float(entropy_bound(hist, flat, xp).sum() / 8)}
         totals = flat.sum(axis=1, dtype=np.uint64)
         return cls(name, shape, flat.dtype, block, device_model,
                    {"index": streams.index, "block_base": streams.block_base, "payload": streams.payload, "totals": totals}, stats)
-
-    @staticmethod
-    def live_model(flat) -> tuple[int, dict]:
-        """(block, model on the device) for a live acquisition, from its first frames ``flat``: as ``encode``
-        chooses them, with every symbol of every pixel's alphabets given a nonzero frequency, so that blocks
-        coded later with this model may hold any count."""
-        xp = module_of(flat)
-        kernels = kernels_for(xp, "compressed")
-        hist = to_host(kernels.value_histogram(flat))
-        run, values = codec.choose_models(hist, flat.shape[0])
-        block = codec.choose_block(hist, flat.shape[0])
-        tokens = to_host(kernels.token_histogram(flat, block, xp.asarray(run), xp.asarray(values)))
-        table_start, cum = codec.build_tables(codec.with_every_symbol(tokens, run, values), run, values)
-        return block, {k: xp.asarray(v) for k, v in {"run": run, "values": values, "table_start": table_start, "cum": cum}.items()}
 
     # -- the resident interface --------------------------------------------------
 
@@ -309,6 +287,23 @@ def cast_wrapped(sums, acc: np.dtype):
     if acc == np.int64:
         return sums.view(np.int64)
     return sums.astype(acc, copy=False)
+
+
+def chosen_model(flat, every_symbol: bool) -> tuple[int, dict, np.ndarray]:
+    """(block, model on the device, value histograms) chosen for counts ``flat`` (n_frames, frame_len):
+    ``codec``'s choice from the histograms; with ``every_symbol`` every symbol of each pixel's alphabets is
+    codable (``codec.with_every_symbol``), as a live acquisition needs of the model its first frames give."""
+    xp = module_of(flat)
+    kernels = kernels_for(xp, "compressed")
+    hist = to_host(kernels.value_histogram(flat))
+    run, values = codec.choose_models(hist, flat.shape[0])
+    block = codec.choose_block(hist, flat.shape[0])
+    tokens = to_host(kernels.token_histogram(flat, block, xp.asarray(run), xp.asarray(values)))
+    if every_symbol:
+        tokens = codec.with_every_symbol(tokens, run, values)
+    table_start, cum = codec.build_tables(tokens, run, values)
+    model = {"run": run, "values": values, "table_start": table_start, "cum": cum}
+    return block, {k: xp.asarray(v) for k, v in model.items()}, hist
 
 
 def check_model(model: dict, frame_len: int) -> None:

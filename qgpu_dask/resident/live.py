@@ -21,7 +21,7 @@ import numpy as np
 
 from ..formats import codec
 from .base import Resident, kernels_for
-from .compressed import MODEL_KEYS, CompressedCounts, compressible
+from .compressed import MODEL_KEYS, CompressedCounts, chosen_model, compressible
 from .cpu.dense import sum_dtype
 from .dense import DenseCounts
 from .masks import MaskWeights
@@ -121,7 +121,7 @@ class LiveCounts(Resident):
         if self.model is None:
             if held < min(PROBE, self.n_frames):
                 return
-            self.block, self.model = CompressedCounts.live_model(self.tail[:held])
+            self.block, self.model, _ = chosen_model(self.tail[:held], every_symbol=True)
             n_blocks = -(-self.n_frames // self.block)
             self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
             self.base = self.xp.zeros(n_blocks + 1, np.uint64)
