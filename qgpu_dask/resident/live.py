@@ -30,6 +30,14 @@ PROBE = codec.MIN_BLOCK  # frames a compressed live acquisition holds dense befo
 REPRESENTATIONS = ("dense", "compressed")
 
 
+def check_representation(representation: str, dtype) -> None:
+    """ValueError unless a live acquisition of ``dtype`` can be held as ``representation``."""
+    if representation not in REPRESENTATIONS:
+        raise ValueError(f"unknown representation {representation!r} for a live acquisition: use 'dense' or 'compressed'")
+    if representation == "compressed" and not compressible(dtype):
+        raise ValueError(f"representation='compressed' needs unsigned integer counts, got {np.dtype(dtype)}")
+
+
 def start_bytes(shape, dtype, representation: str) -> int:
     """Device bytes a new live acquisition takes before any frame arrives: dense, all of it; compressed, the
     block being filled and the frame totals (the coded streams grow as blocks complete)."""
@@ -44,10 +52,7 @@ class LiveCounts(Resident):
 
     def __init__(self, name: str, shape, dtype, representation: str, xp: ModuleType):
         super().__init__(name, shape, dtype, xp)
-        if representation not in REPRESENTATIONS:
-            raise ValueError(f"unknown representation {representation!r} for a live acquisition: use 'dense' or 'compressed'")
-        if representation == "compressed" and not compressible(self.dtype):
-            raise ValueError(f"representation='compressed' needs unsigned integer counts, got {self.dtype}")
+        check_representation(representation, self.dtype)
         self.layout = representation
         self.received = 0
         self.lock = threading.RLock()

@@ -120,12 +120,7 @@ class Acquisition(AcquisitionShape):
     def append(self, frames) -> int:
         """Add ``frames`` (n, det_rows, det_cols) of this acquisition's dtype, the next n scan positions in C
         order, to a live acquisition (``svc.create``); returns the positions received. A wrong shape or dtype
-        or frames past the scan raise ValueError and add nothing."""
-        frames = np.asarray(frames)
-        if frames.ndim != 3 or frames.shape[1:] != self.det_shape:
-            raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {frames.shape}")
-        if frames.dtype != self.dtype:
-            raise ValueError(f"frames are {frames.dtype}, the acquisition {self.name!r} holds {self.dtype}")
+        or frames past the scan raise ValueError (``LiveCounts.append``, on the owner) and add nothing."""
         return self.query("append", np.ascontiguousarray(frames)).result()
 
     def virtual_image(self, mask, wait: bool = True):

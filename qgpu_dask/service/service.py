@@ -21,7 +21,7 @@ from ..device import has_gpu, parse_bytes
 from ..io.source import Source
 from ..io.stream import TcpSource
 from ..resident.base import check_dtype, check_shape
-from ..resident.live import REPRESENTATIONS as LIVE_REPRESENTATIONS, start_bytes
+from ..resident.live import check_representation, start_bytes
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture, call_async, shard_pool
 from .catalog import PLUGIN_NAME, Catalog
@@ -360,9 +360,7 @@ class Service:
             raise ValueError(f"scan_shape and det_shape are (rows, cols) each, got {scan_shape} and {det_shape}")
         check_shape(shape)
         dtype = check_dtype(dtype)
-        if representation not in LIVE_REPRESENTATIONS:
-            raise ValueError(f"unknown representation {representation!r} for a live acquisition: use 'dense' or 'compressed'")
-        wants_compressed(representation, dtype)
+        check_representation(representation, dtype)
         self.ensure_shards()
         state = self.state()
         self.check_new_names([name], state)

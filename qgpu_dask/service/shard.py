@@ -31,7 +31,7 @@ from ..ptycho import geometry, update
 from ..resident import DenseCounts, Resident, combine_parts, feed, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
 from ..resident.compressed import CompressedCounts, compressible
-from ..resident.live import REPRESENTATIONS as LIVE_REPRESENTATIONS, LiveCounts, start_bytes
+from ..resident.live import LiveCounts, check_representation, start_bytes
 from ..ssb import direct, fit, parallax, sideband
 from ..ssb.direct import DirectResult
 from ..ssb.optics import Optics
@@ -297,8 +297,7 @@ class Shard:
     async def create(self, name: str, shape: tuple, dtype: str, representation: str) -> dict:
         """Hold a new, empty live acquisition ``name`` that grows by ``append`` and ``ingest``."""
         shape, dtype = check_shape(shape), check_dtype(dtype)
-        if representation not in LIVE_REPRESENTATIONS:
-            raise ValueError(f"unknown representation {representation!r} for a live acquisition: use 'dense' or 'compressed'")
+        check_representation(representation, dtype)
 
         def build() -> Resident:
             resident = LiveCounts(name, shape, dtype, representation, array_module())
