@@ -74,6 +74,11 @@ def wire_rate(send, det: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def view(acq, det: int, i: int) -> None:
+    """The viewer's ``i``-th query: a virtual image of a disk moving across the bright field."""
+    acq.virtual_image(qd.masks.disk((det, det), (det / 2 + 10 * np.sin(i / 7), det / 2), det / 8))
+
+
 def ingest(svc, send, scan: tuple[int, int], det: int, viewer: bool) -> dict:
     """One ingest of a scan from the simulator ``send``, with or without a viewer loop; rates."""
     acq = svc.create(f"live-{time.monotonic_ns()}", scan, (det, det), "uint16")
@@ -83,7 +88,7 @@ def ingest(svc, send, scan: tuple[int, int], det: int, viewer: bool) -> dict:
     views = 0
     if viewer:
         while not future.done():
-            acq.virtual_image(qd.masks.disk((det, det), (det / 2 + 10 * np.sin(views / 7), det / 2), det / 8))
+            view(acq, det, views)
             views += 1
     result = future.result()
     seconds = time.perf_counter() - t0
@@ -93,7 +98,7 @@ def ingest(svc, send, scan: tuple[int, int], det: int, viewer: bool) -> dict:
     if viewer:
         t0, n = time.perf_counter(), 0
         while time.perf_counter() - t0 < 2.0:
-            acq.virtual_image(qd.masks.disk((det, det), (det / 2 + 10 * np.sin(n / 7), det / 2), det / 8))
+            view(acq, det, n)
             n += 1
         out["views_per_s_finished"] = n / (time.perf_counter() - t0)
     acq.release()

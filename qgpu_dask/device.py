@@ -31,6 +31,13 @@ def cupy_or_none() -> ModuleType | None:
     return cupy
 
 
+def synchronize() -> None:
+    """Wait for this thread's CUDA stream (no-op on CPU)."""
+    cp = cupy_or_none()
+    if cp is not None:
+        cp.cuda.get_current_stream().synchronize()
+
+
 def has_gpu() -> bool:
     """Whether this process computes on a CUDA device."""
     return cupy_or_none() is not None

@@ -76,14 +76,16 @@ class TcpSource:
                 if whole:
                     sent += whole
                     yield buffer[:whole].astype(np.dtype(dtype), copy=False)
-                if stalled:
-                    raise ValueError(f"the stream from {self.describe()} sent nothing for {self.timeout_s:g} s after {sent} whole frames")
-                if got < buffer.nbytes:  # the sender closed the stream
-                    if rest:
-                        raise ValueError(f"the stream from {self.describe()} stopped inside a frame: after {sent} whole frames, "
-                                         f"{rest} of the next frame's {frame_bytes} bytes came")
+                self.check_end(stalled, got < buffer.nbytes, sent, f"{rest} of the next frame's {frame_bytes} bytes" if rest else "")
+                if got < buffer.nbytes:
                     return
 
+    def check_end(self, stalled: bool, closed: bool, sent: int, partial: str) -> None:
+        """ValueError for a stream gone quiet, or closed with ``partial`` (the bytes of a frame cut short) left."""
+        if stalled:
+            raise ValueError(f"the stream from {self.describe()} sent nothing for {self.timeout_s:g} s after {sent} whole frames")
+        if closed and partial:
+            raise ValueError(f"the stream from {self.describe()} stopped inside a frame: after {sent} whole frames, {partial} came")
 
     def chunked_frames(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype) -> Iterator[np.ndarray]:
         """Frames sent as length-prefixed bitshuffle-LZ4 chunks, decoded ``frames_per_read`` at a time on
@@ -107,12 +109,8 @@ class TcpSource:
                 del pending[:used]
                 sent += len(starts)
                 yield frames
-            if stalled:
-                raise ValueError(f"the stream from {self.describe()} sent nothing for {self.timeout_s:g} s after {sent} whole frames")
+            self.check_end(stalled, not piece, sent, f"{len(pending)} bytes of the next" if pending else "")
             if not piece:  # the sender closed the stream
-                if pending:
-                    raise ValueError(f"the stream from {self.describe()} stopped inside a frame: after {sent} whole frames, "
-                                     f"{len(pending)} bytes of the next came")
                 return
 
 

@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..device import synchronize
 from ..formats import codec
 from .base import Resident, kernels_for
 from .compressed import MODEL_KEYS, CompressedCounts, chosen_model, compressible
@@ -199,7 +200,7 @@ class LiveCounts(Resident):
     def settled(self, result):
         """``result`` once the device has made it, so an append after the lock is released cannot change it."""
         if self.xp is not np:
-            self.xp.cuda.get_current_stream().synchronize()
+            synchronize()
         return result
 
     def prepare_mask_sums(self, masks: MaskWeights):

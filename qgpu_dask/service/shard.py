@@ -22,7 +22,7 @@ import numpy as np
 from dask.utils import format_bytes
 from distributed import get_worker
 
-from ..device import array_module, cupy_or_none, default_budget, device_info, to_host
+from ..device import array_module, cupy_or_none, default_budget, device_info, synchronize, to_host
 from ..io.load import describe, inspect, read_dense
 from ..io.saved import describe_saved, open_resident, save_resident
 from ..io.source import Source, detect_format, open_reader
@@ -44,13 +44,6 @@ def use_own_stream() -> None:
     cp = cupy_or_none()
     if cp is not None:
         cp.cuda.Stream(non_blocking=True).use()
-
-
-def synchronize() -> None:
-    """Wait for this thread's CUDA stream (no-op on CPU)."""
-    cp = cupy_or_none()
-    if cp is not None:
-        cp.cuda.get_current_stream().synchronize()
 
 
 REPRESENTATIONS = ("auto", "dense", "compressed")
