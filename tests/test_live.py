@@ -249,10 +249,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def simulator(path, port: int, rate: float) -> subprocess.Popen:
-    """``qgpu-dask simulate`` in a process of its own, once it listens."""
-    process = subprocess.Popen([sys.executable, "-m", "qgpu_dask.cli", "simulate", str(path), "--dataset", "data", "--port", str(port),
-                                "--rate", str(rate)], stdout=subprocess.PIPE, text=True)
+def simulator(path, port: int, *options: str) -> subprocess.Popen:
+    """``qgpu-dask simulate path --port port *options`` in a process of its own, once it listens."""
+    process = subprocess.Popen([sys.executable, "-m", "qgpu_dask.cli", "simulate", str(path), "--port", str(port), *options],
+                               stdout=subprocess.PIPE, text=True)
     assert "serving" in process.stdout.readline()
     return process
 
@@ -264,7 +264,7 @@ def test_two_detectors_stream_to_two_shards_while_a_viewer_queries(svc, names, c
     workers = sorted(svc.client.scheduler_info()["workers"])
     acqs = [svc.create(names("cam"), counts.shape[:2], counts.shape[2:], "uint16", worker=w) for w in workers[:2]]
     ports = [free_port(), free_port()]
-    processes = [simulator(acquisition_file, port, 3000.0) for port in ports]
+    processes = [simulator(acquisition_file, port, "--dataset", "data", "--rate", "3000") for port in ports]
     futures = [svc.ingest(qd.TcpSource("127.0.0.1", port), acq, wait=False) for port, acq in zip(ports, acqs)]
     mask = np.zeros(counts.shape[2:], bool)
     mask[3:7, 2:9] = True
@@ -309,7 +309,7 @@ def test_one_stream_at_a_time_and_a_release_drops_it(svc, names, counts, acquisi
     flat = counts.reshape(-1, *counts.shape[2:])
     acq = svc.create(names("busy"), counts.shape[:2], counts.shape[2:], "uint16")
     port = free_port()
-    process = simulator(acquisition_file, port, 500.0)  # 3 s for the whole scan
+    process = simulator(acquisition_file, port, "--dataset", "data", "--rate", "500")  # 3 s for the whole scan
     future = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read=16), acq, wait=False)
     while acq.received < 32:
         time.sleep(0.02)
@@ -370,10 +370,7 @@ def test_a_detector_sends_its_bitshuffle_lz4_chunks(svc, names, counts, arina_ma
     assert (got == flat).all()
     acq = svc.create(names("chunks"), counts.shape[:2], counts.shape[2:], "uint16")
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "qgpu_dask.cli", "simulate", str(arina_master), "--port", str(port), "--compressed",
-                                "--scan-shape", *map(str, counts.shape[:2])],
-                               stdout=subprocess.PIPE, text=True)
-    assert "serving" in process.stdout.readline()
+    process = simulator(arina_master, port, "--compressed", "--scan-shape", *map(str, counts.shape[:2]))
     assert svc.ingest(qd.TcpSource("127.0.0.1", port), acq, progress=False)["received"] == flat.shape[0]
     assert process.wait(30) == 0
     assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()

@@ -38,9 +38,9 @@ def check_feed(block_scans, depth, amplitude) -> tuple[int, int, bool]:
     return block_scans, depth, bool(amplitude)
 
 
-def spans(n_frames: int, block_scans: int) -> list[tuple[int, int]]:
-    """(lo, hi) of each block: ``block_scans`` frames, the last one shorter."""
-    return [(lo, min(lo + block_scans, n_frames)) for lo in range(0, n_frames, block_scans)]
+def spans(n_frames: int, size: int) -> list[tuple[int, int]]:
+    """(lo, hi) of each span: ``size`` frames, the last one shorter."""
+    return [(lo, min(lo + size, n_frames)) for lo in range(0, n_frames, size)]
 
 
 def span_frames(block_scans: int, grain: tuple[int, int], frame_bytes: int) -> int:
