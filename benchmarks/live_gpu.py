@@ -66,10 +66,11 @@ def chunks_of(master: Path, scan: tuple[int, int]):
 
 
 def wire_rate(send, det: int) -> float:
-    """Frames per second a bare reader takes from the simulator (frames decoded, then dropped)."""
+    """Frames per second a bare reader takes from the simulator (as they come, not decoded, then dropped)."""
     port, thread = serving(send)
     t0 = time.perf_counter()
-    n = sum(len(b) for b in qd.TcpSource("127.0.0.1", port, frames_per_read=1024).frames((det, det), np.uint16))
+    batches = qd.TcpSource("127.0.0.1", port).batches((det, det), np.dtype(np.uint16), stream.host_buffers(np))
+    n = sum(len(b) for b in batches)
     thread.join()
     return n / (time.perf_counter() - t0)
 
@@ -84,7 +85,7 @@ def ingest(svc, send, scan: tuple[int, int], det: int, viewer: bool) -> dict:
     acq = svc.create(f"live-{time.monotonic_ns()}", scan, (det, det), "uint16")
     port, thread = serving(send)
     t0 = time.perf_counter()
-    future = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read=1024), acq, wait=False)
+    future = svc.ingest(qd.TcpSource("127.0.0.1", port), acq, wait=False)
     views = 0
     if viewer:
         while not future.done():
@@ -122,8 +123,11 @@ def main() -> None:
         with qd.Service.local(n_workers=1) as svc:
             for label, send in streams.items():
                 wire = wire_rate(send, args.det)
+                print(f"{label} wire: {wire:.0f} frames/s", flush=True)
                 alone = ingest(svc, send, scan, args.det, viewer=False)
+                print(f"{label} ingest alone: {alone}", flush=True)
                 viewed = ingest(svc, send, scan, args.det, viewer=True)
+                print(f"{label} ingest with viewer: {viewed}", flush=True)
                 results[label] = {"wire_frames_per_s": wire, "alone": alone | {"over_wire": alone["frames_per_s"] / wire},
                                   "with_viewer": viewed | {"over_wire": viewed["frames_per_s"] / wire}}
         for key, value in results.items():

@@ -11,6 +11,8 @@ import pytest
 
 from qgpu_dask.formats.bitshuffle_lz4 import decompress, decompress_into
 
+from conftest import cupy_available
+
 
 def frames(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """All-zero, Poisson at three doses, and full-range random frames (incompressible blocks)."""
@@ -134,29 +136,29 @@ def with_block(raw: bytes, block: bytes) -> bytes:
     return join(header, [block], trailing)
 
 
-@pytest.mark.parametrize(
-    ("edit", "match"),
-    [
-        (lambda r: r[:7], r"chunk is 7 bytes, shorter than the 12-byte bitshuffle header"),
-        (lambda r: r[:14], r"block 0: its compressed-size field at byte 12 runs past the chunk end \(14 bytes\)"),
-        (lambda r: r[:-1], r"10 bytes of trailing elements expected at byte \d+, the chunk has 9 left"),
-        (lambda r: r + b"\0", r"1 unexpected bytes after the data"),
-        (lambda r: r[:7] + bytes([r[7] ^ 1]) + r[8:], r"header gives 443 uncompressed bytes, expected 442"),
-        (lambda r: b"\xff" + r[1:], r"header gives 18374686479671624122 uncompressed bytes"),
-        (lambda r: r[:8] + (8190).to_bytes(4, "big") + r[12:], r"block size 8190 bytes is not a positive multiple"),
-        (lambda r: r[:8] + bytes(4) + r[12:], r"block size 0 bytes is not a positive multiple of 8"),
-        (lambda r: r[:12] + b"\xff\xff\xff\xff" + r[16:], r"block 0: compressed size 4294967295 at byte 12 runs past"),
-        (lambda r: r[:-20], r"block 0: compressed size \d+ at byte 12 runs past the chunk end"),
-        (lambda r: with_block(r, b"\x10\x07\x05\x00"), r"LZ4 block 0: match offset 5 at output byte 1 points before"),
-        (lambda r: with_block(r, b"\x10\x07\x00\x00"), r"LZ4 block 0: match offset 0 at output byte 1"),
-        (lambda r: with_block(r, b"\x50\x01\x02"), r"LZ4 block 0: a literal run of 5 bytes at input byte 1 runs past"),
-        (lambda r: with_block(r, b"\xf0\xff"), r"LZ4 block 0: a length runs past the block end"),
-        (lambda r: with_block(r, b"\x10\x07\x01"), r"LZ4 block 0: a match offset is cut off by the block end"),
-        (lambda r: with_block(r, b"\x40\x01\x02\x03\x04"), r"LZ4 block 0: decodes to 4 bytes, expected 432"),
-        (lambda r: with_block(r, b"\x1f\x07\x01\x00\xff\xff\x00"), r"block 0: a match of 529 bytes at output byte 1"),
-        (lambda r: with_block(r, b"\xf0\xff\xff" + bytes(528)), r"block 0: a literal run of 525 bytes at output byte"),
-    ],
-)
+MALFORMED = [
+    (lambda r: r[:7], r"chunk is 7 bytes, shorter than the 12-byte bitshuffle header"),
+    (lambda r: r[:14], r"block 0: its compressed-size field at byte 12 runs past the chunk end \(14 bytes\)"),
+    (lambda r: r[:-1], r"10 bytes of trailing elements expected at byte \d+, the chunk has 9 left"),
+    (lambda r: r + b"\0", r"1 unexpected bytes after the data"),
+    (lambda r: r[:7] + bytes([r[7] ^ 1]) + r[8:], r"header gives 443 uncompressed bytes, expected 442"),
+    (lambda r: b"\xff" + r[1:], r"header gives 18374686479671624122 uncompressed bytes"),
+    (lambda r: r[:8] + (8190).to_bytes(4, "big") + r[12:], r"block size 8190 bytes is not a positive multiple"),
+    (lambda r: r[:8] + bytes(4) + r[12:], r"block size 0 bytes is not a positive multiple of 8"),
+    (lambda r: r[:12] + b"\xff\xff\xff\xff" + r[16:], r"block 0: compressed size 4294967295 at byte 12 runs past"),
+    (lambda r: r[:-20], r"block 0: compressed size \d+ at byte 12 runs past the chunk end"),
+    (lambda r: with_block(r, b"\x10\x07\x05\x00"), r"LZ4 block 0: match offset 5 at output byte 1 points before"),
+    (lambda r: with_block(r, b"\x10\x07\x00\x00"), r"LZ4 block 0: match offset 0 at output byte 1"),
+    (lambda r: with_block(r, b"\x50\x01\x02"), r"LZ4 block 0: a literal run of 5 bytes at input byte 1 runs past"),
+    (lambda r: with_block(r, b"\xf0\xff"), r"LZ4 block 0: a length runs past the block end"),
+    (lambda r: with_block(r, b"\x10\x07\x01"), r"LZ4 block 0: a match offset is cut off by the block end"),
+    (lambda r: with_block(r, b"\x40\x01\x02\x03\x04"), r"LZ4 block 0: decodes to 4 bytes, expected 432"),
+    (lambda r: with_block(r, b"\x1f\x07\x01\x00\xff\xff\x00"), r"block 0: a match of 529 bytes at output byte 1"),
+    (lambda r: with_block(r, b"\xf0\xff\xff" + bytes(528)), r"block 0: a literal run of 525 bytes at output byte"),
+]
+
+
+@pytest.mark.parametrize(("edit", "match"), MALFORMED)
 def test_malformed_chunk(sample: tuple[list[bytes], np.ndarray], edit, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         decompress(edit(sample[0][0]), np.uint16, COUNT)
@@ -212,3 +214,66 @@ def test_fuzz_never_crashes(sample: tuple[list[bytes], np.ndarray]) -> None:
             decompress(damaged, np.uint16, COUNT)
         except ValueError:
             pass
+
+
+# ---------------------------------------------------------------- the GPU twin
+
+
+def packed(chunks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    sizes = np.array([len(c) for c in chunks], np.int64)
+    ends = np.cumsum(sizes)
+    return np.frombuffer(b"".join(chunks), np.uint8), ends - sizes, ends
+
+
+def on_gpu(chunks: list[bytes], like: np.ndarray) -> np.ndarray:
+    import cupy
+
+    from qgpu_dask.formats import bitshuffle_lz4_cuda
+
+    out = cupy.empty(like.shape, like.dtype)
+    bitshuffle_lz4_cuda.decompress_stored(*packed(chunks), out)
+    return out.get()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32"])
+@pytest.mark.parametrize(("shape", "nelems"), [((1, 1), 0), ((3, 5), 0), ((17, 13), 0), ((192, 192), 0), ((64, 100), 8),
+                                               ((64, 100), 24), ((64, 100), 1024), ((256, 256), 0)])
+def test_gpu_decodes_hdf5plugin_chunks_to_the_same_bytes(tmp_path: Path, dtype: str, shape: tuple[int, int], nelems: int) -> None:
+    rng = np.random.default_rng(sum(shape) + nelems)
+    chunks, expected = write_read(tmp_path / "a.h5", frames(dtype, shape, rng), nelems)
+    assert on_gpu(chunks, expected).tobytes() == expected.tobytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+def test_gpu_twin_judges_every_damaged_chunk_as_the_cpu_does(sample: tuple[list[bytes], np.ndarray]) -> None:
+    """Every truncation and many random edits of a chunk, plus each malformed case above, in one batch: the
+    GPU decodes the same bytes, or reports the same error, chunk by chunk; the first bad one is raised."""
+    import cupy
+
+    from qgpu_dask.formats import bitshuffle_lz4_cuda
+    from qgpu_dask.formats.bitshuffle_lz4 import as_bytes, decode_chunk, message
+
+    raw = sample[0][2]
+    rng = np.random.default_rng(5)
+    edits = [raw, *(raw[:k] for k in range(len(raw)))]
+    for _ in range(3000):
+        damaged = bytearray(raw)
+        for at in rng.integers(0, len(raw), rng.integers(1, 4)):
+            damaged[at] = rng.integers(0, 256)
+        edits.append(bytes(damaged))
+    edits += [edit(sample[0][0]) for edit, _ in MALFORMED]
+    out = cupy.zeros((len(edits), COUNT), np.uint16)
+    errors = bitshuffle_lz4_cuda.outcomes(*packed(edits), out).get()
+    got = out.get()
+    for i, chunk in enumerate(edits):
+        expected = np.zeros(COUNT, np.uint16)
+        outcome = decode_chunk(as_bytes(chunk), expected, 2)
+        assert tuple(errors[i]) == tuple(outcome), (i, message(*outcome) if outcome[0] else "decodes")
+        if outcome[0] == 0:
+            assert got[i].tobytes() == expected.tobytes()
+    first = int(np.flatnonzero(errors[:, 0])[0])
+    with pytest.raises(ValueError, match=rf"^chunk {first}: "):
+        bitshuffle_lz4_cuda.decompress_stored(*packed(edits), out)

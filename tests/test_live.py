@@ -343,8 +343,13 @@ def test_no_stream_and_a_stalled_stream_are_named(svc, names, counts):
 
     sender = threading.Thread(target=stalls)
     sender.start()
-    with pytest.raises(ValueError, match=r"sent nothing for 0.5 s after 40 whole frames"):
-        svc.ingest(qd.TcpSource("127.0.0.1", server.getsockname()[1], frames_per_read=64, timeout_s=0.5), acq, progress=False)
+    future = svc.ingest(qd.TcpSource("127.0.0.1", server.getsockname()[1], frames_per_read=64, timeout_s=3), acq, wait=False)
+    start = time.monotonic()
+    while acq.received < 40:  # a read does not wait to fill: what came is appended within LATENCY_S
+        time.sleep(0.01)
+    assert time.monotonic() - start < 2 and not future.done()
+    with pytest.raises(ValueError, match=r"sent nothing for 3 s after 40 whole frames"):
+        future.result()
     done.set()
     sender.join(30)
     server.close()
@@ -380,10 +385,13 @@ def test_a_detector_sends_its_bitshuffle_lz4_chunks(svc, names, counts, arina_ma
 def test_malformed_and_cut_chunk_streams(counts, acquisition_file):
     flat = counts.reshape(-1, *counts.shape[2:])
     chunk = hdf5plugin_chunk(flat[0])
-    for body, word in ((b"".join(len(c).to_bytes(4, "little") + c for c in [chunk, chunk, chunk, chunk[:-5]]),
-                        "sent a malformed frame 3"),
-                       (len(chunk).to_bytes(4, "little") + chunk + len(chunk).to_bytes(4, "little") + chunk[:9],
-                        "stopped inside a frame: after 1 whole frames, 13 bytes of the next came")):
+    framed = len(chunk).to_bytes(4, "little") + chunk
+    for body, word, kept in ((b"".join(len(c).to_bytes(4, "little") + c for c in [chunk, chunk, chunk, chunk[:-5]]),
+                              "sent a malformed frame 3: 6 bytes of trailing elements expected", 3),
+                             (framed + len(chunk).to_bytes(4, "little") + chunk[:9],
+                              "stopped inside a frame: after 1 whole frames, 13 bytes of the next came", 1),
+                             (framed + (1 << 30).to_bytes(4, "little") + chunk,
+                              "sent a malformed frame 1: a chunk of 1073741824 bytes, more than a frame of", 1)):
         server = listening()
 
         def send():
@@ -393,8 +401,11 @@ def test_malformed_and_cut_chunk_streams(counts, acquisition_file):
 
         sender = threading.Thread(target=send)
         sender.start()
+        got = []
         with pytest.raises(ValueError, match=word):
-            list(qd.TcpSource("127.0.0.1", server.getsockname()[1]).frames(counts.shape[2:], np.uint16))
+            for block in qd.TcpSource("127.0.0.1", server.getsockname()[1]).frames(counts.shape[2:], np.uint16):
+                got.append(block)
+        assert sum(map(len, got)) == kept and (np.concatenate(got) == flat[0]).all()  # the frames before it come first (each is frame 0)
         sender.join(30)
         server.close()
     with pytest.raises(ValueError, match="replays an Arina/Eiger master"):

@@ -20,11 +20,15 @@ decoding each image message (CBOR, bitshuffle-LZ4 as ``formats.bitshuffle_lz4`` 
 from __future__ import annotations
 
 import json
+import queue
 import socket
+import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from types import ModuleType
+from typing import Callable, Iterator
 
+import numba
 import numpy as np
 
 from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
@@ -33,113 +37,252 @@ from .source import Source, open_reader
 FORMAT = "qgpu-frames-1"
 COMPRESSIONS = ("none", "bitshuffle-lz4")
 HEADER_LIMIT = 1 << 16  # the longest header line a source reads
-READ_BYTES = 1 << 22  # bytes asked of the socket at a time for a stream of chunks
+READ_BYTES = 1 << 24  # bytes a stream of chunks is read into
+LATENCY_S = 0.05  # a read hands on the whole frames it has after this long, full or not (a slow detector is seen live)
+AHEAD = 2  # reads waiting for the appends while the next one is read
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Frames still as the bitshuffle-LZ4 chunks they came as: chunk i is data[starts[i]:ends[i]]."""
+
+    data: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.starts)
 
 
 @dataclass(frozen=True)
 class TcpSource:
     """A ``qgpu-frames-1`` stream served at ``host``:``port``: what a worker connects to and reads frames
-    from, ``frames_per_read`` at a time."""
+    from, up to ``frames_per_read`` at a time."""
 
     host: str
     port: int
-    frames_per_read: int = 256
+    frames_per_read: int = 1024
     timeout_s: float = 30.0
 
     def describe(self) -> str:
         return f"tcp://{self.host}:{self.port}"
 
-    def frames(self, det_shape: tuple[int, int], dtype) -> Iterator[np.ndarray]:
-        """The stream's frames, (n, det_rows, det_cols) arrays; ValueError if nothing listens there, its
-        header does not match ``det_shape`` and ``dtype``, it ends inside a frame, or it sends nothing for
-        ``timeout_s``."""
+    def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
+        """The stream's frames, (n, det_rows, det_cols) arrays of ``xp`` (chunks decoded there: on the GPU
+        for CuPy), read ahead in a thread of their own while the caller uses the last; ValueError if nothing
+        listens there, its header does not match ``det_shape`` and ``dtype``, it ends inside a frame, sends
+        a malformed chunk (after the whole frames before it) or sends nothing for ``timeout_s``."""
+        sent = 0
+        for batch in prefetched(self.batches(det_shape, np.dtype(dtype), host_buffers(xp)), AHEAD):
+            block, bad = decoded(batch, det_shape, np.dtype(dtype), xp)
+            if len(block):
+                sent += len(block)
+                yield block
+            if bad is not None:
+                raise ValueError(f"the stream from {self.describe()} sent a malformed frame {sent}: {bad.problem}")
+
+    def batches(self, det_shape: tuple[int, int], dtype: np.dtype, buffer: Callable[[int], np.ndarray]) -> Iterator[np.ndarray | Chunks]:
+        """The stream as it comes: host frames read into ``buffer(nbytes)`` (uint8 arrays), or Chunks."""
         try:
             conn = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         except OSError as err:
             raise ValueError(f"no frame stream at {self.describe()}: {err}") from None
-        sent = 0
         with conn:
             reader = conn.makefile("rb", buffering=0)
             try:
                 header = read_header(reader, self.describe())
             except TimeoutError:
                 raise ValueError(f"the stream from {self.describe()} sent no header for {self.timeout_s:g} s") from None
-            check_header(header, det_shape, np.dtype(dtype), self.describe())
+            check_header(header, det_shape, dtype, self.describe())
             if header.get("compression", "none") == "bitshuffle-lz4":
-                yield from self.chunked_frames(conn, det_shape, np.dtype(dtype))
-                return
-            frame_bytes = det_shape[0] * det_shape[1] * np.dtype(dtype).itemsize
-            while True:
-                buffer = np.empty((self.frames_per_read, *det_shape), np.dtype(dtype).newbyteorder("<"))
-                got, stalled = read_into(conn, memoryview(buffer).cast("B"))
-                whole, rest = divmod(got, frame_bytes)
-                if whole:
-                    sent += whole
-                    yield buffer[:whole].astype(np.dtype(dtype), copy=False)
-                self.check_end(stalled, got < buffer.nbytes, sent, f"{rest} of the next frame's {frame_bytes} bytes" if rest else "")
-                if got < buffer.nbytes:
-                    return
+                yield from self.chunk_batches(conn, det_shape[0] * det_shape[1] * dtype.itemsize)
+            else:
+                yield from self.raw_batches(conn, det_shape, dtype, buffer)
 
-    def check_end(self, stalled: bool, closed: bool, sent: int, partial: str) -> None:
-        """ValueError for a stream gone quiet, or closed with ``partial`` (the bytes of a frame cut short) left."""
-        if stalled:
+    def raw_batches(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype, buffer) -> Iterator[np.ndarray]:
+        """Frames sent as their counts, read into ``buffer``s: a full one, or the whole frames that came
+        within LATENCY_S."""
+        frame_bytes = det_shape[0] * det_shape[1] * dtype.itemsize
+        sent, carried = 0, b""
+        while True:
+            space = buffer(self.frames_per_read * frame_bytes)
+            space[: len(carried)] = np.frombuffer(carried, np.uint8)
+            got, end = read_into(conn, memoryview(space)[len(carried) :], frame_bytes - len(carried), self.timeout_s)
+            got += len(carried)
+            whole = got // frame_bytes
+            carried = space[whole * frame_bytes : got].tobytes()
+            if whole:
+                sent += whole
+                yield space[: whole * frame_bytes].view(dtype.newbyteorder("<")).reshape(whole, *det_shape).astype(dtype, copy=False)
+            if end:
+                self.check_end(end, sent, f"{len(carried)} of the next frame's {frame_bytes} bytes" if carried else "")
+                return
+
+    def check_end(self, end: str, sent: int, partial: str) -> None:
+        """ValueError for a stream gone quiet (``end`` "stalled"), or closed with ``partial`` (the bytes of a
+        frame cut short) left."""
+        if end == "stalled":
             raise ValueError(f"the stream from {self.describe()} sent nothing for {self.timeout_s:g} s after {sent} whole frames")
-        if closed and partial:
+        if partial:
             raise ValueError(f"the stream from {self.describe()} stopped inside a frame: after {sent} whole frames, {partial} came")
 
-    def chunked_frames(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype) -> Iterator[np.ndarray]:
-        """Frames sent as length-prefixed bitshuffle-LZ4 chunks, decoded ``frames_per_read`` at a time on
-        every core."""
-        pending = bytearray()
-        sent = 0
+    def chunk_batches(self, conn: socket.socket, frame_bytes: int) -> Iterator[Chunks]:
+        """Frames sent as length-prefixed bitshuffle-LZ4 chunks: ``frames_per_read`` of them, a full read
+        buffer's, or the whole ones that came within LATENCY_S."""
+        largest = 3 * frame_bytes + 4096  # far more than the chunk of one frame takes
+        pending = np.empty(max(READ_BYTES, 2 * (largest + 4)), np.uint8)
+        filled = sent = 0
+        end = ""
+        since = time.perf_counter()
         while True:
-            try:
-                piece = conn.recv(READ_BYTES)
-                stalled = False
-            except TimeoutError:
-                piece, stalled = b"", True
-            pending += piece
-            starts, ends, used = complete_chunks(pending)
-            if starts and (len(starts) >= self.frames_per_read or not piece):
-                frames = np.empty((len(starts), *det_shape), dtype)
-                try:
-                    decompress_stored(np.frombuffer(pending, np.uint8), np.array(starts), np.array(ends), frames)
-                except ChunkError as err:
-                    raise ValueError(f"the stream from {self.describe()} sent a malformed frame {sent + err.index}: {err.problem}") from None
-                del pending[:used]
+            starts, ends, used, oversized = chunk_bounds(pending, filled, self.frames_per_read, largest)
+            late = time.perf_counter() - since > LATENCY_S
+            if len(starts) and (len(starts) == self.frames_per_read or end or late or oversized >= 0 or filled == pending.size):
+                yield Chunks(pending[:used].copy(), starts, ends)
                 sent += len(starts)
-                yield frames
-            self.check_end(stalled, not piece, sent, f"{len(pending)} bytes of the next" if pending else "")
-            if not piece:  # the sender closed the stream
+                pending[: filled - used] = pending[used:filled].copy()
+                filled -= used
+                since = time.perf_counter()
+                continue
+            if oversized >= 0:
+                raise ValueError(f"the stream from {self.describe()} sent a malformed frame {sent}: a chunk of {oversized} bytes, "
+                                 f"more than a frame of {frame_bytes} bytes takes")
+            if end:
+                self.check_end(end, sent, f"{filled} bytes of the next" if filled else "")
                 return
+            conn.settimeout(max(1e-3, LATENCY_S - (time.perf_counter() - since)) if len(starts) else self.timeout_s)
+            try:
+                n = conn.recv_into(memoryview(pending)[filled:])
+                end = "" if n else "closed"
+            except TimeoutError:
+                end = "" if len(starts) else "stalled"  # whole chunks wait: hand them on
+            else:
+                filled += n
 
 
-def complete_chunks(pending: bytearray) -> tuple[list[int], list[int], int]:
-    """(starts, ends) of the whole length-prefixed chunks at the front of ``pending``, and the bytes they take."""
-    starts, ends, at = [], [], 0
-    while len(pending) - at >= 4:
-        n = int.from_bytes(pending[at : at + 4], "little")
-        if len(pending) - at - 4 < n:
+@numba.njit(cache=True, nogil=True)
+def chunk_bounds(pending: np.ndarray, filled: int, limit: int, largest: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(starts, ends) of the first (up to ``limit``) whole length-prefixed chunks in ``pending[:filled]``
+    (lengths uint32 little-endian), the bytes they take, and the length of a chunk after them that says it
+    is longer than ``largest`` (-1 if none)."""
+    starts = np.empty(limit, np.int64)
+    ends = np.empty(limit, np.int64)
+    at = k = 0
+    while k < limit and filled - at >= 4:
+        n = np.int64(pending[at]) | (np.int64(pending[at + 1]) << 8) | (np.int64(pending[at + 2]) << 16) | (np.int64(pending[at + 3]) << 24)
+        if n > largest:
+            return starts[:k], ends[:k], at, n
+        if filled - at - 4 < n:
             break
-        starts.append(at + 4)
-        ends.append(at + 4 + n)
+        starts[k] = at + 4
+        ends[k] = at + 4 + n
         at += 4 + n
-    return starts, ends, at
+        k += 1
+    return starts[:k], ends[:k], at, -1
 
 
-def read_into(conn: socket.socket, view: memoryview) -> tuple[int, bool]:
-    """Fill ``view`` from ``conn``: (bytes read, whether the sender went quiet for the socket's timeout); fewer
-    bytes than asked when the sender closed or went quiet."""
-    got = 0
+def read_into(conn: socket.socket, view: memoryview, least: int, timeout_s: float) -> tuple[int, str]:
+    """Read into ``view`` from ``conn`` until it is full, or holds at least ``least`` bytes and LATENCY_S has
+    passed (the sender may be slow or pausing): (bytes read, "" or how the stream ended: "closed" by the
+    sender, or "stalled", quiet for ``timeout_s`` before ``least`` bytes came)."""
+    got, since = 0, time.perf_counter()
     while got < len(view):
+        wait = timeout_s if got < least else LATENCY_S - (time.perf_counter() - since)
+        if wait <= 0:
+            break
+        conn.settimeout(wait)
         try:
             n = conn.recv_into(view[got:])
         except TimeoutError:
-            return got, True
-        if n == 0:
+            if got < least:
+                return got, "stalled"
             break
+        if n == 0:
+            return got, "closed"
         got += n
-    return got, False
+    return got, ""
+
+
+def host_buffers(xp: ModuleType) -> Callable[[int], np.ndarray]:
+    """Host memory for reads that go to ``xp``: fresh arrays for NumPy (the frames are handed on); for CuPy a
+    ring of pinned buffers, one being read, AHEAD waiting and one being copied to the device."""
+    if xp is np:
+        return lambda nbytes: np.empty(nbytes, np.uint8)
+    ring: list[np.ndarray] = []
+
+    def buffer(nbytes: int) -> np.ndarray:
+        if len(ring) < AHEAD + 2 or ring[0].size < nbytes:
+            ring.append(np.frombuffer(xp.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes))
+        else:
+            ring.append(ring.pop(0))
+        if len(ring) > AHEAD + 2:
+            ring.pop(0)
+        return ring[-1][:nbytes]
+
+    return buffer
+
+
+def decoded(batch: np.ndarray | Chunks, det_shape: tuple[int, int], dtype: np.dtype, xp: ModuleType) -> tuple[object, ChunkError | None]:
+    """A batch's frames as ``xp`` arrays, done with the host buffer they came in, and the ChunkError of its
+    first malformed chunk (the frames before it returned) or None."""
+    if not isinstance(batch, Chunks):
+        if xp is np:
+            return batch, None
+        frames = xp.asarray(batch)
+        xp.cuda.get_current_stream().synchronize()  # the pinned buffer is read again
+        return frames, None
+    out = xp.empty((len(batch), *det_shape), dtype)
+    try:
+        if xp is np:
+            decompress_stored(batch.data, batch.starts, batch.ends, out)
+        else:
+            from ..formats.bitshuffle_lz4_cuda import decompress_stored as on_gpu
+
+            on_gpu(batch.data, batch.starts, batch.ends, out)
+    except ChunkError as err:
+        return out[: err.index], err
+    return out, None
+
+
+def prefetched(batches: Iterator, depth: int) -> Iterator:
+    """``batches``, read up to ``depth`` ahead in a thread of their own (the socket reads go on while the
+    caller appends); the reader's error comes after the batches before it; stopping early stops the reader."""
+    waiting: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                waiting.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for batch in batches:
+                if not put((batch, None)):
+                    return
+            put((end, None))
+        except BaseException as err:  # handed to the caller, in order
+            put((end, err))
+
+    reader = threading.Thread(target=read, name="qgpu-stream-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            batch, err = waiting.get()
+            if batch is end:
+                if err is not None:
+                    raise err
+                return
+            yield batch
+    finally:
+        stop.set()
+        reader.join()
+        batches.close()
 
 
 def read_header(reader, where: str) -> dict:
@@ -195,7 +338,7 @@ def serve(source: Source, port: int, rate_hz: float | None = None, host: str = "
                 k = len(unit) if limit is None else min(len(unit), limit - sent)
                 if k <= 0:
                     break
-                conn.sendall(b"".join(unit[:k]) if compressed else np.ascontiguousarray(unit[:k], unit.dtype.newbyteorder("<")).data)
+                conn.sendall(on_the_wire(unit, k))
                 sent += k
                 if rate_hz:
                     time.sleep(max(0.0, start + sent / rate_hz - time.perf_counter()))
@@ -213,12 +356,33 @@ def raw_units(reader) -> Iterator[np.ndarray]:
             yield frames[lo : lo + UNIT]
 
 
-def stored_units(reader) -> Iterator[list[bytes]]:
-    """An Arina/Eiger master's stored chunks as wire messages (byte count, chunk), UNIT at a time."""
+def stored_units(reader) -> Iterator[Chunks]:
+    """An Arina/Eiger master's stored chunks, UNIT at a time."""
     for stack in reader.stacks:
         for lo in range(0, stack.frames, UNIT):
             data, starts, ends, masks = stack.stored.read(lo, min(lo + UNIT, stack.frames))
             if (masks & 1).any():
                 raise ValueError(f"{stack.where}: frame {lo + int(np.flatnonzero(masks & 1)[0])} is stored without its filter: "
                                  f"it cannot be sent as a bitshuffle-LZ4 chunk")
-            yield [int(e - s).to_bytes(4, "little") + data[s:e].tobytes() for s, e in zip(starts, ends)]
+            yield Chunks(data, starts, ends)
+
+
+def on_the_wire(unit: np.ndarray | Chunks, k: int) -> memoryview:
+    """The first k frames of a unit as the stream sends them."""
+    if isinstance(unit, Chunks):
+        return memoryview(length_prefixed(unit.data, unit.starts[:k], unit.ends[:k]))
+    return np.ascontiguousarray(unit[:k], unit.dtype.newbyteorder("<")).data
+
+
+@numba.njit(cache=True, nogil=True)
+def length_prefixed(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Chunk i, data[starts[i]:ends[i]], after its byte count (uint32 little-endian), one after another."""
+    out = np.empty(int((ends - starts).sum()) + 4 * starts.size, np.uint8)
+    at = 0
+    for i in range(starts.size):
+        n = ends[i] - starts[i]
+        for b in range(4):
+            out[at + b] = (n >> (8 * b)) & 255
+        out[at + 4 : at + 4 + n] = data[starts[i] : ends[i]]
+        at += 4 + n
+    return out

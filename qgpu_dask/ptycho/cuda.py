@@ -13,7 +13,7 @@ import cupy
 import cupyx.scipy.fft
 import numpy as np
 
-from ..resident.cuda import compile
+from .. import compile
 from .cpu import Batch
 
 THREADS = 256  # kernels/ptycho.cu object_update's tile: TILE_COLS x TILE_ROWS

@@ -331,7 +331,7 @@ class Shard:
 
         def pull() -> int:
             frames = 0
-            for block in source.frames(resident.det_shape, resident.dtype):
+            for block in source.frames(resident.det_shape, resident.dtype, resident.xp):
                 if self.residents.get(name) is not resident:
                     raise ValueError(f"acquisition {name!r} was released while {source.describe()} streamed into it: the stream was dropped")
                 resident.append(block)

@@ -13,7 +13,7 @@ import math
 import cupy
 import numpy as np
 
-from ..resident.cuda import compile
+from .. import compile
 
 THREADS = 256
 BLOCKS_PER_SM = 16  # slices of the pixels are added until about this many blocks fill each multiprocessor

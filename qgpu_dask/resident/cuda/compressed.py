@@ -18,8 +18,8 @@ import numpy as np
 from ...formats.codec import HIST_BINS, TOKEN_SLOTS, pack_index
 from ..cpu import compressed as twin
 from ..cpu.compressed import ERRORS
-from . import compile
-from .compile import limits
+from ... import compile
+from ...compile import limits
 
 __all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_pixels", "decode_frames", "decode_all", "check", "fill_streams"]
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from qgpu_dask.resident.cpu.dense import sum_dtype
 
-from . import compile
-from .compile import limits
+from ... import compile
+from ...compile import limits
 
 __all__ = ["mask_sums", "roi_reduce", "read_sum", "prepare_mask_sums", "prepare_roi_reduce", "pixel_images", "sum_dtype"]
 

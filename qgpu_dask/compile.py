@@ -11,7 +11,7 @@ import cupy
 def kernel_dir() -> Path:
     """Folder holding the .cu sources: ``qgpu_dask/kernels`` when installed, the repo's ``kernels/`` in a checkout."""
     here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "kernels", here.parents[3] / "kernels"):
+    for candidate in (here.parent / "kernels", here.parents[1] / "kernels"):
         if (candidate / "dense.cu").is_file():
             return candidate
     raise FileNotFoundError(f"kernels/dense.cu not found near {here}")
