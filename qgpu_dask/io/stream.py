@@ -313,14 +313,15 @@ def header_line(scan_shape, det_shape, dtype, compression: str = "none") -> byte
                         "compression": compression}) + "\n").encode()
 
 
-UNIT = 64  # frames sent at a time (the pace is kept per unit)
+PACE = 64  # frames sent at a time (the rate is kept per send)
+READ = 1024  # frames read from the file at a time
 
 
 def serve(source: Source, port: int, rate_hz: float | None = None, host: str = "127.0.0.1", listener: socket.socket | None = None,
-          limit: int | None = None, compressed: bool = False) -> int:
+          compressed: bool = False) -> int:
     """Replay ``source`` (any file ``svc.load`` reads) as a ``qgpu-frames-1`` stream to the first client that
     connects to ``host``:``port`` (or on ``listener``, already listening), at about ``rate_hz`` frames per
-    second (None: as fast as it goes), stopping after ``limit`` frames if given; returns the frames sent.
+    second (None: as fast as it goes); returns the frames sent.
     ``compressed`` sends the stored bitshuffle-LZ4 chunks of an Arina/Eiger master as they are."""
     reader = open_reader(source)
     own = listener is None
@@ -334,14 +335,13 @@ def serve(source: Source, port: int, rate_hz: float | None = None, host: str = "
         with conn:
             conn.sendall(header_line(reader.shape[:2], reader.shape[2:], reader.dtype, "bitshuffle-lz4" if compressed else "none"))
             sent, start = 0, time.perf_counter()
-            for unit in (stored_units(reader) if compressed else raw_units(reader)):
-                k = len(unit) if limit is None else min(len(unit), limit - sent)
-                if k <= 0:
-                    break
-                conn.sendall(on_the_wire(unit, k))
-                sent += k
-                if rate_hz:
-                    time.sleep(max(0.0, start + sent / rate_hz - time.perf_counter()))
+            for wire, bounds in (stored_reads(reader) if compressed else raw_reads(reader)):
+                for lo in range(0, len(bounds) - 1, PACE):
+                    hi = min(lo + PACE, len(bounds) - 1)
+                    conn.sendall(wire[bounds[lo] : bounds[hi]])
+                    sent += hi - lo
+                    if rate_hz:
+                        time.sleep(max(0.0, start + sent / rate_hz - time.perf_counter()))
             return sent
     finally:
         reader.close()
@@ -349,40 +349,27 @@ def serve(source: Source, port: int, rate_hz: float | None = None, host: str = "
             listener.close()
 
 
-def raw_units(reader) -> Iterator[np.ndarray]:
-    """The reader's frames, UNIT at a time."""
+def raw_reads(reader) -> Iterator[tuple[memoryview, list[int]]]:
+    """The reader's frames as the stream sends them, a block at a time: (bytes, where each frame starts and the last ends)."""
     for _, frames in reader.blocks():
-        for lo in range(0, len(frames), UNIT):
-            yield frames[lo : lo + UNIT]
+        frames = np.ascontiguousarray(frames, frames.dtype.newbyteorder("<"))
+        yield memoryview(frames).cast("B"), [k * frames[0].nbytes for k in range(len(frames) + 1)]
 
 
-def stored_units(reader) -> Iterator[Chunks]:
-    """An Arina/Eiger master's stored chunks, UNIT at a time."""
+def stored_reads(reader) -> Iterator[tuple[memoryview, list[int]]]:
+    """An Arina/Eiger master's stored chunks as the stream sends them (each after its byte count, uint32
+    little-endian), READ at a time: (bytes, where each frame starts and the last ends)."""
     for stack in reader.stacks:
-        for lo in range(0, stack.frames, UNIT):
-            data, starts, ends, masks = stack.stored.read(lo, min(lo + UNIT, stack.frames))
+        for lo in range(0, stack.frames, READ):
+            data, starts, ends, masks = stack.stored.read(lo, min(lo + READ, stack.frames))
             if (masks & 1).any():
                 raise ValueError(f"{stack.where}: frame {lo + int(np.flatnonzero(masks & 1)[0])} is stored without its filter: "
                                  f"it cannot be sent as a bitshuffle-LZ4 chunk")
-            yield Chunks(data, starts, ends)
-
-
-def on_the_wire(unit: np.ndarray | Chunks, k: int) -> memoryview:
-    """The first k frames of a unit as the stream sends them."""
-    if isinstance(unit, Chunks):
-        return memoryview(length_prefixed(unit.data, unit.starts[:k], unit.ends[:k]))
-    return np.ascontiguousarray(unit[:k], unit.dtype.newbyteorder("<")).data
-
-
-@numba.njit(cache=True, nogil=True)
-def length_prefixed(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Chunk i, data[starts[i]:ends[i]], after its byte count (uint32 little-endian), one after another."""
-    out = np.empty(int((ends - starts).sum()) + 4 * starts.size, np.uint8)
-    at = 0
-    for i in range(starts.size):
-        n = ends[i] - starts[i]
-        for b in range(4):
-            out[at + b] = (n >> (8 * b)) & 255
-        out[at + 4 : at + 4 + n] = data[starts[i] : ends[i]]
-        at += 4 + n
-    return out
+            sizes = ends - starts
+            heads = np.concatenate([[0], np.cumsum(sizes + 4)])
+            wire = np.empty(int(heads[-1]), np.uint8)
+            wire[heads[:-1, None] + np.arange(4)] = sizes.astype("<u4").view(np.uint8).reshape(-1, 4)
+            out, stored = memoryview(wire), memoryview(data)
+            for h, a, b in zip(heads[:-1].tolist(), starts.tolist(), ends.tolist()):
+                out[h + 4 : h + 4 + b - a] = stored[a:b]
+            yield out, heads.tolist()
