@@ -82,7 +82,7 @@ class TcpSource:
                 raise ValueError(f"the stream from {self.describe()} sent a malformed frame {sent}: {bad.problem}")
 
     def batches(self, det_shape: tuple[int, int], dtype: np.dtype, buffer: Callable[[int], np.ndarray]) -> Iterator[np.ndarray | Chunks]:
-        """The stream as it comes: host frames read into ``buffer(nbytes)`` (uint8 arrays), or Chunks."""
+        """The stream as it comes, in host memory from ``buffer(nbytes)`` (uint8 arrays): frames, or Chunks."""
         try:
             conn = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         except OSError as err:
@@ -95,7 +95,7 @@ class TcpSource:
                 raise ValueError(f"the stream from {self.describe()} sent no header for {self.timeout_s:g} s") from None
             check_header(header, det_shape, dtype, self.describe())
             if header.get("compression", "none") == "bitshuffle-lz4":
-                yield from self.chunk_batches(conn, det_shape[0] * det_shape[1] * dtype.itemsize)
+                yield from self.chunk_batches(conn, det_shape[0] * det_shape[1] * dtype.itemsize, buffer)
             else:
                 yield from self.raw_batches(conn, det_shape, dtype, buffer)
 
@@ -126,9 +126,9 @@ class TcpSource:
         if partial:
             raise ValueError(f"the stream from {self.describe()} stopped inside a frame: after {sent} whole frames, {partial} came")
 
-    def chunk_batches(self, conn: socket.socket, frame_bytes: int) -> Iterator[Chunks]:
-        """Frames sent as length-prefixed bitshuffle-LZ4 chunks: ``frames_per_read`` of them, a full read
-        buffer's, or the whole ones that came within LATENCY_S."""
+    def chunk_batches(self, conn: socket.socket, frame_bytes: int, buffer) -> Iterator[Chunks]:
+        """Frames sent as length-prefixed bitshuffle-LZ4 chunks (copied into ``buffer``s): ``frames_per_read``
+        of them, a full read buffer's, or the whole ones that came within LATENCY_S."""
         largest = 3 * frame_bytes + 4096  # far more than the chunk of one frame takes
         pending = np.empty(max(READ_BYTES, 2 * (largest + 4)), np.uint8)
         filled = sent = 0
@@ -138,7 +138,9 @@ class TcpSource:
             starts, ends, used, oversized = chunk_bounds(pending, filled, self.frames_per_read, largest)
             late = time.perf_counter() - since > LATENCY_S
             if len(starts) and (len(starts) == self.frames_per_read or end or late or oversized >= 0 or filled == pending.size):
-                yield Chunks(pending[:used].copy(), starts, ends)
+                data = buffer(used)
+                data[:] = pending[:used]
+                yield Chunks(data, starts, ends)
                 sent += len(starts)
                 pending[: filled - used] = pending[used:filled].copy()
                 filled -= used
@@ -212,7 +214,8 @@ def host_buffers(xp: ModuleType) -> Callable[[int], np.ndarray]:
 
     def buffer(nbytes: int) -> np.ndarray:
         if len(ring) < AHEAD + 2 or ring[0].size < nbytes:
-            ring.append(np.frombuffer(xp.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes))
+            size = nbytes + nbytes // 4  # room for reads of chunks a little longer
+            ring.append(np.frombuffer(xp.cuda.alloc_pinned_memory(size), np.uint8, size))
         else:
             ring.append(ring.pop(0))
         if len(ring) > AHEAD + 2:
