@@ -25,7 +25,7 @@ import numpy as np
 
 import qgpu_dask as qd
 from qgpu_dask.io import stream
-from qgpu_dask.io.source import Source, open_reader
+from qgpu_dask.io.source import Source
 
 import record
 from load_arina import write_master
@@ -37,40 +37,56 @@ def write_frames(path: Path, frames: int, det: int, dose: float) -> None:
 
 
 def serving(send) -> tuple[int, threading.Thread]:
-    """``send(listener)`` in a thread, listening on a free port: (port, thread)."""
+    """``send(listener, ready)`` in a thread, listening on a free port; once it calls ``ready()`` (its file
+    open, as a detector is before a scan): (port, thread)."""
     listener = socket.create_server(("127.0.0.1", 0))
-    thread = threading.Thread(target=send, args=(listener,), daemon=True)
+    ready = threading.Event()
+    thread = threading.Thread(target=send, args=(listener, ready.set), daemon=True)
     thread.start()
+    ready.wait()
     return listener.getsockname()[1], thread
 
 
 def repeating(path: Path, repeat: int):
     """A simulator sending the .npy at ``path`` ``repeat`` times in one raw stream."""
-    def send(listener):
+    def send(listener, ready):
         with listener:
+            frames = np.load(path)
+            ready()
             conn, _ = listener.accept()
             with conn:
-                reader = open_reader(Source(str(path)))
-                conn.sendall(stream.header_line((repeat, reader.shape[0]), reader.shape[2:], reader.dtype))
+                conn.sendall(stream.header_line((repeat, frames.shape[0]), frames.shape[2:], frames.dtype))
                 for _ in range(repeat):
-                    for _, frames in reader.blocks():
-                        conn.sendall(np.ascontiguousarray(frames).data)
-                reader.close()
+                    for lo in range(0, frames.shape[0], stream.PACE):
+                        conn.sendall(frames[lo : lo + stream.PACE].data)
 
     return send
 
 
 def chunks_of(master: Path, scan: tuple[int, int]):
     """A simulator sending an Arina master's stored bitshuffle-LZ4 chunks as they are."""
-    return lambda listener: stream.serve(Source(str(master), scan_shape=scan), 0, listener=listener, compressed=True)
+    return lambda listener, ready: stream.serve(Source(str(master), scan_shape=scan), 0, listener=listener, compressed=True, ready=ready)
 
 
-def wire_rate(send, det: int) -> float:
-    """Frames per second a bare reader takes from the simulator (as they come, not decoded, then dropped)."""
+def drained(source: qd.TcpSource, det: int) -> int:
+    """Every frame of the stream read as it comes into one reused buffer (not decoded) and dropped: the frames."""
+    space = np.empty(0, np.uint8)
+
+    def buffer(nbytes: int) -> np.ndarray:
+        nonlocal space
+        if space.size < nbytes:
+            space = np.empty(nbytes, np.uint8)
+        return space[:nbytes]
+
+    return sum(len(b) for b in source.batches((det, det), np.dtype(np.uint16), buffer))
+
+
+def wire_rate(svc, send, det: int) -> float:
+    """Frames per second a bare reader on the worker takes from the simulator: the ingest's two processes
+    and socket, nothing decoded or appended."""
     port, thread = serving(send)
     t0 = time.perf_counter()
-    batches = qd.TcpSource("127.0.0.1", port).batches((det, det), np.dtype(np.uint16), stream.host_buffers(np))
-    n = sum(len(b) for b in batches)
+    n = svc.client.submit(drained, qd.TcpSource("127.0.0.1", port), det, pure=False).result()
     thread.join()
     return n / (time.perf_counter() - t0)
 
@@ -122,7 +138,7 @@ def main() -> None:
         results: dict = {"frames": args.frames * args.repeat, "det": args.det, "dose": args.dose, "arina_rate_frames_per_s": 120000}
         with qd.Service.local(n_workers=1) as svc:
             for label, send in streams.items():
-                wire = wire_rate(send, args.det)
+                wire = wire_rate(svc, send, args.det)
                 print(f"{label} wire: {wire:.0f} frames/s", flush=True)
                 alone = ingest(svc, send, scan, args.det, viewer=False)
                 print(f"{label} ingest alone: {alone}", flush=True)

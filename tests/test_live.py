@@ -382,16 +382,37 @@ def test_a_detector_sends_its_bitshuffle_lz4_chunks(svc, names, counts, arina_ma
     acq.release()
 
 
+def test_chunks_stored_out_of_order_go_out_in_scan_order(tmp_path):
+    """A data file whose chunks lie in the file in another order than the frames (written last to first):
+    each chunk is sent from where it lies."""
+    flat = np.random.default_rng(8).poisson(0.5, (200, 64, 64)).astype(np.uint16)
+    with h5py.File(tmp_path / "scan_data_000001.h5", "w") as f:
+        d = f.create_dataset("/entry/data/data", shape=flat.shape, dtype=flat.dtype, chunks=(1, *flat.shape[1:]),
+                             **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
+        for i in reversed(range(len(flat))):
+            d[i] = flat[i]
+    with h5py.File(tmp_path / "scan_master.h5", "w") as f:
+        f["/entry/data/data_000001"] = h5py.ExternalLink("scan_data_000001.h5", "/entry/data/data")
+        f["/entry/instrument/detector/description"] = "Dectris Arina (test layout)"
+    server = listening()
+    source = Source(str(tmp_path / "scan_master.h5"), scan_shape=(10, 20))
+    sender = threading.Thread(target=stream.serve, args=(source, 0), kwargs={"listener": server, "compressed": True})
+    sender.start()
+    got = np.concatenate(list(qd.TcpSource("127.0.0.1", server.getsockname()[1]).frames(flat.shape[1:], np.uint16)))
+    sender.join(30)
+    server.close()
+    assert (got == flat).all()
+
+
 def test_malformed_and_cut_chunk_streams(counts, acquisition_file):
     flat = counts.reshape(-1, *counts.shape[2:])
     chunk = hdf5plugin_chunk(flat[0])
-    framed = len(chunk).to_bytes(4, "little") + chunk
-    for body, word, kept in ((b"".join(len(c).to_bytes(4, "little") + c for c in [chunk, chunk, chunk, chunk[:-5]]),
-                              "sent a malformed frame 3: 6 bytes of trailing elements expected", 3),
-                             (framed + len(chunk).to_bytes(4, "little") + chunk[:9],
-                              "stopped inside a frame: after 1 whole frames, 13 bytes of the next came", 1),
-                             (framed + (1 << 30).to_bytes(4, "little") + chunk,
-                              "sent a malformed frame 1: a chunk of 1073741824 bytes, more than a frame of", 1)):
+    whole = message([chunk])
+    for body, word, kept in ((message([chunk, chunk, chunk, chunk[:-5]]), "sent a malformed frame 3: 6 bytes of trailing elements expected", 3),
+                             (whole + message([chunk])[:17], "stopped inside a frame: after 1 whole frames, 17 bytes of the next came", 1),
+                             (whole + message([chunk])[:4] + (1 << 30).to_bytes(4, "little") + chunk,
+                              "sent a malformed frame 1: a chunk of 1073741824 bytes, more than a frame of", 1),
+                             (whole + bytes(4) + chunk, r"sent a malformed frame 1: a message of 0 frames \(1 to 4096\)", 1)):
         server = listening()
 
         def send():
@@ -410,6 +431,11 @@ def test_malformed_and_cut_chunk_streams(counts, acquisition_file):
         server.close()
     with pytest.raises(ValueError, match="replays an Arina/Eiger master"):
         stream.serve(Source(str(acquisition_file), "data"), 0, compressed=True)
+
+
+def message(chunks: list[bytes]) -> bytes:
+    """Chunks as one message of a bitshuffle-LZ4 frame stream."""
+    return len(chunks).to_bytes(4, "little") + b"".join(len(c).to_bytes(4, "little") for c in chunks) + b"".join(chunks)
 
 
 def hdf5plugin_chunk(frame: np.ndarray) -> bytes:

@@ -5,20 +5,24 @@ The wire format ``qgpu-frames-1`` (plain TCP): the sender writes one header line
 ``\\n``, ``{"format": "qgpu-frames-1", "scan_shape": [rows, cols], "det_shape": [rows, cols], "dtype":
 "uint16", "compression": "none"}``, then the frames, scan positions in C order, and closes the connection
 after the last one. With ``"compression": "none"`` (the default when absent) a frame is ``det_rows *
-det_cols`` counts of that dtype, little-endian, C order, frames back to back; with ``"bitshuffle-lz4"`` a
-frame is a uint32 little-endian byte count and that many bytes of one HDF5 bitshuffle-LZ4 chunk (filter
-32008, as DECTRIS detectors write and send them: about 9 times fewer bytes on the wire at low dose),
-decoded on the receiving worker's cores. A stream that ends inside a frame is an error (the complete frames
+det_cols`` counts of that dtype, little-endian, C order, frames back to back; with ``"bitshuffle-lz4"`` the
+frames come as HDF5 bitshuffle-LZ4 chunks (filter 32008, one a frame, as DECTRIS detectors write and send
+them: about 9 times fewer bytes on the wire at low dose) in messages of 1 to MESSAGE_FRAMES frames: a
+uint32 little-endian frame count n, n uint32 little-endian chunk byte counts, then the n chunks back to
+back (so neither end handles frames one at a time); they are decoded on the receiving worker's GPU (or
+cores). A stream that ends inside a frame is an error (the complete frames
 before it are kept). ``serve`` replays an acquisition file this way at a given frame rate (``qgpu-dask
 simulate``; ``compressed`` sends an Arina/Eiger master's stored chunks as they are).
 
-A real detector plugs in as another source with the same method, ``frames(det_shape, dtype)`` yielding
-(n, det_rows, det_cols) arrays: for a DECTRIS detector, a ZeroMQ pull socket on its stream interface,
-decoding each image message (CBOR, bitshuffle-LZ4 as ``formats.bitshuffle_lz4`` decodes) into a frame.
+A real detector plugs in as another source with the same method, ``frames(det_shape, dtype, xp)``
+yielding (n, det_rows, det_cols) arrays of ``xp``: for a DECTRIS detector, a ZeroMQ pull socket on its
+stream interface, gathering the bitshuffle-LZ4 chunks of its image messages (CBOR) into ``Chunks`` that
+``decoded`` turns into frames on the GPU.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import socket
@@ -38,6 +42,7 @@ FORMAT = "qgpu-frames-1"
 COMPRESSIONS = ("none", "bitshuffle-lz4")
 HEADER_LIMIT = 1 << 16  # the longest header line a source reads
 READ_BYTES = 1 << 24  # bytes a stream of chunks is read into
+MESSAGE_FRAMES = 4096  # the most frames a message of chunks may carry
 LATENCY_S = 0.05  # a read hands on the whole frames it has after this long, full or not (a slow detector is seen live)
 AHEAD = 2  # reads waiting for the appends while the next one is read
 
@@ -127,17 +132,17 @@ class TcpSource:
             raise ValueError(f"the stream from {self.describe()} stopped inside a frame: after {sent} whole frames, {partial} came")
 
     def chunk_batches(self, conn: socket.socket, frame_bytes: int, buffer) -> Iterator[Chunks]:
-        """Frames sent as length-prefixed bitshuffle-LZ4 chunks (copied into ``buffer``s): ``frames_per_read``
-        of them, a full read buffer's, or the whole ones that came within LATENCY_S."""
+        """Frames sent as messages of bitshuffle-LZ4 chunks, whole messages copied into ``buffer``s: at least
+        ``frames_per_read`` frames, a full read buffer's, or the whole messages that came within LATENCY_S."""
         largest = 3 * frame_bytes + 4096  # far more than the chunk of one frame takes
-        pending = np.empty(max(READ_BYTES, 2 * (largest + 4)), np.uint8)
+        pending = np.empty(max(READ_BYTES, 2 * (largest + 8)), np.uint8)
         filled = sent = 0
         end = ""
         since = time.perf_counter()
         while True:
-            starts, ends, used, oversized = chunk_bounds(pending, filled, self.frames_per_read, largest)
+            starts, ends, used, bad, value, long = chunk_bounds(pending, filled, self.frames_per_read, largest)
             late = time.perf_counter() - since > LATENCY_S
-            if len(starts) and (len(starts) == self.frames_per_read or end or late or oversized >= 0 or filled == pending.size):
+            if len(starts) and (len(starts) >= self.frames_per_read or end or late or bad >= 0 or filled == pending.size):
                 data = buffer(used)
                 data[:] = pending[:used]
                 yield Chunks(data, starts, ends)
@@ -146,41 +151,58 @@ class TcpSource:
                 filled -= used
                 since = time.perf_counter()
                 continue
-            if oversized >= 0:
-                raise ValueError(f"the stream from {self.describe()} sent a malformed frame {sent}: a chunk of {oversized} bytes, "
-                                 f"more than a frame of {frame_bytes} bytes takes")
+            if bad >= 0:
+                problem = (f"a chunk of {value} bytes, more than a frame of {frame_bytes} bytes takes" if long
+                           else f"a message of {value} frames (1 to {MESSAGE_FRAMES})")
+                raise ValueError(f"the stream from {self.describe()} sent a malformed frame {sent + bad}: {problem}")
             if end:
                 self.check_end(end, sent, f"{filled} bytes of the next" if filled else "")
                 return
+            if filled == pending.size:  # one message longer than the buffer
+                pending = np.concatenate([pending, np.empty_like(pending)])
             conn.settimeout(max(1e-3, LATENCY_S - (time.perf_counter() - since)) if len(starts) else self.timeout_s)
             try:
                 n = conn.recv_into(memoryview(pending)[filled:])
                 end = "" if n else "closed"
             except TimeoutError:
-                end = "" if len(starts) else "stalled"  # whole chunks wait: hand them on
+                end = "" if len(starts) else "stalled"  # whole messages wait: hand them on
             else:
                 filled += n
 
 
 @numba.njit(cache=True, nogil=True)
-def chunk_bounds(pending: np.ndarray, filled: int, limit: int, largest: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """(starts, ends) of the first (up to ``limit``) whole length-prefixed chunks in ``pending[:filled]``
-    (lengths uint32 little-endian), the bytes they take, and the length of a chunk after them that says it
-    is longer than ``largest`` (-1 if none)."""
-    starts = np.empty(limit, np.int64)
-    ends = np.empty(limit, np.int64)
+def le32(pending: np.ndarray, at: int) -> int:
+    return np.int64(pending[at]) | (np.int64(pending[at + 1]) << 8) | (np.int64(pending[at + 2]) << 16) | (np.int64(pending[at + 3]) << 24)
+
+
+@numba.njit(cache=True, nogil=True)
+def chunk_bounds(pending: np.ndarray, filled: int, limit: int, largest: int) -> tuple[np.ndarray, np.ndarray, int, int, int, bool]:
+    """The whole messages at the front of ``pending[:filled]``, until they hold ``limit`` frames: (starts,
+    ends) of their chunks, the bytes they take, and where the first message that cannot be right starts
+    (its frame, counted from the first here, -1 if none) with what is wrong: a chunk count of 0 or over
+    MESSAGE_FRAMES (the count, False), or a chunk longer than ``largest`` (its length, True; its frame is given)."""
+    starts = np.empty(limit + MESSAGE_FRAMES, np.int64)
+    ends = np.empty(limit + MESSAGE_FRAMES, np.int64)
     at = k = 0
     while k < limit and filled - at >= 4:
-        n = np.int64(pending[at]) | (np.int64(pending[at + 1]) << 8) | (np.int64(pending[at + 2]) << 16) | (np.int64(pending[at + 3]) << 24)
-        if n > largest:
-            return starts[:k], ends[:k], at, n
-        if filled - at - 4 < n:
+        n = le32(pending, at)
+        if n == 0 or n > MESSAGE_FRAMES:
+            return starts[:k], ends[:k], at, k, n, False
+        if filled - at < 4 + 4 * n:
             break
-        starts[k] = at + 4
-        ends[k] = at + 4 + n
-        at += 4 + n
-        k += 1
-    return starts[:k], ends[:k], at, -1
+        body = at + 4 + 4 * n
+        for j in range(n):
+            size = le32(pending, at + 4 + 4 * j)
+            if size > largest:
+                return starts[:k], ends[:k], at, k + j, size, True
+            starts[k + j] = body
+            ends[k + j] = body + size
+            body += size
+        if body > filled:
+            break
+        at = body
+        k += n
+    return starts[:k], ends[:k], at, -1, 0, False
 
 
 def read_into(conn: socket.socket, view: memoryview, least: int, timeout_s: float) -> tuple[int, str]:
@@ -316,35 +338,38 @@ def header_line(scan_shape, det_shape, dtype, compression: str = "none") -> byte
                         "compression": compression}) + "\n").encode()
 
 
-PACE = 64  # frames sent at a time (the rate is kept per send)
+PACE = 64  # frames sent at a time, one message of chunks (the rate is kept per message)
 READ = 1024  # frames read from the file at a time
 
 
 def serve(source: Source, port: int, rate_hz: float | None = None, host: str = "127.0.0.1", listener: socket.socket | None = None,
-          compressed: bool = False) -> int:
+          compressed: bool = False, ready: Callable[[], None] | None = None) -> int:
     """Replay ``source`` (any file ``svc.load`` reads) as a ``qgpu-frames-1`` stream to the first client that
     connects to ``host``:``port`` (or on ``listener``, already listening), at about ``rate_hz`` frames per
-    second (None: as fast as it goes); returns the frames sent.
-    ``compressed`` sends the stored bitshuffle-LZ4 chunks of an Arina/Eiger master as they are."""
+    second (None: as fast as it goes); returns the frames sent. ``compressed`` sends the stored
+    bitshuffle-LZ4 chunks of an Arina/Eiger master as they are. ``ready()`` is called once the file's first
+    frames are read, before the client is taken (a detector's start does not wait for files)."""
     reader = open_reader(source)
     own = listener is None
     try:
         if compressed and getattr(reader, "compression", None) != "bitshuffle-lz4":
             raise ValueError(f"{source.path!r}: a compressed stream replays an Arina/Eiger master stored bitshuffle-LZ4, one chunk "
                              f"per frame; this file is {getattr(reader, 'kind', 'another format')}")
+        messages = chunk_messages(reader) if compressed else raw_messages(reader)
+        first = next(messages, None)
         if own:
             listener = socket.create_server((host, port))
+        if ready is not None:
+            ready()
         conn, _ = listener.accept()
         with conn:
             conn.sendall(header_line(reader.shape[:2], reader.shape[2:], reader.dtype, "bitshuffle-lz4" if compressed else "none"))
             sent, start = 0, time.perf_counter()
-            for wire, bounds in (stored_reads(reader) if compressed else raw_reads(reader)):
-                for lo in range(0, len(bounds) - 1, PACE):
-                    hi = min(lo + PACE, len(bounds) - 1)
-                    conn.sendall(wire[bounds[lo] : bounds[hi]])
-                    sent += hi - lo
-                    if rate_hz:
-                        time.sleep(max(0.0, start + sent / rate_hz - time.perf_counter()))
+            for n, pieces in itertools.chain([first] if first else [], messages):
+                send_all(conn, pieces)
+                sent += n
+                if rate_hz:
+                    time.sleep(max(0.0, start + sent / rate_hz - time.perf_counter()))
             return sent
     finally:
         reader.close()
@@ -352,27 +377,41 @@ def serve(source: Source, port: int, rate_hz: float | None = None, host: str = "
             listener.close()
 
 
-def raw_reads(reader) -> Iterator[tuple[memoryview, list[int]]]:
-    """The reader's frames as the stream sends them, a block at a time: (bytes, where each frame starts and the last ends)."""
+def raw_messages(reader) -> Iterator[tuple[int, list[memoryview]]]:
+    """The reader's frames as the stream sends them, PACE at a time: (frames, their bytes)."""
     for _, frames in reader.blocks():
         frames = np.ascontiguousarray(frames, frames.dtype.newbyteorder("<"))
-        yield memoryview(frames).cast("B"), [k * frames[0].nbytes for k in range(len(frames) + 1)]
+        for lo in range(0, len(frames), PACE):
+            part = frames[lo : lo + PACE]
+            yield len(part), [memoryview(part).cast("B")]
 
 
-def stored_reads(reader) -> Iterator[tuple[memoryview, list[int]]]:
-    """An Arina/Eiger master's stored chunks as the stream sends them (each after its byte count, uint32
-    little-endian), READ at a time: (bytes, where each frame starts and the last ends)."""
+def chunk_messages(reader) -> Iterator[tuple[int, list[memoryview]]]:
+    """An Arina/Eiger master's stored chunks as the stream sends them, PACE frames a message, READ frames
+    read at a time: (frames, the message's pieces: views of what was read, nothing copied)."""
     for stack in reader.stacks:
         for lo in range(0, stack.frames, READ):
             data, starts, ends, masks = stack.stored.read(lo, min(lo + READ, stack.frames))
             if (masks & 1).any():
                 raise ValueError(f"{stack.where}: frame {lo + int(np.flatnonzero(masks & 1)[0])} is stored without its filter: "
                                  f"it cannot be sent as a bitshuffle-LZ4 chunk")
-            sizes = ends - starts
-            heads = np.concatenate([[0], np.cumsum(sizes + 4)])
-            wire = np.empty(int(heads[-1]), np.uint8)
-            wire[heads[:-1, None] + np.arange(4)] = sizes.astype("<u4").view(np.uint8).reshape(-1, 4)
-            out, stored = memoryview(wire), memoryview(data)
-            for h, a, b in zip(heads[:-1].tolist(), starts.tolist(), ends.tolist()):
-                out[h + 4 : h + 4 + b - a] = stored[a:b]
-            yield out, heads.tolist()
+            for a in range(0, len(starts), PACE):
+                b = min(a + PACE, len(starts))
+                head = np.concatenate([[b - a], ends[a:b] - starts[a:b]]).astype("<u4")
+                if (starts[a + 1 : b] == ends[a : b - 1]).all():  # back to back in the file, as detectors write them
+                    body = [memoryview(data[starts[a] : ends[b - 1]])]
+                else:
+                    body = [memoryview(data[i:j]) for i, j in zip(starts[a:b].tolist(), ends[a:b].tolist())]
+                yield b - a, [memoryview(head).cast("B"), *body]
+
+
+def send_all(conn: socket.socket, pieces: list[memoryview]) -> None:
+    """Send ``pieces`` one after another in as few system calls as the kernel allows (gathered, not joined)."""
+    first = 0
+    while first < len(pieces):
+        n = conn.sendmsg(pieces[first : first + 1024])  # IOV_MAX
+        while first < len(pieces) and n >= len(pieces[first]):
+            n -= len(pieces[first])
+            first += 1
+        if n:
+            pieces[first] = pieces[first][n:]
