@@ -305,6 +305,25 @@ def test_worker_side_code_appends_next_to_the_data(svc, names, counts):
     acq.release()
 
 
+def test_worker_side_code_completes_a_series_of_live_acquisitions(svc, names, counts):
+    """Code run on a series' shards appends the last frames: each becomes the plain resident it now is."""
+    flat = counts.reshape(-1, *counts.shape[2:])
+    acqs = [svc.create(names(f"series{k}"), counts.shape[:2], counts.shape[2:], "uint16") for k in range(3)]
+    for acq in acqs:
+        acq.append(flat[:500])
+    series = qd.Series(svc, acqs)
+
+    def finish(part, frames):
+        return [resident.append(frames[resident.received :]) for resident in part]
+
+    results = svc.submit(finish, series, flat).result()  # [(positions, what finish returned)] per shard
+    assert sorted(p for positions, _ in results for p in positions) == [0, 1, 2]
+    assert all(got == [flat.shape[0]] * len(positions) for positions, got in results)
+    for acq in acqs:
+        assert not acq.info()["live"] and acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+        acq.release()
+
+
 def test_one_stream_at_a_time_and_a_release_drops_it(svc, names, counts, acquisition_file):
     flat = counts.reshape(-1, *counts.shape[2:])
     acq = svc.create(names("busy"), counts.shape[:2], counts.shape[2:], "uint16")

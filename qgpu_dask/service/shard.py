@@ -591,4 +591,7 @@ class Shard:
         """``fn(ShardSeries of names, *args, **kwargs)`` next to this shard's part of a series, as a one-item
         list (a routed reply per shard); CuPy results come back as NumPy."""
         part = feed.ShardSeries([self.resident(n) for n in names], positions)
-        return [await self.run_in(self.queries, lambda: to_host(fn(part, *args, **kwargs)))]
+        result = await self.run_in(self.queries, lambda: to_host(fn(part, *args, **kwargs)))
+        for name in names:  # worker-side code may have appended the last frames of live ones
+            await self.settle(name)
+        return [result]
