@@ -179,6 +179,9 @@ def test_bad_live_arguments(svc, names):
     with pytest.raises(ValueError, match="needs"):
         svc.create(names("bad"), (4096, 4096), (256, 256), "uint32", representation="dense")
     assert not [a for a in svc.acquisitions() if a.name.startswith("bad")]
+    for bad in ({"frames_per_read": 0}, {"timeout_s": 0}):
+        with pytest.raises(ValueError, match="at least 1 frame at a time and waits a positive time"):
+            qd.TcpSource("127.0.0.1", 5555, **bad)
 
 
 def test_the_simulator_streams_a_file_to_the_owner_over_loopback(svc, names, counts, acquisition_file):

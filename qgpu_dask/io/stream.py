@@ -69,6 +69,11 @@ class TcpSource:
     frames_per_read: int = 1024
     timeout_s: float = 30.0
 
+    def __post_init__(self) -> None:
+        if self.frames_per_read < 1 or not self.timeout_s > 0:
+            raise ValueError(f"a TcpSource reads at least 1 frame at a time and waits a positive time, got frames_per_read="
+                             f"{self.frames_per_read}, timeout_s={self.timeout_s}")
+
     def describe(self) -> str:
         return f"tcp://{self.host}:{self.port}"
 
