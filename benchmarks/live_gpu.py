@@ -10,6 +10,7 @@ rate, chunks decoded), ingest with no viewer, and the viewer on the finished acq
 
     python benchmarks/live_gpu.py                                   # on the GPU machine
     python benchmarks/live_gpu.py --frames 2048 --repeat 2 --det 64 # a small dry run (CPU too)
+    python benchmarks/live_gpu.py --frames-per-read 1024 256 4096   # reads of other sizes too
 """
 
 from __future__ import annotations
@@ -96,12 +97,12 @@ def view(acq, det: int, i: int) -> None:
     acq.virtual_image(qd.masks.disk((det, det), (det / 2 + 10 * np.sin(i / 7), det / 2), det / 8))
 
 
-def ingest(svc, send, scan: tuple[int, int], det: int, viewer: bool) -> dict:
+def ingest(svc, send, scan: tuple[int, int], det: int, viewer: bool, frames_per_read: int) -> dict:
     """One ingest of a scan from the simulator ``send``, with or without a viewer loop; rates."""
     acq = svc.create(f"live-{time.monotonic_ns()}", scan, (det, det), "uint16")
     port, thread = serving(send)
     t0 = time.perf_counter()
-    future = svc.ingest(qd.TcpSource("127.0.0.1", port), acq, wait=False)
+    future = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read), acq, wait=False)
     views = 0
     if viewer:
         while not future.done():
@@ -128,7 +129,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=8)
     ap.add_argument("--det", type=int, default=192)
     ap.add_argument("--dose", type=float, default=0.3)
+    ap.add_argument("--frames-per-read", type=int, nargs="+", default=[1024], help="the first for every measurement, "
+                    "the others for ingest with the viewer alone")
     args = ap.parse_args()
+    first, *others = args.frames_per_read
     scan = (args.repeat, args.frames)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
         path = Path(tmp) / "frames.npy"
@@ -140,12 +144,15 @@ def main() -> None:
             for label, send in streams.items():
                 wire = wire_rate(svc, send, args.det)
                 print(f"{label} wire: {wire:.0f} frames/s", flush=True)
-                alone = ingest(svc, send, scan, args.det, viewer=False)
+                alone = ingest(svc, send, scan, args.det, False, first)
                 print(f"{label} ingest alone: {alone}", flush=True)
-                viewed = ingest(svc, send, scan, args.det, viewer=True)
+                viewed = ingest(svc, send, scan, args.det, True, first)
                 print(f"{label} ingest with viewer: {viewed}", flush=True)
-                results[label] = {"wire_frames_per_s": wire, "alone": alone | {"over_wire": alone["frames_per_s"] / wire},
+                results[label] = {"wire_frames_per_s": wire, "frames_per_read": first, "alone": alone | {"over_wire": alone["frames_per_s"] / wire},
                                   "with_viewer": viewed | {"over_wire": viewed["frames_per_s"] / wire}}
+                for n in others:
+                    results[label][f"with_viewer_reading_{n}"] = ingest(svc, send, scan, args.det, True, n)
+                    print(f"{label} ingest with viewer, {n} frames a read: {results[label][f'with_viewer_reading_{n}']}", flush=True)
         for key, value in results.items():
             print(f"{key}: {value}")
         record.publish(f"live_{'cuda' if qd.device.has_gpu() else 'cpu'}", results)
