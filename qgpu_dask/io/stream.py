@@ -35,6 +35,7 @@ from typing import Callable, Iterator
 import numba
 import numpy as np
 
+from ..device import synchronize
 from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
 from .source import Source, open_reader
 
@@ -259,7 +260,7 @@ def decoded(batch: np.ndarray | Chunks, det_shape: tuple[int, int], dtype: np.dt
         if xp is np:
             return batch, None
         frames = xp.asarray(batch)
-        xp.cuda.get_current_stream().synchronize()  # the pinned buffer is read again
+        synchronize()  # the pinned buffer is read again
         return frames, None
     out = xp.empty((len(batch), *det_shape), dtype)
     try:

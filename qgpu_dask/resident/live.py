@@ -162,16 +162,20 @@ class LiveCounts(Resident):
         return self.view
 
     def parts(self) -> list[tuple[int, Resident]]:
-        """(first frame, resident) covering the received frames in order; call with the lock held."""
-        if self.layout == "dense":
-            return [(0, self.dense_part(self.flat[: self.received]))] if self.received else []
-        parts = []
-        coded = self.coded_part()
-        if coded is not None:
-            parts.append((0, coded))
-        if self.received > self.coded:
-            parts.append((self.coded, self.dense_part(self.tail[: self.received - self.coded])))
-        return parts
+        """(first frame, resident) covering the frames received so far, in order, that a query may read
+        while appends go on: the coded blocks and a dense acquisition's received frames are never written
+        again (a grown payload is a new array), and the block still filling is copied."""
+        with self.lock:
+            if self.layout == "dense":
+                return [(0, self.dense_part(self.flat[: self.received]))] if self.received else []
+            parts = []
+            coded = self.coded_part()
+            if coded is not None:
+                parts.append((0, coded))
+            if self.received > self.coded:
+                filling = self.settled(self.tail[: self.received - self.coded].copy())
+                parts.append((self.coded, self.dense_part(filling)))
+            return parts
 
     def dense_part(self, flat) -> DenseCounts:
         return DenseCounts(self.name, flat, (flat.shape[0], 1, *self.det_shape))
@@ -198,18 +202,18 @@ class LiveCounts(Resident):
         return int(sum(a.nbytes for a in held if a is not None))
 
     def settled(self, result):
-        """``result`` once the device has made it, so an append after the lock is released cannot change it."""
+        """``result`` once this thread's stream has made it: appended frames are in place before the lock lets
+        a query see them, and a query's reads are done before what it read may be freed."""
         if self.xp is not np:
             synchronize()
         return result
 
     def prepare_mask_sums(self, masks: MaskWeights):
         def run():
-            with self.lock:
-                out = self.xp.zeros((masks.n_masks, self.n_frames), masks.acc_dtype)
-                for first, part in self.parts():
-                    out[:, first : first + part.n_frames] = part.prepare_mask_sums(masks)()
-                return self.settled(out)
+            out = self.xp.zeros((masks.n_masks, self.n_frames), masks.acc_dtype)
+            for first, part in self.parts():
+                out[:, first : first + part.n_frames] = part.prepare_mask_sums(masks)()
+            return self.settled(out)
 
         return run
 
@@ -222,34 +226,31 @@ class LiveCounts(Resident):
             return indices[indices < self.received]
 
     def roi_sum(self, indices):
-        with self.lock:
-            total = self.xp.zeros(self.frame_len, sum_dtype(self.dtype))
-            for first, part in self.parts():
-                mine = indices[(indices >= first) & (indices < first + part.n_frames)] - first
-                if mine.size:
-                    total += part.roi_sum(mine).astype(total.dtype, copy=False)
-            return self.settled(total)
+        total = self.xp.zeros(self.frame_len, sum_dtype(self.dtype))
+        for first, part in self.parts():
+            mine = indices[(indices >= first) & (indices < first + part.n_frames)] - first
+            if mine.size:
+                total += part.roi_sum(mine).astype(total.dtype, copy=False)
+        return self.settled(total)
 
     def roi_max(self, indices):
-        with self.lock:
-            best = None
-            for first, part in self.parts():
-                mine = indices[(indices >= first) & (indices < first + part.n_frames)] - first
-                if mine.size:
-                    got = part.roi_max(mine).astype(self.dtype, copy=False)
-                    best = got if best is None else self.xp.maximum(best, got)
-            return self.settled(best)
+        best = None
+        for first, part in self.parts():
+            mine = indices[(indices >= first) & (indices < first + part.n_frames)] - first
+            if mine.size:
+                got = part.roi_max(mine).astype(self.dtype, copy=False)
+                best = got if best is None else self.xp.maximum(best, got)
+        return self.settled(best)
 
     def frames_flat(self, lo: int, hi: int):
         if not 0 <= lo <= hi <= self.n_frames:
             raise IndexError(f"frames [{lo}, {hi}) are not inside [0, {self.n_frames})")
-        with self.lock:
-            out = self.xp.zeros((hi - lo, self.frame_len), self.dtype)
-            for first, part in self.parts():
-                a, b = max(lo, first), min(hi, first + part.n_frames)
-                if a < b:
-                    out[a - lo : b - lo] = part.frames_flat(a - first, b - first)
-            return self.settled(out)
+        out = self.xp.zeros((hi - lo, self.frame_len), self.dtype)
+        for first, part in self.parts():
+            a, b = max(lo, first), min(hi, first + part.n_frames)
+            if a < b:
+                out[a - lo : b - lo] = part.frames_flat(a - first, b - first)
+        return self.settled(out)
 
     def frame_flat(self, index: int):
         return self.frames_flat(index, index + 1)[0]
@@ -258,11 +259,10 @@ class LiveCounts(Resident):
         return self.frames_flat(0, self.n_frames)
 
     def pixel_images(self, indices: np.ndarray):
-        with self.lock:
-            out = self.xp.zeros((len(indices), self.n_frames), np.float32)
-            for first, part in self.parts():
-                out[:, first : first + part.n_frames] = part.pixel_images(indices)
-            return self.settled(out)
+        out = self.xp.zeros((len(indices), self.n_frames), np.float32)
+        for first, part in self.parts():
+            out[:, first : first + part.n_frames] = part.pixel_images(indices)
+        return self.settled(out)
 
     @property
     def data(self):
