@@ -382,6 +382,29 @@ def test_no_stream_and_a_stalled_stream_are_named(svc, names, counts):
     acq.release()
 
 
+def test_a_reader_that_stops_early_does_not_wait_for_a_quiet_sender(counts):
+    flat = counts.reshape(-1, *counts.shape[2:])
+    server = listening()
+    done = threading.Event()
+
+    def pauses():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(stream.header_line(counts.shape[:2], counts.shape[2:], counts.dtype) + flat[:10].tobytes())
+            done.wait(30)  # quiet, but open
+
+    sender = threading.Thread(target=pauses)
+    sender.start()
+    start = time.monotonic()
+    for block in qd.TcpSource("127.0.0.1", server.getsockname()[1], timeout_s=20).frames(counts.shape[2:], np.uint16):
+        assert (block == flat[:10]).all()
+        break
+    assert time.monotonic() - start < 5
+    done.set()
+    sender.join(30)
+    server.close()
+
+
 @pytest.fixture(scope="module")
 def arina_master(tmp_path_factory, counts):
     return write_arina(tmp_path_factory.mktemp("arina"), counts.reshape(-1, *counts.shape[2:]), per_file=600)

@@ -299,9 +299,10 @@ def prefetched(batches: Iterator, depth: int) -> Iterator:
             put((end, None))
         except BaseException as err:  # handed to the caller, in order
             put((end, err))
+        finally:
+            batches.close()  # here, once a read waiting on a quiet sender returns: the caller does not wait for it
 
-    reader = threading.Thread(target=read, name="qgpu-stream-read", daemon=True)
-    reader.start()
+    threading.Thread(target=read, name="qgpu-stream-read", daemon=True).start()
     try:
         while True:
             batch, err = waiting.get()
@@ -312,8 +313,6 @@ def prefetched(batches: Iterator, depth: int) -> Iterator:
             yield batch
     finally:
         stop.set()
-        reader.join()
-        batches.close()
 
 
 def read_header(reader, where: str) -> dict:
