@@ -59,8 +59,7 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
         updated = ifft2(far)
         probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
         return updated, error
-    if measured.dtype not in MEASURED:
-        raise ValueError(f"measured patterns are float32 amplitudes or uint8/16/32 counts, got {measured.dtype}")
+    measured_type = measured_ctype(measured)
     wave = cupy.empty((batch.n, R, C), np.complex64)
     cols, first, n = np.int64(obj.shape[1]), np.int64(batch.first), np.int64(batch.n)
     row_smem = 2 * ROW_WARPS * padded(C) * 8
@@ -68,7 +67,7 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
                                    (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, wave), shared_mem=row_smem)
     tiles = (math.ceil(C / TILE_C), batch.n)
     partial = cupy.empty(tiles[0] * tiles[1], np.float64)
-    kernel(f"columns<{MEASURED[measured.dtype]}, {column}>")(
+    kernel(f"columns<{measured_type}, {column}>")(
         tiles, (32 * TILE_C,), (wave, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R),
                                 np.int32(center[1] % C), np.float32(scale), partial),
         shared_mem=2 * TILE_C * padded(R) * 8)
@@ -78,8 +77,7 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
     kernel(f"rows_inverse<{math.ceil(C / 32)}, {row}>")((math.ceil(R / ROW_WARPS), groups), (32 * ROW_WARPS,),
                                             (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP),
                                              top, bottom), shared_mem=row_smem)
-    numerator += top.sum(axis=0).reshape(R, C)
-    denominator += bottom.sum(axis=0).reshape(R, C)
+    add_group_sums(top, bottom, numerator, denominator)
     return wave, partial.sum()
 
 
@@ -103,13 +101,19 @@ MEASURED = {np.dtype(np.float32): "float", np.dtype(np.uint8): "unsigned char", 
             np.dtype(np.uint32): "unsigned int"}  # amplitudes, or counts whose square roots the kernel takes
 
 
-def project(far, measured, center: tuple[int, int], scale: float):
-    n, R, C = far.shape
+def measured_ctype(measured) -> str:
+    """The kernels' type of the measured patterns; ValueError for one they do not take."""
     if measured.dtype not in MEASURED:
         raise ValueError(f"measured patterns are float32 amplitudes or uint8/16/32 counts, got {measured.dtype}")
+    return MEASURED[measured.dtype]
+
+
+def project(far, measured, center: tuple[int, int], scale: float):
+    n, R, C = far.shape
+    measured_type = measured_ctype(measured)
     blocks = (n, math.ceil(R * C / THREADS))
     partial = cupy.empty(blocks[0] * blocks[1], np.float64)
-    kernel(f"project<{MEASURED[measured.dtype]}>")(
+    kernel(f"project<{measured_type}>")(
         blocks, (THREADS,), (far, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R),
                              np.int32(center[1] % C), np.float32(scale), partial))
     return partial.sum()
@@ -123,8 +127,13 @@ def probe_sums(obj, probe, updated, corners, batch: Batch, numerator, denominato
     kernel("probe_sums")((math.ceil(R * C / THREADS), groups), (THREADS,),
                          (obj, np.int64(obj.shape[1]), probe, updated, np.int32(R), np.int32(C), corners, np.int64(batch.first),
                           np.int64(batch.n), np.int32(PER_GROUP), top, bottom))
-    numerator += top.sum(axis=0).reshape(R, C)
-    denominator += bottom.sum(axis=0).reshape(R, C)
+    add_group_sums(top, bottom, numerator, denominator)
+
+
+def add_group_sums(top, bottom, numerator, denominator) -> None:
+    """The probe's sums of each group of positions, added to its running numerator and denominator."""
+    numerator += top.sum(axis=0).reshape(numerator.shape)
+    denominator += bottom.sum(axis=0).reshape(denominator.shape)
 
 
 def object_update(obj, probe, updated, corners, batch: Batch, step: float, floor: float) -> None:

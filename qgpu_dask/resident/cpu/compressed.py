@@ -705,14 +705,21 @@ def decode_all(streams: Streams, model: Model, dtype, frames: tuple[int, int] | 
     return decode_pixels(streams, model, np.arange(streams.index.shape[1]), dtype, pixel_major=False, frames=frames)
 
 
+def frames_target(frames: tuple[int, int], n_frames: int, frame_len: int, out, amplitude: bool) -> tuple[int, int, tuple]:
+    """(lo, hi, strides) of ``decode_frames`` into ``out``, checked to be (hi - lo, frame_len) (float32 for
+    amplitudes) and zeroed."""
+    lo, hi, shape, strides = decoded_layout(frames, n_frames, frame_len, False)
+    if out.shape != shape or (amplitude and out.dtype != np.float32):
+        raise ValueError(f"out must be {shape}{' float32' if amplitude else ''}, got {out.shape} {out.dtype}")
+    out.fill(0)
+    return lo, hi, strides
+
+
 def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: np.ndarray, amplitude: bool):
     """Every pixel's counts of ``frames`` = (lo, hi) into ``out`` ((hi - lo, frame_len), zeroed here), or float32
     sqrt(counts) with ``amplitude``; ``done()`` (here a no-op: malformed streams raise at once)."""
     frame_len = streams.index.shape[1]
-    lo, hi, shape, strides = decoded_layout(frames, model.n_frames, frame_len, False)
-    if out.shape != shape or (amplitude and out.dtype != np.float32):
-        raise ValueError(f"out must be {shape}{' float32' if amplitude else ''}, got {out.shape} {out.dtype}")
-    out.fill(0)
+    lo, hi, strides = frames_target(frames, model.n_frames, frame_len, out, amplitude)
     if hi > lo:
         run_checked(decode_loop, streams, model, lo // model.block, -(-hi // model.block), lo, hi, np.arange(frame_len, dtype=np.int64),
                     strides[0], strides[1], out.reshape(-1))

@@ -243,8 +243,7 @@ def roi_reduce(streams: Streams, model: Model, mult: cupy.ndarray, op: str) -> c
     blocks = np.flatnonzero(np.add.reduceat(host.astype(np.int64), np.arange(0, model.n_frames, model.block)) > 0)
     out = cupy.zeros(frame_len, dtype=np.uint64)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
-    sms = limits(cupy.cuda.Device().id)[0]
-    chunks = max(1, min(blocks.size, -(-sms * 2048 // frame_len)))
+    chunks = max(1, min(blocks.size, -(-fill_streams() // frame_len)))
     per_chunk = -(-blocks.size // chunks)
     kernel("roi_reduce")(
         (grid(frame_len, 128), chunks),
@@ -291,10 +290,7 @@ def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: 
     sqrt(counts) with ``amplitude``, launched on the current stream: ``done()`` raises for a malformed stream
     once the decode is through, waiting for nothing else (the feed decodes ahead of its consumer so)."""
     frame_len = streams.index.shape[1]
-    lo, hi, shape, strides = twin.decoded_layout(frames, model.n_frames, frame_len, False)
-    if out.shape != shape or (amplitude and out.dtype != np.float32):
-        raise ValueError(f"out must be {shape}{' float32' if amplitude else ''}, got {out.shape} {out.dtype}")
-    out.fill(0)
+    lo, hi, strides = twin.frames_target(frames, model.n_frames, frame_len, out, amplitude)
     if hi <= lo:
         return lambda: None
     return raise_error_later(launch_decode(streams, model, all_pixels(frame_len), lo, hi, strides, out, amplitude), frame_len)
