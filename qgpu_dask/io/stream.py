@@ -393,7 +393,10 @@ def raw_messages(reader) -> Iterator[tuple[int, list[memoryview]]]:
 
 def chunk_messages(reader) -> Iterator[tuple[int, list[memoryview]]]:
     """An Arina/Eiger master's stored chunks as the stream sends them, PACE frames a message, READ frames
-    read at a time: (frames, the message's pieces: views of what was read, nothing copied)."""
+    read at a time: (frames, the message's pieces: views of what was read, nothing copied). Every data
+    file's chunk index is taken first (a detector does not pause between files)."""
+    for stack in reader.stacks:
+        stack.stored.open()
     for stack in reader.stacks:
         for lo in range(0, stack.frames, READ):
             data, starts, ends, masks = stack.stored.read(lo, min(lo + READ, stack.frames))
@@ -403,10 +406,8 @@ def chunk_messages(reader) -> Iterator[tuple[int, list[memoryview]]]:
             for a in range(0, len(starts), PACE):
                 b = min(a + PACE, len(starts))
                 head = np.concatenate([[b - a], ends[a:b] - starts[a:b]]).astype("<u4")
-                if (starts[a + 1 : b] == ends[a : b - 1]).all():  # back to back in the file, as detectors write them
-                    body = [memoryview(data[starts[a] : ends[b - 1]])]
-                else:
-                    body = [memoryview(data[i:j]) for i, j in zip(starts[a:b].tolist(), ends[a:b].tolist())]
+                runs = [a, *(np.flatnonzero(starts[a + 1 : b] != ends[a : b - 1]) + a + 1).tolist(), b]  # chunks back to back
+                body = [memoryview(data[starts[i] : ends[j - 1]]) for i, j in zip(runs[:-1], runs[1:])]
                 yield b - a, [memoryview(head).cast("B"), *body]
 
 
