@@ -164,7 +164,8 @@ class LiveCounts(Resident):
     def parts(self) -> list[tuple[int, Resident]]:
         """(first frame, resident) covering the frames received so far, in order, that a query may read
         while appends go on: the coded blocks and a dense acquisition's received frames are never written
-        again (a grown payload is a new array), and the block still filling is copied."""
+        again (a grown payload is a new array), and the block still filling is copied. The copy and a new
+        coded view's tables are made before the lock is let go (another thread's stream may use the view)."""
         with self.lock:
             if self.layout == "dense":
                 return [(0, self.dense_part(self.flat[: self.received]))] if self.received else []
@@ -173,9 +174,8 @@ class LiveCounts(Resident):
             if coded is not None:
                 parts.append((0, coded))
             if self.received > self.coded:
-                filling = self.settled(self.tail[: self.received - self.coded].copy())
-                parts.append((self.coded, self.dense_part(filling)))
-            return parts
+                parts.append((self.coded, self.dense_part(self.tail[: self.received - self.coded].copy())))
+            return self.settled(parts)
 
     def dense_part(self, flat) -> DenseCounts:
         return DenseCounts(self.name, flat, (flat.shape[0], 1, *self.det_shape))
