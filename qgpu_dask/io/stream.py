@@ -83,9 +83,9 @@ class TcpSource:
         for CuPy), read ahead in a thread of their own while the caller uses the last; ValueError if nothing
         listens there, its header does not match ``det_shape`` and ``dtype``, it ends inside a frame, sends
         a malformed chunk (after the whole frames before it) or sends nothing for ``timeout_s``."""
-        sent = 0
-        for batch in prefetched(self.batches(det_shape, np.dtype(dtype), host_buffers(xp)), AHEAD):
-            block, bad = decoded(batch, det_shape, np.dtype(dtype), xp)
+        sent, dtype = 0, np.dtype(dtype)
+        for batch in prefetched(self.batches(det_shape, dtype, host_buffers(xp)), AHEAD):
+            block, bad = decoded(batch, det_shape, dtype, xp)
             if len(block):
                 sent += len(block)
                 yield block
@@ -105,15 +105,15 @@ class TcpSource:
             except TimeoutError:
                 raise ValueError(f"the stream from {self.describe()} sent no header for {self.timeout_s:g} s") from None
             check_header(header, det_shape, dtype, self.describe())
+            frame_bytes = det_shape[0] * det_shape[1] * dtype.itemsize
             if header.get("compression", "none") == "bitshuffle-lz4":
-                yield from self.chunk_batches(conn, det_shape[0] * det_shape[1] * dtype.itemsize, buffer)
+                yield from self.chunk_batches(conn, frame_bytes, buffer)
             else:
-                yield from self.raw_batches(conn, det_shape, dtype, buffer)
+                yield from self.raw_batches(conn, det_shape, dtype, frame_bytes, buffer)
 
-    def raw_batches(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype, buffer) -> Iterator[np.ndarray]:
+    def raw_batches(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype, frame_bytes: int, buffer) -> Iterator[np.ndarray]:
         """Frames sent as their counts, read into ``buffer``s: a full one, or the whole frames that came
         within LATENCY_S."""
-        frame_bytes = det_shape[0] * det_shape[1] * dtype.itemsize
         sent, carried = 0, b""
         while True:
             space = buffer(self.frames_per_read * frame_bytes)

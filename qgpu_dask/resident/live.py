@@ -154,12 +154,15 @@ class LiveCounts(Resident):
         if self.coded == 0:
             return None
         if self.view is None:
-            n_blocks = -(-self.coded // self.block)
-            streams = {"index": self.index[:n_blocks], "block_base": self.base[: n_blocks + 1],
-                       "payload": self.payload[: self.payload_bytes], "totals": self.totals[: self.coded]}
-            self.view = CompressedCounts(self.name, (self.coded, 1, *self.det_shape), self.dtype, self.block, self.model, streams, {},
-                                         checked=False)
+            self.view = CompressedCounts(self.name, (self.coded, 1, *self.det_shape), self.dtype, self.block, self.model,
+                                         self.coded_streams(), {}, checked=False)
         return self.view
+
+    def coded_streams(self) -> dict:
+        """The streams of the ``coded`` frames' blocks, as ``CompressedCounts`` holds them."""
+        n_blocks = -(-self.coded // self.block)
+        return {"index": self.index[:n_blocks], "block_base": self.base[: n_blocks + 1], "payload": self.payload[: self.payload_bytes],
+                "totals": self.totals[: self.coded]}
 
     def parts(self) -> list[tuple[int, Resident]]:
         """(first frame, resident) covering the frames received so far, in order, that a query may read
@@ -187,10 +190,7 @@ class LiveCounts(Resident):
                 raise ValueError(f"live acquisition {self.name!r} has {self.received} of {self.n_frames} positions")
             if self.layout == "dense":
                 return DenseCounts(self.name, self.flat, self.shape)
-            n_blocks = -(-self.n_frames // self.block)
-            streams = {"index": self.index, "block_base": self.base[: n_blocks + 1], "payload": self.payload[: self.payload_bytes],
-                       "totals": self.totals}
-            return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, streams, {})
+            return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, self.coded_streams(), {})  # all coded
 
     # -- the resident interface ----------------------------------------------------
 
@@ -225,21 +225,24 @@ class LiveCounts(Resident):
         with self.lock:
             return indices[indices < self.received]
 
-    def roi_sum(self, indices):
-        total = self.xp.zeros(self.frame_len, sum_dtype(self.dtype))
+    def parts_holding(self, indices):
+        """(part, its own indices) for each part that holds some of the scan positions ``indices``."""
         for first, part in self.parts():
             mine = indices[(indices >= first) & (indices < first + part.n_frames)] - first
             if mine.size:
-                total += part.roi_sum(mine).astype(total.dtype, copy=False)
+                yield part, mine
+
+    def roi_sum(self, indices):
+        total = self.xp.zeros(self.frame_len, sum_dtype(self.dtype))
+        for part, mine in self.parts_holding(indices):
+            total += part.roi_sum(mine).astype(total.dtype, copy=False)
         return self.settled(total)
 
     def roi_max(self, indices):
         best = None
-        for first, part in self.parts():
-            mine = indices[(indices >= first) & (indices < first + part.n_frames)] - first
-            if mine.size:
-                got = part.roi_max(mine).astype(self.dtype, copy=False)
-                best = got if best is None else self.xp.maximum(best, got)
+        for part, mine in self.parts_holding(indices):
+            got = part.roi_max(mine).astype(self.dtype, copy=False)
+            best = got if best is None else self.xp.maximum(best, got)
         return self.settled(best)
 
     def frames_flat(self, lo: int, hi: int):
