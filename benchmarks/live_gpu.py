@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import statistics
 import tempfile
 import threading
 import time
@@ -68,7 +69,7 @@ def repeating(path: Path, repeat: int):
 
 def chunks_of(master: Path, scan: tuple[int, int]):
     """A simulator sending an Arina master's stored bitshuffle-LZ4 chunks as they are."""
-    return lambda listener, ready: stream.serve(Source(str(master), scan_shape=scan), 0, listener=listener, compressed=True, ready=ready)
+    return lambda listener, ready: stream.serve(Source(str(master), scan_shape=scan), listener, compressed=True, ready=ready)
 
 
 def drained(source: qd.TcpSource, det: int) -> int:
@@ -153,7 +154,7 @@ def main() -> None:
         with qd.Service.local(n_workers=1) as svc:
             for label, send in streams.items():
                 ingest(svc, send, scan, args.det, False, first)
-                wire = median_run(args.runs, lambda: {"frames_per_s": wire_rate(svc, send, args.det)})["frames_per_s"]
+                wire = statistics.median(wire_rate(svc, send, args.det) for _ in range(args.runs))
                 print(f"{label} wire: {wire:.0f} frames/s", flush=True)
                 alone = median_run(args.runs, lambda: ingest(svc, send, scan, args.det, False, first))
                 print(f"{label} ingest alone: {alone}", flush=True)

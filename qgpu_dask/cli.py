@@ -106,12 +106,13 @@ def info(args: argparse.Namespace) -> int:
 def simulate(args: argparse.Namespace) -> int:
     """Serve ``args.file`` as a qgpu-frames-1 stream to the first client on ``args.port`` at ``args.rate`` Hz."""
     source = Source(str(args.file), args.dataset, tuple(args.scan_shape) if args.scan_shape else None)
+
     def ready() -> None:  # listening, the first frames read
         print(f"serving {args.file} on {args.host}:{args.port}" + (f" at {args.rate:g} frames/s" if args.rate else ""), flush=True)
 
     with socket.create_server((args.host, args.port)) as listener:
         t0 = time.perf_counter()
-        sent = serve(source, args.port, args.rate, args.host, listener=listener, compressed=args.compressed, ready=ready)
+        sent = serve(source, listener, args.rate, compressed=args.compressed, ready=ready)
     seconds = time.perf_counter() - t0
     print(f"sent {sent} frames in {seconds:.2f} s ({sent / max(seconds, 1e-9):.0f} frames/s)")
     return 0

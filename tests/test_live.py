@@ -188,7 +188,7 @@ def test_the_simulator_streams_a_file_to_the_owner_over_loopback(svc, names, cou
     acq = svc.create(names("ingest"), counts.shape[:2], counts.shape[2:], "uint16")
     server = listening()
     port = server.getsockname()[1]
-    sender = threading.Thread(target=stream.serve, args=(Source(str(acquisition_file), "data"), port, 20000.0), kwargs={"listener": server})
+    sender = threading.Thread(target=stream.serve, args=(Source(str(acquisition_file), "data"), server, 20000.0))
     sender.start()
     try:
         result = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read=100), acq, progress=False)
@@ -415,7 +415,7 @@ def test_a_detector_sends_its_bitshuffle_lz4_chunks(svc, names, counts, arina_ma
     flat = counts.reshape(-1, *counts.shape[2:])
     server = listening()
     source = Source(str(arina_master), scan_shape=counts.shape[:2])
-    sender = threading.Thread(target=stream.serve, args=(source, 0), kwargs={"listener": server, "compressed": True})
+    sender = threading.Thread(target=stream.serve, args=(source, server), kwargs={"compressed": True})
     sender.start()
     got = np.concatenate(list(qd.TcpSource("127.0.0.1", server.getsockname()[1], frames_per_read=100).frames(counts.shape[2:], np.uint16)))
     sender.join(30)
@@ -444,7 +444,7 @@ def test_chunks_stored_out_of_order_go_out_in_scan_order(tmp_path):
         f["/entry/instrument/detector/description"] = "Dectris Arina (test layout)"
     server = listening()
     source = Source(str(tmp_path / "scan_master.h5"), scan_shape=(10, 20))
-    sender = threading.Thread(target=stream.serve, args=(source, 0), kwargs={"listener": server, "compressed": True})
+    sender = threading.Thread(target=stream.serve, args=(source, server), kwargs={"compressed": True})
     sender.start()
     got = np.concatenate(list(qd.TcpSource("127.0.0.1", server.getsockname()[1]).frames(flat.shape[1:], np.uint16)))
     sender.join(30)
@@ -477,8 +477,8 @@ def test_malformed_and_cut_chunk_streams(counts, acquisition_file):
         assert sum(map(len, got)) == kept and (np.concatenate(got) == flat[0]).all()  # the frames before it come first (each is frame 0)
         sender.join(30)
         server.close()
-    with pytest.raises(ValueError, match="replays an Arina/Eiger master"):
-        stream.serve(Source(str(acquisition_file), "data"), 0, compressed=True)
+    with listening() as server, pytest.raises(ValueError, match="replays an Arina/Eiger master"):
+        stream.serve(Source(str(acquisition_file), "data"), server, compressed=True)
 
 
 def message(chunks: list[bytes]) -> bytes:

@@ -347,23 +347,20 @@ PACE = 64  # frames sent at a time, one message of chunks (the rate is kept per 
 READ = 1024  # frames read from the file at a time
 
 
-def serve(source: Source, port: int, rate_hz: float | None = None, host: str = "127.0.0.1", listener: socket.socket | None = None,
-          compressed: bool = False, ready: Callable[[], None] | None = None) -> int:
+def serve(source: Source, listener: socket.socket, rate_hz: float | None = None, compressed: bool = False,
+          ready: Callable[[], None] | None = None) -> int:
     """Replay ``source`` (any file ``svc.load`` reads) as a ``qgpu-frames-1`` stream to the first client that
-    connects to ``host``:``port`` (or on ``listener``, already listening), at about ``rate_hz`` frames per
-    second (None: as fast as it goes); returns the frames sent. ``compressed`` sends the stored
-    bitshuffle-LZ4 chunks of an Arina/Eiger master as they are. ``ready()`` is called once the file's first
-    frames are read, before the client is taken (a detector's start does not wait for files)."""
+    connects to ``listener`` (listening, left open), at about ``rate_hz`` frames per second (None: as fast as
+    it goes); returns the frames sent. ``compressed`` sends the stored bitshuffle-LZ4 chunks of an
+    Arina/Eiger master as they are. ``ready()`` is called once the file's first frames are read, before the
+    client is taken (a detector's start does not wait for files)."""
     reader = open_reader(source)
-    own = listener is None
     try:
         if compressed and getattr(reader, "compression", None) != "bitshuffle-lz4":
             raise ValueError(f"{source.path!r}: a compressed stream replays an Arina/Eiger master stored bitshuffle-LZ4, one chunk "
                              f"per frame; this file is {getattr(reader, 'kind', 'another format')}")
         messages = chunk_messages(reader) if compressed else raw_messages(reader)
         first = next(messages, None)
-        if own:
-            listener = socket.create_server((host, port))
         if ready is not None:
             ready()
         conn, _ = listener.accept()
@@ -378,8 +375,6 @@ def serve(source: Source, port: int, rate_hz: float | None = None, host: str = "
             return sent
     finally:
         reader.close()
-        if own and listener is not None:
-            listener.close()
 
 
 def raw_messages(reader) -> Iterator[tuple[int, list[memoryview]]]:
