@@ -39,13 +39,18 @@ def check_representation(representation: str, dtype) -> None:
         raise ValueError(f"representation='compressed' needs unsigned integer counts, got {np.dtype(dtype)}")
 
 
+def tail_frames(n_frames: int) -> int:
+    """Frames a compressed live acquisition holds dense at most: the largest block a model may choose."""
+    return min(n_frames, codec.MAX_BLOCK)
+
+
 def start_bytes(shape, dtype, representation: str) -> int:
     """Device bytes a new live acquisition takes before any frame arrives: dense, all of it; compressed, the
     block being filled and the frame totals (the coded streams grow as blocks complete)."""
     n_frames, frame_len, itemsize = shape[0] * shape[1], shape[2] * shape[3], np.dtype(dtype).itemsize
     if representation == "dense":
         return n_frames * frame_len * itemsize
-    return min(n_frames, codec.MAX_BLOCK) * frame_len * itemsize + 8 * n_frames
+    return tail_frames(n_frames) * frame_len * itemsize + 8 * n_frames
 
 
 class LiveCounts(Resident):
@@ -60,7 +65,7 @@ class LiveCounts(Resident):
         if representation == "dense":
             self.flat = xp.zeros((self.n_frames, self.frame_len), self.dtype)
             return
-        self.tail = xp.zeros((min(self.n_frames, codec.MAX_BLOCK), self.frame_len), self.dtype)  # frames not coded yet
+        self.tail = xp.zeros((tail_frames(self.n_frames), self.frame_len), self.dtype)  # frames not coded yet
         self.coded = 0  # frames in complete, coded blocks
         self.block = 0  # chosen with the model
         self.model: dict | None = None
@@ -99,8 +104,8 @@ class LiveCounts(Resident):
             self.make_room(n)
             done = 0
             while done < n:
-                take = min(n - done, self.tail.shape[0] - (self.received - self.coded))
                 at = self.received - self.coded
+                take = min(n - done, self.tail.shape[0] - at)
                 self.tail[at : at + take] = flat[done : done + take]
                 self.totals[self.received : self.received + take] = flat[done : done + take].sum(axis=1, dtype=np.uint64)
                 self.received += take
@@ -131,12 +136,14 @@ class LiveCounts(Resident):
             n_blocks = -(-self.n_frames // self.block)
             self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
             self.base = self.xp.zeros(n_blocks + 1, np.uint64)
-        while held >= self.block or (self.complete and held > 0):
-            n = min(self.block, held)
-            self.code_block(self.tail[:n])
+        start = 0  # of the blocks coded here; what is left after them moves to the front once
+        while held - start >= self.block or (self.complete and held > start):
+            n = min(self.block, held - start)
+            self.code_block(self.tail[start : start + n])
             self.coded += n
-            held -= n
-            self.tail[:held] = self.tail[n : n + held].copy()
+            start += n
+        if start and held > start:
+            self.tail[: held - start] = self.tail[start:held].copy()
 
     def code_block(self, flat) -> None:
         """Code one scan block with the model and add its streams behind the others."""
