@@ -1,10 +1,10 @@
 """Sustained ingest into a live compressed acquisition while a viewer queries it (issue 9's measurement).
 
-A detector simulator streams ``--frames * --repeat`` Poisson frames (``--det`` x ``--det`` uint16,
-``--dose`` counts per pixel) over loopback TCP, as fast as it goes, into one live compressed acquisition
-on a one-worker cluster: raw frames (a .npy of ``--frames`` sent ``--repeat`` times), and the stored
-bitshuffle-LZ4 chunks of an Arina master as a DECTRIS detector sends them (``serve(compressed=True)``,
-what ``qgpu-dask simulate --compressed`` runs). A viewer loop meanwhile asks for a moving-disk virtual
+A detector simulator (``qgpu-dask simulate``, in a process of its own as a detector is) streams ``--frames *
+--repeat`` Poisson frames (``--det`` x ``--det`` uint16, ``--dose`` counts per pixel) over loopback TCP, as
+fast as it goes, into one live compressed acquisition on a one-worker cluster: raw frames (a .npy whose
+``--repeat`` scan rows hold the same ``--frames`` frames), and the stored bitshuffle-LZ4 chunks of an Arina
+master as a DECTRIS detector sends them (``--compressed``). A viewer loop meanwhile asks for a moving-disk virtual
 image as fast as it can. Baselines from the same run: each stream read by a bare reader (the wire's
 rate, chunks not decoded), ingest with no viewer, and the viewer on the finished acquisition. Each stream
 is first ingested once unmeasured (the Numba chunk parser and the CUDA decoder compile on first use);
@@ -20,56 +20,40 @@ from __future__ import annotations
 import argparse
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
 import qgpu_dask as qd
-from qgpu_dask.io import stream
-from qgpu_dask.io.source import Source
 
 import record
 from load_arina import write_master
 
 
-def write_frames(path: Path, frames: int, det: int, dose: float) -> None:
+def write_frames(path: Path, scan: tuple[int, int], det: int, dose: float) -> None:
+    """A (scan_rows, scan_cols, det, det) .npy: ``scan_cols`` Poisson frames, the same in every scan row."""
     rng = np.random.default_rng(3)
-    np.save(path, rng.poisson(dose, (frames, 1, det, det)).astype(np.uint16))
+    row = rng.poisson(dose, (scan[1], det, det)).astype(np.uint16)
+    out = np.lib.format.open_memmap(path, "w+", np.uint16, (*scan, det, det))
+    out[:] = row
+    out.flush()
 
 
-def serving(send) -> tuple[int, threading.Thread]:
-    """``send(listener, ready)`` in a thread, listening on a free port; once it calls ``ready()`` (its file
-    open, as a detector is before a scan): (port, thread)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    ready = threading.Event()
-    thread = threading.Thread(target=send, args=(listener, ready.set), daemon=True)
-    thread.start()
-    ready.wait()
-    return listener.getsockname()[1], thread
-
-
-def repeating(path: Path, repeat: int):
-    """A simulator sending the .npy at ``path`` ``repeat`` times in one raw stream."""
-    def send(listener, ready):
-        with listener:
-            frames = np.load(path)
-            ready()
-            conn, _ = listener.accept()
-            with conn:
-                conn.sendall(stream.header_line((repeat, frames.shape[0]), frames.shape[2:], frames.dtype))
-                for _ in range(repeat):
-                    for lo in range(0, frames.shape[0], stream.PACE):
-                        conn.sendall(frames[lo : lo + stream.PACE].data)
-
-    return send
-
-
-def chunks_of(master: Path, scan: tuple[int, int]):
-    """A simulator sending an Arina master's stored bitshuffle-LZ4 chunks as they are."""
-    return lambda listener, ready: stream.serve(Source(str(master), scan_shape=scan), listener, compressed=True, ready=ready)
+def serving(simulate: list[str]) -> tuple[int, subprocess.Popen]:
+    """``qgpu-dask simulate`` with the arguments ``simulate`` in a process of its own (as a detector is), on a
+    free port; once it says it is serving (its file open, as a detector is before a scan): (port, process)."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "qgpu_dask.cli", "simulate", *simulate, "--port", str(port)],
+                               stdout=subprocess.PIPE, text=True)
+    if "serving" not in process.stdout.readline():
+        process.kill()
+        raise RuntimeError(f"qgpu-dask simulate {' '.join(simulate)} did not start")
+    return port, process
 
 
 def drained(source: qd.TcpSource, det: int) -> int:
@@ -85,14 +69,15 @@ def drained(source: qd.TcpSource, det: int) -> int:
     return sum(len(b) for b in source.batches((det, det), np.dtype(np.uint16), buffer))
 
 
-def wire_rate(svc, send, det: int) -> float:
+def wire_rate(svc, simulate: list[str], det: int) -> float:
     """Frames per second a bare reader on the worker takes from the simulator: the ingest's two processes
     and socket, nothing decoded or appended."""
-    port, thread = serving(send)
+    port, process = serving(simulate)
     t0 = time.perf_counter()
     n = svc.client.submit(drained, qd.TcpSource("127.0.0.1", port), det, pure=False).result()
-    thread.join()
-    return n / (time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    process.wait()
+    return n / seconds
 
 
 def view(acq, det: int, i: int) -> None:
@@ -106,10 +91,11 @@ def median_run(runs: int, measure) -> dict:
     return results[len(results) // 2]
 
 
-def ingest(svc, send, scan: tuple[int, int], det: int, viewer: bool, frames_per_read: int) -> dict:
-    """One ingest of a scan from the simulator ``send``, with or without a viewer loop; rates."""
+def ingest(svc, simulate: list[str], scan: tuple[int, int], det: int, viewer: bool, frames_per_read: int) -> dict:
+    """One ingest of a scan from ``qgpu-dask simulate`` with the arguments ``simulate``, with or without a
+    viewer loop; rates."""
     acq = svc.create(f"live-{time.monotonic_ns()}", scan, (det, det), "uint16")
-    port, thread = serving(send)
+    port, process = serving(simulate)
     t0 = time.perf_counter()
     future = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read), acq, wait=False)
     views = 0
@@ -119,7 +105,7 @@ def ingest(svc, send, scan: tuple[int, int], det: int, viewer: bool, frames_per_
             views += 1
     result = future.result()
     seconds = time.perf_counter() - t0
-    thread.join()
+    process.wait()
     out = {"frames_per_s": result["received"] / seconds, "GB_per_s": result["received"] * det * det * 2 / seconds / 1e9,
            "views_per_s": views / seconds if viewer else None, "ratio": acq.info()["raw_bytes"] / acq.info()["nbytes"]}
     if viewer:
@@ -146,24 +132,24 @@ def main() -> None:
     scan = (args.repeat, args.frames)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
         path = Path(tmp) / "frames.npy"
-        write_frames(path, args.frames, args.det, args.dose)
+        write_frames(path, scan, args.det, args.dose)
         master, _ = write_master(Path(tmp), scan, (args.det, args.det), args.dose, seed=4)
-        streams = {"raw": repeating(path, args.repeat), "bitshuffle_lz4": chunks_of(master, scan)}
+        streams = {"raw": [str(path)], "bitshuffle_lz4": [str(master), "--compressed", "--scan-shape", *map(str, scan)]}
         results: dict = {"frames": args.frames * args.repeat, "det": args.det, "dose": args.dose, "runs": args.runs,
                          "arina_rate_frames_per_s": 120000}
         with qd.Service.local(n_workers=1) as svc:
-            for label, send in streams.items():
-                ingest(svc, send, scan, args.det, False, first)
-                wire = statistics.median(wire_rate(svc, send, args.det) for _ in range(args.runs))
+            for label, simulate in streams.items():
+                ingest(svc, simulate, scan, args.det, False, first)
+                wire = statistics.median(wire_rate(svc, simulate, args.det) for _ in range(args.runs))
                 print(f"{label} wire: {wire:.0f} frames/s", flush=True)
-                alone = median_run(args.runs, lambda: ingest(svc, send, scan, args.det, False, first))
+                alone = median_run(args.runs, lambda: ingest(svc, simulate, scan, args.det, False, first))
                 print(f"{label} ingest alone: {alone}", flush=True)
-                viewed = median_run(args.runs, lambda: ingest(svc, send, scan, args.det, True, first))
+                viewed = median_run(args.runs, lambda: ingest(svc, simulate, scan, args.det, True, first))
                 print(f"{label} ingest with viewer: {viewed}", flush=True)
                 results[label] = {"wire_frames_per_s": wire, "frames_per_read": first, "alone": alone | {"over_wire": alone["frames_per_s"] / wire},
                                   "with_viewer": viewed | {"over_wire": viewed["frames_per_s"] / wire}}
                 for n in others:
-                    results[label][f"with_viewer_reading_{n}"] = median_run(args.runs, lambda: ingest(svc, send, scan, args.det, True, n))
+                    results[label][f"with_viewer_reading_{n}"] = median_run(args.runs, lambda: ingest(svc, simulate, scan, args.det, True, n))
                     print(f"{label} ingest with viewer, {n} frames a read: {results[label][f'with_viewer_reading_{n}']}", flush=True)
         for key, value in results.items():
             print(f"{key}: {value}")
