@@ -13,6 +13,7 @@ every figure is then the median of ``--runs`` runs.
     python benchmarks/live_gpu.py                                   # on the GPU machine
     python benchmarks/live_gpu.py --frames 2048 --repeat 2 --det 64 # a small dry run (CPU too)
     python benchmarks/live_gpu.py --frames-per-read 1024 256 4096   # reads of other sizes too
+    python benchmarks/live_gpu.py --streams bitshuffle_lz4          # the Arina's stream alone
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=8)
     ap.add_argument("--det", type=int, default=192)
     ap.add_argument("--dose", type=float, default=0.3)
+    ap.add_argument("--streams", nargs="+", choices=["raw", "bitshuffle_lz4"], default=["raw", "bitshuffle_lz4"])
     ap.add_argument("--runs", type=int, default=3, help="runs of each measurement; the median is kept")
     ap.add_argument("--frames-per-read", type=int, nargs="+", default=[1024], help="the first for every measurement, "
                     "the others for ingest with the viewer alone")
@@ -131,10 +133,13 @@ def main() -> None:
     first, *others = args.frames_per_read
     scan = (args.repeat, args.frames)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
-        path = Path(tmp) / "frames.npy"
-        write_frames(path, scan, args.det, args.dose)
-        master, _ = write_master(Path(tmp), scan, (args.det, args.det), args.dose, seed=4)
-        streams = {"raw": [str(path)], "bitshuffle_lz4": [str(master), "--compressed", "--scan-shape", *map(str, scan)]}
+        streams = {}
+        if "raw" in args.streams:
+            write_frames(Path(tmp) / "frames.npy", scan, args.det, args.dose)
+            streams["raw"] = [str(Path(tmp) / "frames.npy")]
+        if "bitshuffle_lz4" in args.streams:
+            master, _ = write_master(Path(tmp), scan, (args.det, args.det), args.dose, seed=4)
+            streams["bitshuffle_lz4"] = [str(master), "--compressed", "--scan-shape", *map(str, scan)]
         results: dict = {"frames": args.frames * args.repeat, "det": args.det, "dose": args.dose, "runs": args.runs,
                          "arina_rate_frames_per_s": 120000}
         with qd.Service.local(n_workers=1) as svc:
