@@ -6,7 +6,7 @@
     bf = acq.virtual_image(qd.masks.disk(acq.det_shape, (32, 32), 8))
 """
 
-from . import device, ptycho
+from . import device, ptycho, samples
 from .detector import masks
 from .formats.png import save_png
 from .io.load import inspect_file as inspect
@@ -15,5 +15,5 @@ from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
 from .ssb.direct import DirectResult
 from .ssb.optics import Optics
 
-__all__ = ["Acquisition", "DirectResult", "Optics", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "device", "inspect", "masks", "ptycho", "save_png"]
+__all__ = ["Acquisition", "DirectResult", "Optics", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "device", "inspect", "masks", "ptycho", "samples", "save_png"]
 __version__ = "0.1.0"

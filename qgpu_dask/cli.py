@@ -118,7 +118,8 @@ def simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's argument parser (the docs' tests check their command lines with it)."""
     parser = argparse.ArgumentParser(prog="qgpu-dask", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="synthetic crystal series on the embedded cluster: virtual images, checked, as PNG")
@@ -143,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scan-shape", type=int, nargs=2, default=None, metavar=("ROWS", "COLS"), help="for 3-D stacks")
     p.add_argument("--compressed", action="store_true", help="send an Arina/Eiger master's bitshuffle-LZ4 chunks as they are stored")
     p.set_defaults(run=simulate)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     return args.run(args)
 
 

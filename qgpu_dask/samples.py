@@ -1,0 +1,112 @@
+"""Small sample files of every format qgpu-dask reads, for trying the API and for the docs' own tests.
+
+``write(folder)`` writes, in seconds, what the user guide loads:
+
+- ``scan.h5`` (4-D ``/entry/data``), ``scan.npy``, ``scan.zarr`` and ``stack.h5`` (a 3-D gzip frame
+  stack, one chunk per frame, at ``/data``): one synthetic crystal (`io.synthetic.crystal`), 16 x 16
+  scan positions of 192 x 192 uint16 counts, the size of a DECTRIS Arina's frames;
+- ``t0.h5``, ``t1.h5``, ``t2.h5``: a series of the same crystal (other seeds);
+- ``run7_master.h5`` and its data files: the crystal as an Arina/Eiger master links it (bitshuffle-LZ4
+  chunks of one frame);
+- ``scan_x16_y16.raw`` and ``empad.raw``: EMPAD frames (130 x 128 float32, 2 rows of metadata);
+- ``phase.h5``: a wave-optical simulation (`ssb.simulate`) of atomic columns seen through an
+  aberrated probe (300 kV, 20 mrad, 0.5 A steps, C10 -60 A, C12 20 A at 0.5 rad), 32 x 32 x 64 x 64,
+  for calibration, DPC, SSB and direct ptychography; ``drift-0.h5`` .. ``drift-2.h5``: three frames of
+  a drifting crystal (24 x 24 x 72 x 72, 1 A steps, C10 -30 A), for time-series ptychography.
+
+Each HDF5 file's ``/entry/data`` carries the optics it was made with as attributes where they are known.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import hdf5plugin
+import numpy as np
+import zarr
+
+from .io.empad import STORED_ROWS
+from .io.synthetic import crystal
+from .ssb import simulate
+from .ssb.optics import Optics
+
+SCAN = (16, 16)
+DET = (192, 192)
+PHASE_OPTICS = Optics(300e3, 20.0, 0.5, aberrations={"C10": -60.0, "C12": 20.0, "phi12": 0.5})
+PHASE_SCAN, PHASE_DET, PHASE_OVER = (32, 32), (64, 64), 4
+DRIFT_OPTICS = Optics(300e3, 20.0, 1.0, aberrations={"C10": -30.0})
+DRIFT_SCAN, DRIFT_DET, DRIFT_OVER = (24, 24), (72, 72), 3
+
+
+def write_hdf5(path: Path, data: np.ndarray, optics: Optics | None = None, **dataset) -> Path:
+    """``data`` at ``/entry/data`` of a new HDF5 file (h5py dataset keywords pass through)."""
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("/entry/data", data=data, **dataset)
+        if optics is not None:
+            ds.attrs.update({"energy_eV": optics.energy_eV, "semiangle_mrad": optics.semiangle_mrad, "scan_step_A": optics.scan_step_A})
+    return path
+
+
+def write_arina(folder: Path, frames: np.ndarray, per_file: int, stem: str = "scan") -> Path:
+    """A master and its data files as a DECTRIS Arina writes them: one bitshuffle-LZ4 chunk per frame,
+    ``per_file`` frames a data file; returns the master's path."""
+    n, rows, cols = frames.shape
+    links = []
+    for k, lo in enumerate(range(0, n, per_file), start=1):
+        data = f"{stem}_data_{k:06d}.h5"
+        with h5py.File(folder / data, "w") as f:
+            f.create_dataset("/entry/data/data", data=frames[lo : lo + per_file], chunks=(1, rows, cols),
+                             **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
+        links.append(data)
+    master = folder / f"{stem}_master.h5"
+    with h5py.File(master, "w") as f:
+        for k, data in enumerate(links, start=1):
+            f[f"/entry/data/data_{k:06d}"] = h5py.ExternalLink(data, "/entry/data/data")
+        f["/entry/instrument/detector/description"] = "Dectris Arina (sample layout)"
+    return master
+
+
+def write_empad(path: Path, frames: np.ndarray) -> Path:
+    """``frames`` (n, 128, 128) as an EMPAD .raw file: float32, two rows of metadata (zeros) after each."""
+    stored = np.zeros((len(frames), STORED_ROWS, frames.shape[2]), "<f4")
+    stored[:, : frames.shape[1]] = frames
+    path.write_bytes(stored.tobytes())
+    return path
+
+
+def write(folder: str | Path = ".") -> dict[str, Path]:
+    """Write the sample files into ``folder`` (made if missing, files overwritten); their paths by name."""
+    out = Path(folder).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    scan = crystal(SCAN, DET, "uint16", seed=0)
+    frames = scan.reshape(-1, *DET)
+    paths = {
+        "scan.h5": write_hdf5(out / "scan.h5", scan),
+        "stack.h5": out / "stack.h5",
+        "scan.npy": out / "scan.npy",
+        "scan.zarr": out / "scan.zarr",
+        "run7_master.h5": write_arina(out, frames, per_file=100, stem="run7"),
+    }
+    with h5py.File(paths["stack.h5"], "w") as f:
+        f.create_dataset("/data", data=frames, chunks=(1, *DET), compression="gzip")
+    np.save(paths["scan.npy"], scan)
+    z = zarr.create_array(str(paths["scan.zarr"]), shape=scan.shape, chunks=(1, SCAN[1], *DET), dtype=scan.dtype, overwrite=True)
+    z[...] = scan
+    for i in range(3):
+        paths[f"t{i}.h5"] = write_hdf5(out / f"t{i}.h5", crystal(SCAN, DET, "uint16", seed=i + 1))
+    empad = crystal(SCAN, (128, 128), "float32", seed=0).reshape(-1, 128, 128)
+    for name in ("scan_x16_y16.raw", "empad.raw"):
+        paths[name] = write_empad(out / name, empad)
+
+    over = PHASE_OVER
+    potential = simulate.atoms_potential((PHASE_SCAN[0] * over, PHASE_SCAN[1] * over), PHASE_OPTICS.scan_step_A / over, 3.9)
+    counts = simulate.acquisition(PHASE_OPTICS, PHASE_SCAN, PHASE_DET, potential, over, dose=1e5, seed=1).astype(np.uint16)
+    paths["phase.h5"] = write_hdf5(out / "phase.h5", counts, PHASE_OPTICS)
+    over = DRIFT_OVER
+    potential = simulate.atoms_potential((DRIFT_SCAN[0] * over, DRIFT_SCAN[1] * over), DRIFT_OPTICS.scan_step_A / over, 3.9)
+    for f in range(3):
+        moved = np.roll(potential, (2 * f, 5 * f), axis=(0, 1))
+        counts = simulate.acquisition(DRIFT_OPTICS, DRIFT_SCAN, DRIFT_DET, moved, over, dose=1e6, seed=f).astype(np.uint16)
+        paths[f"drift-{f}.h5"] = write_hdf5(out / f"drift-{f}.h5", counts, DRIFT_OPTICS)
+    return paths
