@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import h5py
@@ -231,3 +232,13 @@ def test_damaged_gzip_chunk(svc, names, rng, tmp_path):
     with pytest.raises(ValueError, match=r"damaged\.h5', dataset '/entry/data': frame 17: chunk does not inflate"):
         svc.load(path, scan_shape=GZIP_SCAN, name=name)
     assert name not in svc
+
+
+
+def test_unrecognised_file_names_its_first_bytes(tmp_path):
+    """The error shows the file's own first bytes, also for a file long enough for the HDF5 user-block search."""
+    path = tmp_path / "x.bin"
+    for content in (b"not a detector file", b"MQ1,000001," + bytes(3000), b"ab"):
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=re.escape(f"is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {content[:8]!r})")):
+            detect_format(path)

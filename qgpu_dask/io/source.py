@@ -68,26 +68,24 @@ def detect_format(path: Path) -> str:
     if is_container(path):
         return "qgpu"
     with open(path, "rb") as f:
-        head = f.read(8)
-        if head.startswith(NPY_MAGIC):
+        first = f.read(8)
+        if first.startswith(NPY_MAGIC):
             return "npy"
         # HDF5 allows a user block: the signature sits at 0, 512, 1024, 2048, ...
-        offset = 0
-        while True:
+        head, offset = first, 0
+        while len(head) == 8:
             if head == HDF5_SIGNATURE:
                 return "hdf5"
             offset = 512 if offset == 0 else offset * 2
             f.seek(offset)
             head = f.read(8)
-            if len(head) < 8:
-                break
     if path.suffix.lower() == ".raw":
         from .empad import frames_in
 
         frames_in(path)
         return "empad"
     raise ValueError(
-        f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {head[:8]!r})"
+        f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {first!r})"
     )
 
 
