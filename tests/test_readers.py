@@ -8,6 +8,7 @@ import zlib
 import h5py
 import numpy as np
 import pytest
+import zarr
 
 import qgpu_dask as qd
 from qgpu_dask.io.empad import FRAME_BYTES, EmpadReader
@@ -233,6 +234,54 @@ def test_damaged_gzip_chunk(svc, names, rng, tmp_path):
         svc.load(path, scan_shape=GZIP_SCAN, name=name)
     assert name not in svc
 
+
+# -- byte order ----------------------------------------------------------------
+
+
+def big_endian_files(folder, data: np.ndarray) -> dict:
+    """``data`` (a big-endian 4-D array) in every reader's format that can hold it: path -> scan_shape to give."""
+    from test_arina import write_arina
+
+    stack = data.reshape(-1, *data.shape[2:])
+    np.save(folder / "be.npy", data)
+    with h5py.File(folder / "be.h5", "w") as f:
+        f.create_dataset("data", data=data, chunks=(1, 2, *data.shape[2:]))
+    with h5py.File(folder / "be-gzip.h5", "w") as f:
+        f.create_dataset("data", data=stack, chunks=(1, *data.shape[2:]), compression="gzip", shuffle=True)
+    z = zarr.create_array(str(folder / "be.zarr"), shape=data.shape, chunks=(2, 2, *data.shape[2:]), dtype=data.dtype, zarr_format=2)
+    z[...] = data
+    master = write_arina(folder, stack, per_file=7)
+    return {folder / "be.npy": None, folder / "be.h5": None, folder / "be-gzip.h5": data.shape[:2], folder / "be.zarr": None, master: data.shape[:2]}
+
+
+@pytest.mark.parametrize("dtype", [">u2", ">u4"])
+def test_big_endian_counts_read_native(rng, tmp_path, dtype):
+    """Counts stored big-endian (Merlin data as HyperSpy saves it) come out of every reader in native order."""
+    data = rng.poisson(2.0, (4, 5, 6, 8)).astype(dtype)
+    data[1, 2, 3, 4] = 258  # 0x0102: a swapped byte order shows
+    native = data.astype(np.dtype(dtype).newbyteorder("="))
+    for path, scan in big_endian_files(tmp_path, data).items():
+        reader = open_reader(Source(str(path), None, scan))
+        try:
+            assert reader.dtype == native.dtype and reader.dtype.isnative, path
+            assert (read_all(reader, 3 * native[0, 0].nbytes) == native).all(), path
+        finally:
+            reader.close()
+
+
+def test_big_endian_counts_held_native(svc, names, rng, tmp_path):
+    """Loads, puts and live appends of big-endian counts are held native, every count as stored."""
+    data = rng.poisson(2.0, (4, 5, 6, 8)).astype(">u2")
+    data[1, 2, 3, 4] = 258
+    native = data.astype(np.uint16)
+    total = native.sum(axis=(0, 1), dtype=np.uint64)
+    acqs = [svc.load(path, name=names(), scan_shape=scan) for path, scan in big_endian_files(tmp_path, data).items()]
+    acqs.append(svc.put(data, name=names()))
+    live = svc.create(names(), data.shape[:2], data.shape[2:], dtype=">u2")
+    live.append(data.reshape(-1, *data.shape[2:]))
+    for acq in acqs + [live]:
+        assert acq.dtype == np.uint16 and acq.dtype.isnative
+        assert (acq.reduce(None, "sum") == total).all() and (acq.frame(1, 2) == native[1, 2]).all()
 
 
 def test_unrecognised_file_names_its_first_bytes(tmp_path):

@@ -8,7 +8,7 @@ from typing import Iterator
 import numpy as np
 import zarr
 
-from .frames import array_blocks
+from .frames import array_blocks, native_order
 from .source import BLOCK_BYTES, as_4d
 
 
@@ -29,7 +29,7 @@ class ZarrReader:
         if not isinstance(node, zarr.Array):
             raise ValueError(f"{str(path)!r}: {dataset!r} is not a Zarr array")
         self.array = node
-        self.dtype = np.dtype(node.dtype)
+        self.dtype = native_order(node.dtype)
         self.shape = as_4d(node.shape, scan_shape, f"Zarr array {str(path)!r}")
 
     @property

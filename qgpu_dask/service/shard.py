@@ -250,11 +250,11 @@ class Shard:
         """Hold an array sent by a client as a new resident named ``name``."""
         array = np.asarray(array)
         shape = check_shape(array.shape)
-        check_dtype(array.dtype)
-        compress = wants_compressed(representation, array.dtype)
+        dtype = check_dtype(array.dtype)
+        compress = wants_compressed(representation, dtype)
 
         def place() -> Resident:
-            resident = DenseCounts.empty(name, shape, array.dtype)
+            resident = DenseCounts.empty(name, shape, dtype)
             resident.write(0, array.reshape(-1, shape[2], shape[3]))
             resident = held_as(resident, compress)
             synchronize()
