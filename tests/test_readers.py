@@ -291,3 +291,26 @@ def test_unrecognised_file_names_its_first_bytes(tmp_path):
         path.write_bytes(content)
         with pytest.raises(ValueError, match=re.escape(f"is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {content[:8]!r})")):
             detect_format(path)
+
+
+# -- Zarr groups -----------------------------------------------------------------
+
+
+def test_zarr_group_arrays_at_any_depth(svc, names, rng, tmp_path):
+    """A HyperSpy .zspy keeps its data at Experiments/__unnamed__/data: the only 3-D/4-D array loads without
+    dataset=; with two, the error lists both by path."""
+    data = rng.poisson(2.0, (3, 4, 6, 5)).astype(np.uint16)
+    group = zarr.open_group(str(tmp_path / "scan.zspy"), mode="w")
+    group.create_array("Experiments/__unnamed__/data", shape=data.shape, chunks=(1, 4, 6, 5), dtype=data.dtype)[...] = data
+    group.create_array("Experiments/__unnamed__/axes", shape=(4,), dtype="float64")
+    acq = svc.load(tmp_path / "scan.zspy", name=names())
+    assert acq.shape == data.shape and (acq.frame(2, 3) == data[2, 3]).all()
+    group.create_array("Experiments/other/stack", shape=(12, 6, 5), dtype="uint8")
+    with pytest.raises(ValueError, match=re.escape("is a Zarr group: give dataset= (3-D/4-D arrays found: "
+                                                   "['Experiments/__unnamed__/data', 'Experiments/other/stack'])")):
+        open_reader(Source(str(tmp_path / "scan.zspy")))
+    with pytest.raises(KeyError, match=re.escape("has no array 'data' (3-D/4-D arrays: ['Experiments/__unnamed__/data',")):
+        open_reader(Source(str(tmp_path / "scan.zspy"), "data"))
+    reader = open_reader(Source(str(tmp_path / "scan.zspy"), "/Experiments/other/stack", (3, 4)))
+    assert reader.shape == (3, 4, 6, 5)
+    reader.close()
