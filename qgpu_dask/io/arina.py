@@ -23,7 +23,7 @@ import numpy as np
 from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
 from .frames import native_order
 from .hdf5 import filter_pipeline
-from .source import BLOCK_BYTES, as_4d, frames_per_block
+from .source import BLOCK_BYTES, ScanShapeNeeded, as_4d, frames_per_block
 from .stored_chunks import StoredChunks
 
 BITSHUFFLE = 32008
@@ -45,7 +45,7 @@ def scan_shape_of(n_frames: int, given) -> tuple[int, int]:
     side = math.isqrt(n_frames)
     if side * side == n_frames:
         return side, side
-    raise ValueError(f"{n_frames} frames do not make a square scan: give scan_shape=(rows, cols)")
+    raise ScanShapeNeeded(f"{n_frames} frames do not make a square scan: give scan_shape=(rows, cols)", n_frames)
 
 
 class Stack:

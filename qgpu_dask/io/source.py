@@ -89,6 +89,17 @@ def detect_format(path: Path) -> str:
     )
 
 
+class ScanShapeNeeded(ValueError):
+    """A stack of ``frames`` frames whose scan shape cannot be known from the file: ``scan_shape`` is needed."""
+
+    def __init__(self, message: str, frames: int):
+        super().__init__(message)
+        self.frames = frames
+
+    def __reduce__(self):  # raised on a worker, it is pickled to the client with both arguments
+        return type(self), (str(self), self.frames)
+
+
 def as_4d(shape: tuple[int, ...], scan_shape: tuple[int, int] | None, what: str) -> tuple[int, int, int, int]:
     """The 4-D shape of a 3-D stack (with ``scan_shape``) or a 4-D array; ValueError otherwise."""
     shape = tuple(int(s) for s in shape)
@@ -98,7 +109,7 @@ def as_4d(shape: tuple[int, ...], scan_shape: tuple[int, int] | None, what: str)
         return shape
     if len(shape) == 3:
         if scan_shape is None:
-            raise ValueError(f"{what} is a 3-D stack of {shape[0]} frames: give scan_shape=(rows, cols)")
+            raise ScanShapeNeeded(f"{what} is a 3-D stack of {shape[0]} frames: give scan_shape=(rows, cols)", shape[0])
         rows, cols = (int(s) for s in scan_shape)
         if rows * cols != shape[0]:
             raise ValueError(f"scan_shape {(rows, cols)} has {rows * cols} positions, but {what} holds {shape[0]} frames")
