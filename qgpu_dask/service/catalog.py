@@ -87,11 +87,13 @@ class Catalog(SchedulerPlugin):
         self.acquisitions[name] = {"name": name, "owner": owner, "nbytes": int(nbytes), "state": "loading"}
 
     def commit(self, *, name: str, owner: str, record: dict) -> None:
-        """A load finished: ``name`` is ready on ``owner`` (for a re-home or move: the target becomes the owner)."""
+        """A load finished: ``name`` is ready on ``owner`` (for a re-home or move: the target becomes the owner).
+        A live acquisition is logged "created", and "completed" when its last scan position arrives."""
         entry = self.acquisitions.get(name)
         if entry is None or owner not in (entry["owner"], entry.get("target")):
             raise KeyError(f"acquisition {name!r} was not claimed by {owner}")
-        previous, event = entry["owner"], {"rehoming": "rehomed", "moving": "moved"}.get(entry["state"], "loaded")
+        settled = "completed" if entry["state"] == "ready" else "created" if record.get("live") else "loaded"
+        previous, event = entry["owner"], {"rehoming": "rehomed", "moving": "moved"}.get(entry["state"], settled)
         entry.pop("target", None)
         entry.pop("error", None)
         entry.update(record, state="ready", owner=owner)
@@ -110,7 +112,7 @@ class Catalog(SchedulerPlugin):
         if entry["owner"] == owner:
             del self.acquisitions[name]
             self.copies.pop(name, None)
-            self.log("released", name=name, owner=owner)
+            self.log("load-failed" if entry["state"] == "loading" else "released", name=name, owner=owner)
             return True
         return False
 
