@@ -97,8 +97,13 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def info(args: argparse.Namespace) -> int:
-    """Print the shards and acquisitions of a running cluster."""
-    with Service.connect(args.address, scheduler_file=args.scheduler_file) as svc:
+    """Print the shards and acquisitions of a running cluster; one line on stderr (exit 1) if none answers."""
+    try:
+        svc = Service.connect(args.address, scheduler_file=args.scheduler_file)
+    except (OSError, ValueError) as err:
+        print(f"qgpu-dask info: {err}", file=sys.stderr)
+        return 1
+    with svc:
         print(svc.info())
     return 0
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import io
+import json
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 import numpy as np
 from dask.utils import format_bytes
 from distributed import Client
+from distributed.comm.addressing import parse_address, parse_host_port
 from tqdm.auto import tqdm
 
 from ..device import has_gpu, parse_bytes
@@ -32,10 +35,37 @@ from .shard import Shard, check_saved_representation, shard_key, wants_compresse
 PathLike = str | os.PathLike
 MASKS_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
 REHOME_WAIT = 600.0  # seconds a query waits for an acquisition of a lost shard to be held again
+CONNECT_WAIT = 5.0  # seconds connect waits for a scheduler's port to answer
 
 
 class AcquisitionLost(RuntimeError):
     """An acquisition's shard was lost and no surviving shard could hold it again."""
+
+
+def check_listening(address: str, what: str) -> None:
+    """ConnectionError within CONNECT_WAIT seconds unless something listens at a scheduler ``address`` (tcp or
+    tls; other transports are left to Dask), rather than the Client's silent wait of its 30 s timeout."""
+    scheme, location = parse_address(address)
+    if scheme not in ("tcp", "tls"):
+        return
+    host, port = parse_host_port(location, default_port=8786)
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_WAIT).close()
+    except OSError as err:
+        reason = err.strerror or f"no answer within {CONNECT_WAIT:g} s"
+        raise ConnectionError(f"no scheduler at {what} ({reason}): start one (dask scheduler) or check the address") from None
+
+
+def scheduler_address(scheduler_file: PathLike) -> str:
+    """The address in a scheduler file; FileNotFoundError or ValueError naming the file at once (the Client
+    would wait for the file to appear)."""
+    path = Path(scheduler_file).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"no scheduler file {str(path)!r}: give the file that `dask scheduler --scheduler-file` wrote")
+    try:
+        return str(json.loads(path.read_text())["address"])
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{str(path)!r} is not a scheduler file (JSON with the scheduler's \"address\")") from None
 
 
 class Service:
@@ -80,13 +110,18 @@ class Service:
 
     @classmethod
     def connect(cls, address: str | None = None, *, scheduler_file: PathLike | None = None, budget: int | str | None = None, **client_kwargs) -> "Service":
-        """Attach to a running scheduler by address (``tcp://host:8786``) or ``scheduler_file``."""
+        """Attach to a running scheduler by address (``tcp://host:8786``) or ``scheduler_file``. A missing
+        scheduler file is a FileNotFoundError at once, an address where nothing listens a ConnectionError
+        within CONNECT_WAIT seconds."""
         if (address is None) == (scheduler_file is None):
             raise ValueError("give exactly one of address or scheduler_file")
         client_kwargs.setdefault("direct_to_workers", True)
         if scheduler_file is not None:
+            found = scheduler_address(scheduler_file)
+            check_listening(found, f"{found}, the address in {os.fspath(scheduler_file)!r} (a scheduler that has stopped?)")
             client = Client(scheduler_file=os.fspath(scheduler_file), **client_kwargs)
         else:
+            check_listening(address, address)
             client = Client(address, **client_kwargs)
         return cls(client, budget=budget)
 
