@@ -24,6 +24,17 @@ PLUGIN_NAME = "qgpu-catalog"
 COPY_LIMIT = 2 * 2**30
 
 
+def check_copy_room(nbytes: int, used: int) -> None:
+    """ValueError unless a put copy of ``nbytes`` fits beside the ``used`` bytes of the others (checked by the
+    client before an array is sent, and by the catalog)."""
+    if used + nbytes > COPY_LIMIT:
+        raise ValueError(
+            f"svc.put keeps a copy of each array on the scheduler, so it survives the loss of a worker; these copies "
+            f"are limited to {format_bytes(COPY_LIMIT)} in all and {format_bytes(used)} are used, this array needs "
+            f"{format_bytes(nbytes)}: save a large array (np.save) and svc.load the file instead"
+        )
+
+
 class Catalog(SchedulerPlugin):
     """Shards (one per worker), acquisitions (name -> owner and description) and put copies."""
 
@@ -120,13 +131,7 @@ class Catalog(SchedulerPlugin):
         """Keep a put array's bytes (``np.save`` form) so the acquisition can be held again if its shard is lost."""
         if name in self.acquisitions:
             raise ValueError(f"an acquisition named {name!r} already exists: release it or choose another name")
-        used = sum(len(c) for n, c in self.copies.items() if n != name)
-        if used + len(data) > COPY_LIMIT:
-            raise ValueError(
-                f"svc.put keeps a copy of each array on the scheduler, so it survives the loss of a worker; these copies "
-                f"are limited to {format_bytes(COPY_LIMIT)} in all and {format_bytes(used)} are used: save a large array "
-                f"(np.save) and svc.load the file instead"
-            )
+        check_copy_room(len(data), sum(len(c) for n, c in self.copies.items() if n != name))
         self.copies[name] = data
 
     def forget_copy(self, *, name: str) -> None:
@@ -136,7 +141,8 @@ class Catalog(SchedulerPlugin):
 
     def state(self) -> dict:
         """Everything, for clients: shards, acquisitions, recent events."""
-        return {"shards": self.shards, "acquisitions": self.acquisitions, "events": self.events[-50:]}
+        return {"shards": self.shards, "acquisitions": self.acquisitions, "events": self.events[-50:],
+                "copy_bytes": sum(len(c) for c in self.copies.values())}
 
     def add_worker(self, scheduler, worker: str) -> None:
         """A worker joined (a nanny's restart, a new node): recovery starts a shard on it and gives it a share."""

@@ -27,7 +27,7 @@ from ..resident.base import check_dtype, check_shape
 from ..resident.live import check_representation, start_bytes
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture, call_async, shard_pool
-from .catalog import PLUGIN_NAME, Catalog
+from .catalog import PLUGIN_NAME, Catalog, check_copy_room
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
 from .shard import Shard, check_saved_representation, shard_key, wants_compressed
@@ -361,21 +361,25 @@ class Service:
         """Send an in-memory 4-D array to a shard as a new acquisition (``representation`` as in :meth:`load`).
 
         The scheduler keeps a copy (``np.save`` bytes; 2 GiB in all) to hold it again if its worker is lost.
+        An array that fits no shard's budget, or beside the copies kept, is refused before anything is sent;
+        counts of either byte order are held native.
         """
         array = np.asarray(array)
-        if array.ndim != 4:
-            raise ValueError(f"an acquisition is 4-D (scan_rows, scan_cols, det_rows, det_cols), got shape {array.shape}")
-        wants_compressed(representation, array.dtype)
+        check_shape(array.shape)
+        dtype = check_dtype(array.dtype)
+        wants_compressed(representation, dtype)
         name = name or f"array-{uuid.uuid4().hex[:8]}"
         self.ensure_shards()
         state = self.state()
         self.check_new_names([name], state)
         owner = place([array.nbytes], state, pinned=worker)[0]
+        check_copy_room(array.nbytes, state["copy_bytes"])
+        array = np.ascontiguousarray(array, dtype)
         copy = io.BytesIO()
         np.save(copy, array, allow_pickle=False)
         self.client.sync(self.client.scheduler.qgpu_keep_copy, name=name, data=copy.getvalue())
         try:
-            record = self.on_loop(self.placed(name, owner, array.nbytes, worker is not None, "put", np.ascontiguousarray(array), representation)).result()
+            record = self.on_loop(self.placed(name, owner, array.nbytes, worker is not None, "put", array, representation)).result()
         except BaseException:
             self.client.sync(self.client.scheduler.qgpu_forget_copy, name=name)
             raise
