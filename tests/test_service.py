@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import h5py
 import numpy as np
+import pytest
 import zarr
 from distributed import Client
 
@@ -193,3 +195,10 @@ def test_local_default_cluster_and_context_manager(rng):
         acq = svc.put(data, name="local")
         assert (acq.reduce(op="sum") == data.sum(axis=(0, 1), dtype=np.uint64)).all()
     assert svc.client.status == "closed"
+    closed = re.escape("this service is closed (svc.close(), or the end of its with block): "
+                       "start another with qd.Service.local() or qd.Service.connect(...)")
+    for call in (lambda: acq.frame(0, 0), lambda: acq.reduce(op="sum"), lambda: svc.put(data), svc.info, lambda: svc["local"],
+                 acq.release):
+        with pytest.raises(RuntimeError, match=closed):
+            call()
+    svc.close()  # a second close does nothing

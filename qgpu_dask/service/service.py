@@ -74,6 +74,7 @@ class Service:
     def __init__(self, client: Client, *, budget: int | str | None = None, cluster=None):
         self.client = client
         self.cluster = cluster
+        self.closed = False
         self.budget = parse_bytes(budget)
         self.masks_sent: set[tuple[str, str]] = set()
         self.owners: dict[str, str] = {}  # the owner last seen of each acquisition name
@@ -126,7 +127,11 @@ class Service:
         return cls(client, budget=budget)
 
     def close(self) -> None:
-        """Disconnect; a cluster started by :meth:`local` is shut down with its residents."""
+        """Disconnect; a cluster started by :meth:`local` is shut down with its residents. Later calls raise
+        RuntimeError (:meth:`check_open`); a second close does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         if self.client.status == "running":
             self.client.sync(self.pool.close)
         self.client.close()
@@ -141,12 +146,20 @@ class Service:
 
     # -- shards and the catalog -------------------------------------------------
 
+    def check_open(self) -> None:
+        """RuntimeError once this service is closed (its client's event loop is gone)."""
+        if self.closed or self.client.status == "closed":
+            raise RuntimeError("this service is closed (svc.close(), or the end of its with block): "
+                               "start another with qd.Service.local() or qd.Service.connect(...)")
+
     def state(self) -> dict:
-        """The catalog as the scheduler holds it: shards, acquisitions, recent events."""
+        """The catalog as the scheduler holds it: shards, acquisitions, recent events, bytes of put copies."""
+        self.check_open()
         return self.client.sync(self.client.scheduler.qgpu_state)
 
     def ensure_shards(self) -> None:
         """Start a shard actor on every worker that has none (idempotent across clients)."""
+        self.check_open()
         workers = list(self.client.scheduler_info(n_workers=-1)["workers"])
         known = self.state()["shards"]
         missing = [w for w in workers if w not in known]
@@ -166,6 +179,11 @@ class Service:
 
     def on_loop(self, coroutine) -> concurrent.futures.Future:
         """Run ``coroutine`` on the client's event loop; a thread-safe future of its result."""
+        try:
+            self.check_open()
+        except RuntimeError:
+            coroutine.close()  # never awaited: no warning of it
+            raise
         return asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
 
     def call(self, address: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
