@@ -12,6 +12,7 @@ import zarr
 from distributed import Client
 
 import qgpu_dask as qd
+from conftest import make_service
 
 
 def counts(rng, shape=(5, 6, 8, 10), dtype=np.uint16):
@@ -202,3 +203,14 @@ def test_local_default_cluster_and_context_manager(rng):
         with pytest.raises(RuntimeError, match=closed):
             call()
     svc.close()  # a second close does nothing
+
+
+def test_budget_beyond_the_workers_memory_is_cut_with_a_warning():
+    """A budget larger than a worker's memory (100 TiB here) holds at most the worker's memory limit, and says so."""
+    with pytest.warns(UserWarning, match=r"budget=100\.00 TiB is more than the .* memory limit of worker tcp://.*: its shard holds at most"):
+        svc = make_service("cpu", n_workers=1, budget="100 TiB")
+    with svc:
+        (worker, info), = svc.client.scheduler_info(n_workers=-1)["workers"].items()
+        assert svc.info()["shards"][0]["budget"] == info["memory_limit"]
+        data = np.arange(2 * 3 * 4 * 4, dtype=np.uint16).reshape(2, 3, 4, 4)
+        assert (svc.put(data).frame(1, 2) == data[1, 2]).all()

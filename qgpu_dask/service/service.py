@@ -10,6 +10,7 @@ import os
 import socket
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
@@ -158,7 +159,8 @@ class Service:
         return self.client.sync(self.client.scheduler.qgpu_state)
 
     def ensure_shards(self) -> None:
-        """Start a shard actor on every worker that has none (idempotent across clients)."""
+        """Start a shard actor on every worker that has none (idempotent across clients); warn where a shard
+        holds less than the budget asked for (more than its worker's memory)."""
         self.check_open()
         workers = list(self.client.scheduler_info(n_workers=-1)["workers"])
         known = self.state()["shards"]
@@ -174,8 +176,12 @@ class Service:
             except KeyError:
                 pass  # another client published the same shard first
         starts = [self.call(w, "start") for w in missing]
-        for s in starts:
-            s.result()
+        for w, s in zip(missing, starts):
+            shard = s.result()
+            if self.budget is not None and shard["budget"] < self.budget:
+                memory = "GPU memory" if shard["device"]["kind"] == "cuda" else "memory limit"
+                warnings.warn(f"budget={format_bytes(self.budget)} is more than the {format_bytes(shard['budget'])} {memory} "
+                              f"of worker {w}: its shard holds at most {format_bytes(shard['budget'])}", stacklevel=2)
 
     def on_loop(self, coroutine) -> concurrent.futures.Future:
         """Run ``coroutine`` on the client's event loop; a thread-safe future of its result."""
