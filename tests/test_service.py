@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
+import time
 
 import h5py
 import numpy as np
@@ -203,6 +206,42 @@ def test_local_default_cluster_and_context_manager(rng):
         with pytest.raises(RuntimeError, match=closed):
             call()
     svc.close()  # a second close does nothing
+
+
+UNGUARDED = """
+import qgpu_dask as qd
+
+def main():
+    return qd.Service.local(n_workers=1, dashboard_address=":0")
+
+{call}
+"""
+
+
+@pytest.mark.parametrize("call, line", [("svc = qd.Service.local(n_workers=1)", 7), ("main()", 7)])
+def test_local_in_a_script_without_the_main_guard(tmp_path, call, line):
+    """Worker processes import the main script again: Service.local() outside the main guard stops at once, with
+    one short message saying what to add, before any worker starts (it was 468 lines of nanny tracebacks)."""
+    script = tmp_path / "analysis.py"
+    script.write_text(UNGUARDED.format(call=call))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 30 and done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) < 20 and "Nanny" not in done.stderr
+    assert lines[-1] == (f"RuntimeError: qd.Service.local() starts worker processes, and each of them runs the main script {str(script)!r} "
+                         f'again (line {line} would start another cluster there): put the code that starts it under  '
+                         f'if __name__ == "__main__":  (see the README\'s "Use")')
+
+
+def test_local_in_a_script_under_the_main_guard(tmp_path):
+    script = tmp_path / "analysis.py"
+    script.write_text(UNGUARDED.format(call='if __name__ == "__main__":\n    with main() as svc:\n'
+                                            '        print(int(svc.put(np.ones((2, 3, 4, 4), np.uint8), representation="dense").frame(1, 2).sum()))')
+                      .replace("import qgpu_dask as qd", "import numpy as np\nimport qgpu_dask as qd"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "16"
 
 
 def test_budget_beyond_the_workers_memory_is_cut_with_a_warning():

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 import warnings
@@ -32,6 +33,7 @@ from .catalog import PLUGIN_NAME, Catalog, check_copy_room
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
 from .shard import Shard, check_saved_representation, shard_key, wants_compressed
+from .spawn import check_main_guard
 
 PathLike = str | os.PathLike
 MASKS_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
@@ -91,8 +93,11 @@ class Service:
         """The embedded default cluster: one worker per GPU when CuPy sees GPUs, else CPU worker processes.
 
         Keyword arguments go to ``LocalCUDACluster`` / ``LocalCluster`` (e.g. ``n_workers=3``);
-        ``budget`` caps each shard's resident bytes (default: most of its device's memory).
+        ``budget`` caps each shard's resident bytes (default: most of its device's memory). Worker processes
+        import the main script again: a script calls this under ``if __name__ == "__main__":`` (RuntimeError
+        at once otherwise).
         """
+        check_main_guard("qd.Service.local()", sys._getframe(1))
         if has_gpu():
             from dask_cuda import LocalCUDACluster
 
