@@ -226,7 +226,7 @@ def test_local_in_a_script_without_the_main_guard(tmp_path, call, line):
     script.write_text(UNGUARDED.format(call=call))
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert time.monotonic() - started < 30 and done.returncode == 1
+    assert time.monotonic() - started < 60 and done.returncode == 1  # the import and one check: no worker starts
     lines = done.stderr.strip().splitlines()
     assert len(lines) < 20 and "Nanny" not in done.stderr
     assert lines[-1] == (f"RuntimeError: qd.Service.local() starts worker processes, and each of them runs the main script {str(script)!r} "
