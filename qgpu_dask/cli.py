@@ -97,8 +97,13 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def info(args: argparse.Namespace) -> int:
-    """Print the shards and acquisitions of a running cluster."""
-    with Service.connect(args.address, scheduler_file=args.scheduler_file) as svc:
+    """Print the shards and acquisitions of a running cluster; one line on stderr (exit 1) if none answers."""
+    try:
+        svc = Service.connect(args.address, scheduler_file=args.scheduler_file)
+    except (OSError, ValueError) as err:
+        print(f"qgpu-dask info: {err}", file=sys.stderr)
+        return 1
+    with svc:
         print(svc.info())
     return 0
 
@@ -111,10 +116,8 @@ def simulate(args: argparse.Namespace) -> int:
         print(f"serving {args.file} on {args.host}:{args.port}" + (f" at {args.rate:g} frames/s" if args.rate else ""), flush=True)
 
     with socket.create_server((args.host, args.port)) as listener:
-        t0 = time.perf_counter()
-        sent = serve(source, listener, args.rate, compressed=args.compressed, ready=ready)
-    seconds = time.perf_counter() - t0
-    print(f"sent {sent} frames in {seconds:.2f} s ({sent / max(seconds, 1e-9):.0f} frames/s)")
+        sent, seconds = serve(source, listener, args.rate, compressed=args.compressed, ready=ready)
+    print(f"sent {sent} frames in {seconds:.2f} s from the client's connection ({sent / max(seconds, 1e-9):.0f} frames/s)")
     return 0
 
 

@@ -108,6 +108,14 @@ def parse_bytes(value: int | str | None) -> int | None:
     return int(dask_parse(value))
 
 
+def memory_bytes(worker_memory_limit: int | None) -> int:
+    """The memory a shard's residents live in: its GPU's, else the worker's memory limit (or the host's RAM)."""
+    info = device_info()
+    if info.kind == "cuda":
+        return info.total_bytes
+    return worker_memory_limit or info.total_bytes
+
+
 def default_budget(worker_memory_limit: int | None) -> int:
     """Bytes of residents a shard may hold when the user sets no budget.
 
@@ -122,5 +130,4 @@ def default_budget(worker_memory_limit: int | None) -> int:
     info = device_info()
     if info.kind == "cuda":
         return int(info.free_bytes * 0.85)
-    limit = worker_memory_limit or info.total_bytes
-    return int(limit * 0.5)
+    return int(memory_bytes(worker_memory_limit) * 0.5)

@@ -2,7 +2,8 @@
 
 ``write(folder)`` writes, in seconds, what the user guide loads:
 
-- ``scan.h5`` (4-D ``/entry/data``), ``scan.npy``, ``scan.zarr`` and ``stack.h5`` (a 3-D gzip frame
+- ``scan.h5`` (4-D ``/entry/data``), ``scan.npy``, ``scan.zarr``, ``scan.zspy`` (a Zarr group with the
+  array at ``Experiments/__unnamed__/data``, as HyperSpy saves it) and ``stack.h5`` (a 3-D gzip frame
   stack, one chunk per frame, at ``/data``): one synthetic crystal (`io.synthetic.crystal`), 16 x 16
   scan positions of 192 x 192 uint16 counts, the size of a DECTRIS Arina's frames;
 - ``t0.h5``, ``t1.h5``, ``t2.h5``: a series of the same crystal (other seeds);
@@ -10,7 +11,7 @@
   chunks of one frame);
 - ``scan_x16_y16.raw`` and ``empad.raw``: EMPAD frames (130 x 128 float32, 2 rows of metadata);
 - ``phase.h5``: a wave-optical simulation (`ssb.simulate`) of atomic columns seen through an
-  aberrated probe (300 kV, 20 mrad, 0.5 A steps, C10 -60 A, C12 20 A at 0.5 rad), 32 x 32 x 64 x 64,
+  aberrated probe (300 kV, 20 mrad, 0.5 A steps, C10 -60 A, C12 20 A at 0.5 rad), 24 x 24 x 48 x 48,
   for calibration, DPC, SSB and direct ptychography; ``drift-0.h5`` .. ``drift-2.h5``: three frames of
   a drifting crystal (24 x 24 x 72 x 72, 1 A steps, C10 -30 A), for time-series ptychography.
 
@@ -34,7 +35,7 @@ from .ssb.optics import Optics
 SCAN = (16, 16)
 DET = (192, 192)
 PHASE_OPTICS = Optics(300e3, 20.0, 0.5, aberrations={"C10": -60.0, "C12": 20.0, "phi12": 0.5})
-PHASE_SCAN, PHASE_DET, PHASE_OVER = (32, 32), (64, 64), 4
+PHASE_SCAN, PHASE_DET, PHASE_OVER = (24, 24), (48, 48), 4
 DRIFT_OPTICS = Optics(300e3, 20.0, 1.0, aberrations={"C10": -30.0})
 DRIFT_SCAN, DRIFT_DET, DRIFT_OVER = (24, 24), (72, 72), 3
 
@@ -86,6 +87,7 @@ def write(folder: str | Path = ".") -> dict[str, Path]:
         "stack.h5": out / "stack.h5",
         "scan.npy": out / "scan.npy",
         "scan.zarr": out / "scan.zarr",
+        "scan.zspy": out / "scan.zspy",
         "run7_master.h5": write_arina(out, frames, per_file=100, stem="run7"),
     }
     with h5py.File(paths["stack.h5"], "w") as f:
@@ -93,6 +95,8 @@ def write(folder: str | Path = ".") -> dict[str, Path]:
     np.save(paths["scan.npy"], scan)
     z = zarr.create_array(str(paths["scan.zarr"]), shape=scan.shape, chunks=(1, SCAN[1], *DET), dtype=scan.dtype, overwrite=True)
     z[...] = scan
+    group = zarr.open_group(str(paths["scan.zspy"]), mode="w")
+    group.create_array("Experiments/__unnamed__/data", shape=scan.shape, chunks=(1, SCAN[1], *DET), dtype=scan.dtype)[...] = scan
     for i in range(3):
         paths[f"t{i}.h5"] = write_hdf5(out / f"t{i}.h5", crystal(SCAN, DET, "uint16", seed=i + 1))
     empad = crystal(SCAN, (128, 128), "float32", seed=0).reshape(-1, 128, 128)

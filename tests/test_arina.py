@@ -193,3 +193,22 @@ def test_device_load_through_pinned_buffers(rng, tmp_path):
         assert (cp.asnumpy(resident.flat).reshape(frames.shape) == frames).all()
     finally:
         reader.close()
+
+
+def test_inspect_without_the_scan_shape(svc, names, rng, tmp_path):
+    """A master whose frame count is not a square (and any 3-D stack) is described by its frames, and says
+    that scan_shape is needed to load it."""
+    frames = rng.poisson(0.6, (15, 8, 6)).astype(np.uint16)
+    master = write_arina(tmp_path, frames, per_file=8)
+    info = qd.inspect(master)
+    assert info == {"format": "arina/eiger master", "shape": None, "det_shape": (8, 6), "frames": 15,
+                    "needs": "15 frames do not make a square scan: give scan_shape=(rows, cols)", "dtype": "uint16",
+                    "compression": "bitshuffle-lz4", "file_bytes": info["file_bytes"], "raw_bytes": frames.nbytes}
+    assert qd.inspect(master, scan_shape=(3, 5))["shape"] == (3, 5, 8, 6)
+    with h5py.File(tmp_path / "stack.h5", "w") as f:
+        f.create_dataset("data", data=frames)
+    info = qd.inspect(tmp_path / "stack.h5")
+    assert info["shape"] is None and info["frames"] == 15 and "is a 3-D stack of 15 frames: give scan_shape=(rows, cols)" in info["needs"]
+    with pytest.raises(ValueError, match="15 frames do not make a square scan: give scan_shape"):
+        svc.load(master, name=names())
+    assert (svc.load(master, name=names(), scan_shape=(5, 3)).frame(4, 2) == frames[14]).all()

@@ -34,6 +34,9 @@ def test_chi_and_its_gradient():
     ({"energy_eV": "300kV"}, "energy_eV must be a number"),
     ({"semiangle_mrad": float("nan")}, "semiangle_mrad must be a finite number > 0"),
     ({"aberrations": {"C11": 3}}, r"unknown aberrations \['C11'\]"),
+    ({"energy_eV": 300}, r"energy_eV=300 is outside the beam energies of electron microscopes \(1000 to 3\.5e\+06 eV\): "
+                         r"the energy is in eV, so 300 keV is energy_eV=300e3"),
+    ({"energy_eV": 3e9}, r"energy_eV=3e\+09 is outside the beam energies"),
 ])
 def test_bad_optics(bad, match):
     with pytest.raises(ValueError, match=match):

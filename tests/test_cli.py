@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-import numpy as np
+import json
+import re
+import socket
+import threading
+import time
 
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
 from qgpu_dask.cli import main
 
 
@@ -15,3 +23,54 @@ def test_info_prints_shards_and_acquisitions(svc, names, scheduler_file, capsys)
     assert acq.name in out and "2x3x4x4" in out
     assert main(["info", "--address", svc.client.scheduler.address]) == 0
     assert acq.name in capsys.readouterr().out
+
+
+def test_simulate_rate_counts_from_the_connection(tmp_path, rng, capsys):
+    """`qgpu-dask simulate --rate` reports the rate it kept from the client's connection, not from its own start."""
+    np.save(tmp_path / "scan.npy", rng.poisson(1.0, (20, 20, 16, 16)).astype(np.uint16))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = threading.Thread(target=main, args=(["simulate", str(tmp_path / "scan.npy"), "--rate", "2000", "--port", str(port)],))
+    server.start()
+    time.sleep(1.0)  # a detector waits for its client: this must not count
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn = socket.create_connection(("127.0.0.1", port))
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the simulator did not start listening"
+            time.sleep(0.05)
+    with conn:
+        received = sum(iter(lambda: len(conn.recv(1 << 20)), 0))
+    server.join()
+    out = capsys.readouterr().out
+    assert received > 400 * 16 * 16 * 2
+    rate = float(re.search(r"sent 400 frames in [0-9.]+ s from the client's connection \(([0-9]+) frames/s\)", out).group(1))
+    assert 1000 < rate <= 2100
+
+
+def test_info_and_connect_without_a_scheduler(tmp_path, capsys):
+    """A missing scheduler file, or an address where no scheduler listens, is one clear error at once (the Client
+    waited 300 s for the file, and 30 s for the address before a 52-line traceback)."""
+    started = time.monotonic()
+    typo = tmp_path / "typo.json"
+    missing = f"no scheduler file {str(typo)!r}: give the file that `dask scheduler --scheduler-file` wrote"
+    assert main(["info", "--scheduler-file", str(typo)]) == 1
+    assert capsys.readouterr().err == f"qgpu-dask info: {missing}\n"
+    with pytest.raises(FileNotFoundError, match=re.escape(missing)):
+        qd.Service.connect(scheduler_file=typo)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"  # closed again: nothing listens there
+    assert main(["info", "--address", address]) == 1
+    assert capsys.readouterr().err == f"qgpu-dask info: no scheduler at {address} (Connection refused): start one (dask scheduler) or check the address\n"
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps({"address": address}))
+    with pytest.raises(ConnectionError, match=re.escape(f"no scheduler at {address}, the address in {str(stale)!r} (a scheduler that has stopped?)")):
+        qd.Service.connect(scheduler_file=stale)
+    typo.write_text("{")
+    with pytest.raises(ValueError, match=re.escape(f"{str(typo)!r} is not a scheduler file")):
+        qd.Service.connect(scheduler_file=typo)
+    assert time.monotonic() - started < 10

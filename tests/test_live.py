@@ -156,6 +156,8 @@ def test_a_live_acquisition_through_the_service(svc, names, counts):
             assert acq.received == received
             assert (acq.virtual_image(mask).ravel() == expected_images(flat, mask[None], received)[0]).all()
             assert (acq.reduce(op="sum") == flat[:received].sum(axis=0, dtype=np.uint64)).all()
+    for acq in acqs:  # logged once when made and once when its last position arrived ("loaded" twice before)
+        assert [e["event"] for e in svc.state()["events"] if e.get("name") == acq.name] == ["created", "completed"]
     loaded = svc.put(counts, name=names("loaded"))
     optics = qd.Optics(300e3, 20.0, 1.0, det_sampling_mrad=4.0, rotation_deg=0.0, flip=False, bf_center_px=(4.0, 5.0))
     for acq in acqs:  # complete: held as if loaded from a file

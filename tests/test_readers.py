@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import h5py
 import numpy as np
 import pytest
+import zarr
 
 import qgpu_dask as qd
 from qgpu_dask.io.empad import FRAME_BYTES, EmpadReader
@@ -231,3 +233,85 @@ def test_damaged_gzip_chunk(svc, names, rng, tmp_path):
     with pytest.raises(ValueError, match=r"damaged\.h5', dataset '/entry/data': frame 17: chunk does not inflate"):
         svc.load(path, scan_shape=GZIP_SCAN, name=name)
     assert name not in svc
+    assert [e["event"] for e in svc.state()["events"] if e.get("name") == name] == ["load-failed"]  # not "released"
+
+
+# -- byte order ----------------------------------------------------------------
+
+
+def big_endian_files(folder, data: np.ndarray) -> dict:
+    """``data`` (a big-endian 4-D array) in every reader's format that can hold it: path -> scan_shape to give."""
+    from test_arina import write_arina
+
+    stack = data.reshape(-1, *data.shape[2:])
+    np.save(folder / "be.npy", data)
+    with h5py.File(folder / "be.h5", "w") as f:
+        f.create_dataset("data", data=data, chunks=(1, 2, *data.shape[2:]))
+    with h5py.File(folder / "be-gzip.h5", "w") as f:
+        f.create_dataset("data", data=stack, chunks=(1, *data.shape[2:]), compression="gzip", shuffle=True)
+    z = zarr.create_array(str(folder / "be.zarr"), shape=data.shape, chunks=(2, 2, *data.shape[2:]), dtype=data.dtype, zarr_format=2)
+    z[...] = data
+    master = write_arina(folder, stack, per_file=7)
+    return {folder / "be.npy": None, folder / "be.h5": None, folder / "be-gzip.h5": data.shape[:2], folder / "be.zarr": None, master: data.shape[:2]}
+
+
+@pytest.mark.parametrize("dtype", [">u2", ">u4"])
+def test_big_endian_counts_read_native(rng, tmp_path, dtype):
+    """Counts stored big-endian (Merlin data as HyperSpy saves it) come out of every reader in native order."""
+    data = rng.poisson(2.0, (4, 5, 6, 8)).astype(dtype)
+    data[1, 2, 3, 4] = 258  # 0x0102: a swapped byte order shows
+    native = data.astype(np.dtype(dtype).newbyteorder("="))
+    for path, scan in big_endian_files(tmp_path, data).items():
+        reader = open_reader(Source(str(path), None, scan))
+        try:
+            assert reader.dtype == native.dtype and reader.dtype.isnative, path
+            assert (read_all(reader, 3 * native[0, 0].nbytes) == native).all(), path
+        finally:
+            reader.close()
+
+
+def test_big_endian_counts_held_native(svc, names, rng, tmp_path):
+    """Loads, puts and live appends of big-endian counts are held native, every count as stored."""
+    data = rng.poisson(2.0, (4, 5, 6, 8)).astype(">u2")
+    data[1, 2, 3, 4] = 258
+    native = data.astype(np.uint16)
+    total = native.sum(axis=(0, 1), dtype=np.uint64)
+    acqs = [svc.load(path, name=names(), scan_shape=scan) for path, scan in big_endian_files(tmp_path, data).items()]
+    acqs.append(svc.put(data, name=names()))
+    live = svc.create(names(), data.shape[:2], data.shape[2:], dtype=">u2")
+    live.append(data.reshape(-1, *data.shape[2:]))
+    for acq in acqs + [live]:
+        assert acq.dtype == np.uint16 and acq.dtype.isnative
+        assert (acq.reduce(None, "sum") == total).all() and (acq.frame(1, 2) == native[1, 2]).all()
+
+
+def test_unrecognised_file_names_its_first_bytes(tmp_path):
+    """The error shows the file's own first bytes, also for a file long enough for the HDF5 user-block search."""
+    path = tmp_path / "x.bin"
+    for content in (b"not a detector file", b"MQ1,000001," + bytes(3000), b"ab"):
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=re.escape(f"is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {content[:8]!r})")):
+            detect_format(path)
+
+
+# -- Zarr groups -----------------------------------------------------------------
+
+
+def test_zarr_group_arrays_at_any_depth(svc, names, rng, tmp_path):
+    """A HyperSpy .zspy keeps its data at Experiments/__unnamed__/data: the only 3-D/4-D array loads without
+    dataset=; with two, the error lists both by path."""
+    data = rng.poisson(2.0, (3, 4, 6, 5)).astype(np.uint16)
+    group = zarr.open_group(str(tmp_path / "scan.zspy"), mode="w")
+    group.create_array("Experiments/__unnamed__/data", shape=data.shape, chunks=(1, 4, 6, 5), dtype=data.dtype)[...] = data
+    group.create_array("Experiments/__unnamed__/axes", shape=(4,), dtype="float64")
+    acq = svc.load(tmp_path / "scan.zspy", name=names())
+    assert acq.shape == data.shape and (acq.frame(2, 3) == data[2, 3]).all()
+    group.create_array("Experiments/other/stack", shape=(12, 6, 5), dtype="uint8")
+    with pytest.raises(ValueError, match=re.escape("is a Zarr group: give dataset= (3-D/4-D arrays found: "
+                                                   "['Experiments/__unnamed__/data', 'Experiments/other/stack'])")):
+        open_reader(Source(str(tmp_path / "scan.zspy")))
+    with pytest.raises(KeyError, match=re.escape("has no array 'data' (3-D/4-D arrays: ['Experiments/__unnamed__/data',")):
+        open_reader(Source(str(tmp_path / "scan.zspy"), "data"))
+    reader = open_reader(Source(str(tmp_path / "scan.zspy"), "/Experiments/other/stack", (3, 4)))
+    assert reader.shape == (3, 4, 6, 5)
+    reader.close()

@@ -133,16 +133,17 @@ def test_worker_killed_while_queries_run(own, rng, tmp_path):
 
 
 def test_put_beyond_the_copy_limit_is_refused(own, rng, monkeypatch):
-    """A put the scheduler cannot keep a copy of is refused up front, never held unprotected."""
+    """A put the scheduler cannot keep a copy of is refused by the client before the array is sent, never held unprotected."""
     from qgpu_dask.service import catalog
 
     data = rng.poisson(1.0, (4, 4, 8, 8)).astype(np.uint16)
     svc = own
     svc.put(data, name="kept")
+    kept = svc.state()["copy_bytes"]
     monkeypatch.setattr(catalog, "COPY_LIMIT", 1000)  # the LocalCluster's scheduler runs in this process
-    with pytest.raises(ValueError, match=r"limited to 0.98 kiB in all and 2.12 kiB are used: save a large array"):
+    with pytest.raises(ValueError, match=r"limited to 0.98 kiB in all and 2.12 kiB are used, this array needs 2.00 kiB: save a large array"):
         svc.put(data, name="too-big-to-keep")
-    assert "too-big-to-keep" not in svc
+    assert "too-big-to-keep" not in svc and svc.state()["copy_bytes"] == kept
     assert (svc["kept"].frame(1, 1) == data[1, 1]).all()
 
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
+import time
 
 import h5py
 import numpy as np
+import pytest
 import zarr
 from distributed import Client
 
 import qgpu_dask as qd
+from conftest import make_service
 
 
 def counts(rng, shape=(5, 6, 8, 10), dtype=np.uint16):
@@ -193,3 +199,57 @@ def test_local_default_cluster_and_context_manager(rng):
         acq = svc.put(data, name="local")
         assert (acq.reduce(op="sum") == data.sum(axis=(0, 1), dtype=np.uint64)).all()
     assert svc.client.status == "closed"
+    closed = re.escape("this service is closed (svc.close(), or the end of its with block): "
+                       "start another with qd.Service.local() or qd.Service.connect(...)")
+    for call in (lambda: acq.frame(0, 0), lambda: acq.reduce(op="sum"), lambda: svc.put(data), svc.info, lambda: svc["local"],
+                 acq.release):
+        with pytest.raises(RuntimeError, match=closed):
+            call()
+    svc.close()  # a second close does nothing
+
+
+UNGUARDED = """
+import qgpu_dask as qd
+
+def main():
+    return qd.Service.local(n_workers=1, dashboard_address=":0")
+
+{call}
+"""
+
+
+@pytest.mark.parametrize("call, line", [("svc = qd.Service.local(n_workers=1)", 7), ("main()", 7)])
+def test_local_in_a_script_without_the_main_guard(tmp_path, call, line):
+    """Worker processes import the main script again: Service.local() outside the main guard stops at once, with
+    one short message saying what to add, before any worker starts (it was 468 lines of nanny tracebacks)."""
+    script = tmp_path / "analysis.py"
+    script.write_text(UNGUARDED.format(call=call))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 60 and done.returncode == 1  # the import and one check: no worker starts
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) < 20 and "Nanny" not in done.stderr
+    assert lines[-1] == (f"RuntimeError: qd.Service.local() starts worker processes, and each of them runs the main script {str(script)!r} "
+                         f'again (line {line} would start another cluster there): put the code that starts it under  '
+                         f'if __name__ == "__main__":  (see the README\'s "Use")')
+
+
+def test_local_in_a_script_under_the_main_guard(tmp_path):
+    script = tmp_path / "analysis.py"
+    script.write_text(UNGUARDED.format(call='if __name__ == "__main__":\n    with main() as svc:\n'
+                                            '        print(int(svc.put(np.ones((2, 3, 4, 4), np.uint8), representation="dense").frame(1, 2).sum()))')
+                      .replace("import qgpu_dask as qd", "import numpy as np\nimport qgpu_dask as qd"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "16"
+
+
+def test_budget_beyond_the_workers_memory_is_cut_with_a_warning():
+    """A budget larger than a worker's memory (100 TiB here) holds at most the worker's memory limit, and says so."""
+    with pytest.warns(UserWarning, match=r"budget=100\.00 TiB is more than the .* memory limit of worker tcp://.*: its shard holds at most"):
+        svc = make_service("cpu", n_workers=1, budget="100 TiB")
+    with svc:
+        (worker, info), = svc.client.scheduler_info(n_workers=-1)["workers"].items()
+        assert svc.info()["shards"][0]["budget"] == info["memory_limit"]
+        data = np.arange(2 * 3 * 4 * 4, dtype=np.uint16).reshape(2, 3, 4, 4)
+        assert (svc.put(data).frame(1, 2) == data[1, 2]).all()

@@ -21,8 +21,9 @@ import hdf5plugin  # noqa: F401  (registers the Bitshuffle filter for stacks rea
 import numpy as np
 
 from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
+from .frames import native_order
 from .hdf5 import filter_pipeline
-from .source import BLOCK_BYTES, as_4d, frames_per_block
+from .source import BLOCK_BYTES, ScanShapeNeeded, as_4d, frames_per_block
 from .stored_chunks import StoredChunks
 
 BITSHUFFLE = 32008
@@ -44,7 +45,7 @@ def scan_shape_of(n_frames: int, given) -> tuple[int, int]:
     side = math.isqrt(n_frames)
     if side * side == n_frames:
         return side, side
-    raise ValueError(f"{n_frames} frames do not make a square scan: give scan_shape=(rows, cols)")
+    raise ScanShapeNeeded(f"{n_frames} frames do not make a square scan: give scan_shape=(rows, cols)", n_frames)
 
 
 class Stack:
@@ -57,7 +58,7 @@ class Stack:
         filters = [code for code, _ in filter_pipeline(dataset)]
         plist = dataset.id.get_create_plist()
         lz4 = filters == [BITSHUFFLE] and tuple(plist.get_filter(0)[2])[-1:] == (LZ4,)
-        self.lz4_frames = dataset.chunks == (1, *dataset.shape[1:]) and lz4
+        self.lz4_frames = dataset.chunks == (1, *dataset.shape[1:]) and lz4 and dataset.dtype.isnative  # else HDF5 decodes and swaps
         self.where = f"{str(master)!r} ({name})"
         self.stored = StoredChunks(dataset, f"{self.where}, data file {dataset.file.filename!r}")
 
@@ -85,7 +86,7 @@ class ArinaReader:
                 d = stack.dataset
                 if d.ndim != 3 or d.shape[1:] != first.shape[1:] or d.dtype != first.dtype:
                     raise ValueError(f"{stack.where}: frames {d.shape[1:]} {d.dtype} differ from data_000001's {first.shape[1:]} {first.dtype}")
-            self.dtype = np.dtype(first.dtype)
+            self.dtype = native_order(first.dtype)
             n_frames = sum(s.frames for s in self.stacks)
             scan = scan_shape_of(n_frames, scan_shape)
             self.shape = as_4d((n_frames, *first.shape[1:]), scan, f"the {len(self.stacks)} data file(s) of {str(path)!r}")

@@ -9,8 +9,13 @@ import numpy as np
 from .source import frames_per_block
 
 
+def native_order(dtype) -> np.dtype:
+    """``dtype`` in this machine's byte order: readers hand residents native counts whatever the file holds."""
+    return np.dtype(dtype).newbyteorder("=")
+
+
 def array_blocks(array, shape: tuple[int, int, int, int], block_bytes: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(first frame, frames (n, det_rows, det_cols)) blocks of whole scan rows where they fit."""
+    """(first frame, frames (n, det_rows, det_cols)) blocks of whole scan rows where they fit, in native byte order."""
     n_frames = shape[0] * shape[1]
     step = frames_per_block(shape, array.dtype, block_bytes)
     cols = shape[1]
@@ -22,4 +27,4 @@ def array_blocks(array, shape: tuple[int, int, int, int], block_bytes: int) -> I
             block = array[start // cols : stop // cols].reshape(-1, shape[2], shape[3])
         else:
             block = np.stack([array[i // cols, i % cols] for i in range(start, stop)])
-        yield start, np.asarray(block)
+        yield start, np.asarray(block, dtype=native_order(block.dtype))

@@ -31,8 +31,8 @@ FRAMES_PER_TASK = 8  # chunks handed to a thread at once, so pool overhead stays
 
 def frame_filters(dataset: h5py.Dataset) -> tuple[int, ...] | None:
     """The filter pipeline of a 3-D/4-D dataset stored one deflate (or shuffle + deflate) chunk per frame,
-    every chunk written; None for any other layout."""
-    if dataset.ndim not in (3, 4) or dataset.chunks != (1,) * (dataset.ndim - 2) + dataset.shape[-2:]:
+    every chunk written, in native byte order; None for any other layout (HDF5 reads it)."""
+    if not dataset.dtype.isnative or dataset.ndim not in (3, 4) or dataset.chunks != (1,) * (dataset.ndim - 2) + dataset.shape[-2:]:
         return None
     plist = dataset.id.get_create_plist()
     filters = tuple(plist.get_filter(i)[0] for i in range(plist.get_nfilters()))

@@ -9,7 +9,7 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers Bitshuffle/LZ4 and other filters with HDF5)
 import numpy as np
 
-from .frames import array_blocks
+from .frames import array_blocks, native_order
 from .source import BLOCK_BYTES, as_4d
 
 
@@ -48,7 +48,7 @@ class HDF5Reader:
             if dataset not in self.file or not isinstance(self.file[dataset], h5py.Dataset):
                 raise KeyError(f"{str(path)!r} has no dataset {dataset!r} (datasets: {', '.join(names) or 'none'})")
             self.dataset = self.file[dataset]
-            self.dtype = np.dtype(self.dataset.dtype)
+            self.dtype = native_order(self.dataset.dtype)
             self.shape = as_4d(self.dataset.shape, scan_shape, f"dataset {dataset!r} of {str(path)!r}")
         except BaseException:
             self.file.close()

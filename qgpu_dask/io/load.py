@@ -12,7 +12,7 @@ from ..resident.base import check_dtype
 from ..resident.dense import DenseCounts
 from ..resident.staging import PinnedStaging
 from .saved import describe_saved
-from .source import BLOCK_BYTES, Reader, Source, detect_format, frames_per_block, open_reader
+from .source import BLOCK_BYTES, Reader, ScanShapeNeeded, Source, detect_format, frames_per_block, open_reader
 
 
 def describe(reader: Reader) -> dict:
@@ -36,7 +36,8 @@ def inspect(source: Source) -> dict:
 
 def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
     """What a file holds, without reading its counts: format, shape, dtype, compression, bytes on disk
-    and bytes of the counts (``qd.inspect``)."""
+    and bytes of the counts (``qd.inspect``). A frame stack whose scan shape the file does not give is
+    described by its frames ("frames", "det_shape"; "shape" None) and "needs" says to give ``scan_shape``."""
     source = Source(str(Path(path).expanduser().resolve()), dataset, tuple(scan_shape) if scan_shape else None)
     where = Path(source.path)
     on_disk = sum(p.stat().st_size for p in where.rglob("*") if p.is_file()) if where.is_dir() else where.stat().st_size
@@ -45,10 +46,17 @@ def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
         return {"format": f"saved resident ({meta['layout']})", "shape": meta["shape"], "dtype": meta["dtype"],
                 "compression": codec.FORMAT if meta["layout"] == "compressed" else "none",
                 "file_bytes": on_disk, "raw_bytes": meta["raw_bytes"]}
-    reader = open_reader(source)
+    needs = {}
+    try:
+        reader = open_reader(source)
+    except ScanShapeNeeded as err:  # read it as one scan row of every frame, to describe them
+        reader = open_reader(Source(source.path, source.dataset, (1, err.frames)))
+        needs = {"frames": err.frames, "needs": str(err)}
     try:
         meta = describe(reader)
-        return {"format": reader.kind, "shape": meta["shape"], "dtype": meta["dtype"], "compression": reader.compression,
+        shape = meta["shape"]
+        found = {"shape": None, "det_shape": shape[2:], **needs} if needs else {"shape": shape}
+        return {"format": reader.kind, **found, "dtype": meta["dtype"], "compression": reader.compression,
                 "file_bytes": on_disk, "raw_bytes": meta["raw_bytes"]}
     finally:
         reader.close()

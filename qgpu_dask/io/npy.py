@@ -7,7 +7,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .frames import array_blocks
+from .frames import array_blocks, native_order
 from .source import BLOCK_BYTES, as_4d
 
 
@@ -22,7 +22,7 @@ class NpyReader:
             self.array = np.load(path, mmap_mode="r")
         except ValueError as e:
             raise ValueError(f"{str(path)!r} is not a readable .npy array: {e}") from None
-        self.dtype = self.array.dtype
+        self.dtype = native_order(self.array.dtype)
         self.shape = as_4d(self.array.shape, scan_shape, f"array in {str(path)!r}")
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:

@@ -68,27 +68,36 @@ def detect_format(path: Path) -> str:
     if is_container(path):
         return "qgpu"
     with open(path, "rb") as f:
-        head = f.read(8)
-        if head.startswith(NPY_MAGIC):
+        first = f.read(8)
+        if first.startswith(NPY_MAGIC):
             return "npy"
         # HDF5 allows a user block: the signature sits at 0, 512, 1024, 2048, ...
-        offset = 0
-        while True:
+        head, offset = first, 0
+        while len(head) == 8:
             if head == HDF5_SIGNATURE:
                 return "hdf5"
             offset = 512 if offset == 0 else offset * 2
             f.seek(offset)
             head = f.read(8)
-            if len(head) < 8:
-                break
     if path.suffix.lower() == ".raw":
         from .empad import frames_in
 
         frames_in(path)
         return "empad"
     raise ValueError(
-        f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {head[:8]!r})"
+        f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {first!r})"
     )
+
+
+class ScanShapeNeeded(ValueError):
+    """A stack of ``frames`` frames whose scan shape cannot be known from the file: ``scan_shape`` is needed."""
+
+    def __init__(self, message: str, frames: int):
+        super().__init__(message)
+        self.frames = frames
+
+    def __reduce__(self):  # raised on a worker, it is pickled to the client with both arguments
+        return type(self), (str(self), self.frames)
 
 
 def as_4d(shape: tuple[int, ...], scan_shape: tuple[int, int] | None, what: str) -> tuple[int, int, int, int]:
@@ -100,7 +109,7 @@ def as_4d(shape: tuple[int, ...], scan_shape: tuple[int, int] | None, what: str)
         return shape
     if len(shape) == 3:
         if scan_shape is None:
-            raise ValueError(f"{what} is a 3-D stack of {shape[0]} frames: give scan_shape=(rows, cols)")
+            raise ScanShapeNeeded(f"{what} is a 3-D stack of {shape[0]} frames: give scan_shape=(rows, cols)", shape[0])
         rows, cols = (int(s) for s in scan_shape)
         if rows * cols != shape[0]:
             raise ValueError(f"scan_shape {(rows, cols)} has {rows * cols} positions, but {what} holds {shape[0]} frames")

@@ -348,10 +348,11 @@ READ = 1024  # frames read from the file at a time
 
 
 def serve(source: Source, listener: socket.socket, rate_hz: float | None = None, compressed: bool = False,
-          ready: Callable[[], None] | None = None) -> int:
+          ready: Callable[[], None] | None = None) -> tuple[int, float]:
     """Replay ``source`` (any file ``svc.load`` reads) as a ``qgpu-frames-1`` stream to the first client that
     connects to ``listener`` (listening, left open), at about ``rate_hz`` frames per second (None: as fast as
-    it goes); returns the frames sent. ``compressed`` sends the stored bitshuffle-LZ4 chunks of an
+    it goes); returns the frames sent and the seconds from the client's connection to the last of them (the
+    rate a detector kept, not counting the wait for a client). ``compressed`` sends the stored bitshuffle-LZ4 chunks of an
     Arina/Eiger master as they are. ``ready()`` is called once the file's first frames are read, before the
     client is taken (a detector's start does not wait for files)."""
     reader = open_reader(source)
@@ -372,7 +373,7 @@ def serve(source: Source, listener: socket.socket, rate_hz: float | None = None,
                 sent += n
                 if rate_hz:
                     time.sleep(max(0.0, start + sent / rate_hz - time.perf_counter()))
-            return sent
+            return sent, time.perf_counter() - start
     finally:
         reader.close()
 

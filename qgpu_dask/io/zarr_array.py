@@ -1,4 +1,5 @@
-"""Zarr arrays (v2 or v3 stores on disk): an array store, or one array of a group via ``dataset``."""
+"""Zarr arrays (v2 or v3 stores on disk): an array store, or one array of a group at any depth: the only
+3-D/4-D one, or the one ``dataset`` names (a HyperSpy .zspy keeps its data at Experiments/__unnamed__/data)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ from typing import Iterator
 import numpy as np
 import zarr
 
-from .frames import array_blocks
+from .frames import array_blocks, native_order
 from .source import BLOCK_BYTES, as_4d
+
+
+def stack_arrays(group: zarr.Group) -> list[str]:
+    """Paths of the 3-D and 4-D arrays of a Zarr group, at any depth: the arrays an acquisition can be."""
+    return sorted(path for path, node in group.members(max_depth=None) if isinstance(node, zarr.Array) and node.ndim in (3, 4))
 
 
 class ZarrReader:
@@ -20,16 +26,19 @@ class ZarrReader:
     def __init__(self, path: Path, dataset: str | None, scan_shape):
         node = zarr.open(str(path), mode="r")
         if isinstance(node, zarr.Group):
+            stacks = stack_arrays(node)
             if dataset is None:
-                raise ValueError(f"{str(path)!r} is a Zarr group: give dataset= (arrays: {sorted(node.array_keys())})")
+                if len(stacks) != 1:
+                    raise ValueError(f"{str(path)!r} is a Zarr group: give dataset= (3-D/4-D arrays found: {stacks or 'none'})")
+                dataset = stacks[0]
             try:
                 node = node[dataset.strip("/")]
             except KeyError:
-                raise KeyError(f"Zarr group {str(path)!r} has no array {dataset!r} (arrays: {sorted(node.array_keys())})") from None
+                raise KeyError(f"Zarr group {str(path)!r} has no array {dataset!r} (3-D/4-D arrays: {stacks or 'none'})") from None
         if not isinstance(node, zarr.Array):
             raise ValueError(f"{str(path)!r}: {dataset!r} is not a Zarr array")
         self.array = node
-        self.dtype = np.dtype(node.dtype)
+        self.dtype = native_order(node.dtype)
         self.shape = as_4d(node.shape, scan_shape, f"Zarr array {str(path)!r}")
 
     @property

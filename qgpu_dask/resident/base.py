@@ -33,12 +33,14 @@ def kernels_for(xp: ModuleType, layout: str) -> ModuleType:
 
 
 def check_dtype(dtype) -> np.dtype:
-    """The acquisition dtype, or ValueError naming the supported ones."""
+    """The acquisition dtype in native byte order (counts stored big- or little-endian are held native), or
+    ValueError naming the supported ones."""
     dtype = np.dtype(dtype)
-    if dtype not in SUPPORTED_DTYPES:
+    native = dtype.newbyteorder("=")
+    if native not in SUPPORTED_DTYPES:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
-        raise ValueError(f"dtype {dtype} is not supported (supported: {names})")
-    return dtype
+        raise ValueError(f"dtype {dtype} is not supported (supported: {names}, in either byte order)")
+    return native
 
 
 def check_shape(shape) -> tuple[int, int, int, int]:

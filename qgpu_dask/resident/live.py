@@ -89,6 +89,8 @@ class LiveCounts(Resident):
         xp = self.xp
         if getattr(frames, "ndim", None) != 3 or tuple(frames.shape[1:]) != self.det_shape:
             raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {getattr(frames, 'shape', None)}")
+        if frames.dtype != self.dtype and frames.dtype.newbyteorder("=") == self.dtype:
+            frames = np.asarray(frames, self.dtype)  # NumPy frames of the other byte order
         if frames.dtype != self.dtype:
             raise ValueError(f"frames are {frames.dtype}, the acquisition {self.name!r} holds {self.dtype}")
         n = int(frames.shape[0])

@@ -24,6 +24,17 @@ PLUGIN_NAME = "qgpu-catalog"
 COPY_LIMIT = 2 * 2**30
 
 
+def check_copy_room(nbytes: int, used: int) -> None:
+    """ValueError unless a put copy of ``nbytes`` fits beside the ``used`` bytes of the others (checked by the
+    client before an array is sent, and by the catalog)."""
+    if used + nbytes > COPY_LIMIT:
+        raise ValueError(
+            f"svc.put keeps a copy of each array on the scheduler, so it survives the loss of a worker; these copies "
+            f"are limited to {format_bytes(COPY_LIMIT)} in all and {format_bytes(used)} are used, this array needs "
+            f"{format_bytes(nbytes)}: save a large array (np.save) and svc.load the file instead"
+        )
+
+
 class Catalog(SchedulerPlugin):
     """Shards (one per worker), acquisitions (name -> owner and description) and put copies."""
 
@@ -87,11 +98,13 @@ class Catalog(SchedulerPlugin):
         self.acquisitions[name] = {"name": name, "owner": owner, "nbytes": int(nbytes), "state": "loading"}
 
     def commit(self, *, name: str, owner: str, record: dict) -> None:
-        """A load finished: ``name`` is ready on ``owner`` (for a re-home or move: the target becomes the owner)."""
+        """A load finished: ``name`` is ready on ``owner`` (for a re-home or move: the target becomes the owner).
+        A live acquisition is logged "created", and "completed" when its last scan position arrives."""
         entry = self.acquisitions.get(name)
         if entry is None or owner not in (entry["owner"], entry.get("target")):
             raise KeyError(f"acquisition {name!r} was not claimed by {owner}")
-        previous, event = entry["owner"], {"rehoming": "rehomed", "moving": "moved"}.get(entry["state"], "loaded")
+        settled = "completed" if entry["state"] == "ready" else "created" if record.get("live") else "loaded"
+        previous, event = entry["owner"], {"rehoming": "rehomed", "moving": "moved"}.get(entry["state"], settled)
         entry.pop("target", None)
         entry.pop("error", None)
         entry.update(record, state="ready", owner=owner)
@@ -110,7 +123,7 @@ class Catalog(SchedulerPlugin):
         if entry["owner"] == owner:
             del self.acquisitions[name]
             self.copies.pop(name, None)
-            self.log("released", name=name, owner=owner)
+            self.log("load-failed" if entry["state"] == "loading" else "released", name=name, owner=owner)
             return True
         return False
 
@@ -118,13 +131,7 @@ class Catalog(SchedulerPlugin):
         """Keep a put array's bytes (``np.save`` form) so the acquisition can be held again if its shard is lost."""
         if name in self.acquisitions:
             raise ValueError(f"an acquisition named {name!r} already exists: release it or choose another name")
-        used = sum(len(c) for n, c in self.copies.items() if n != name)
-        if used + len(data) > COPY_LIMIT:
-            raise ValueError(
-                f"svc.put keeps a copy of each array on the scheduler, so it survives the loss of a worker; these copies "
-                f"are limited to {format_bytes(COPY_LIMIT)} in all and {format_bytes(used)} are used: save a large array "
-                f"(np.save) and svc.load the file instead"
-            )
+        check_copy_room(len(data), sum(len(c) for n, c in self.copies.items() if n != name))
         self.copies[name] = data
 
     def forget_copy(self, *, name: str) -> None:
@@ -134,7 +141,8 @@ class Catalog(SchedulerPlugin):
 
     def state(self) -> dict:
         """Everything, for clients: shards, acquisitions, recent events."""
-        return {"shards": self.shards, "acquisitions": self.acquisitions, "events": self.events[-50:]}
+        return {"shards": self.shards, "acquisitions": self.acquisitions, "events": self.events[-50:],
+                "copy_bytes": sum(len(c) for c in self.copies.values())}
 
     def add_worker(self, scheduler, worker: str) -> None:
         """A worker joined (a nanny's restart, a new node): recovery starts a shard on it and gives it a share."""

@@ -75,7 +75,8 @@ def place(sizes: list[int], state: dict, pinned: str | None = None) -> list[str]
         if not fits:
             best = max(free, key=free.get)
             where = f"worker {pinned}" if pinned else f"any shard (largest free: {format_bytes(free[best])} on {best})"
-            raise ValueError(f"acquisition {i} needs {format_bytes(size)}, more than fits on {where}")
+            raise ValueError(f"acquisition {i} needs {format_bytes(size)}, more than fits on {where}: release acquisitions "
+                             f"to make room, or add workers")
         owner = min(fits, key=lambda a: (count[a], -free[a], a))
         room.take(owner, size)
         count[owner] += 1

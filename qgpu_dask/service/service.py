@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import io
+import json
 import os
+import socket
+import sys
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
@@ -15,6 +19,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 import numpy as np
 from dask.utils import format_bytes
 from distributed import Client
+from distributed.comm.addressing import parse_address, parse_host_port
 from tqdm.auto import tqdm
 
 from ..device import has_gpu, parse_bytes
@@ -24,18 +29,46 @@ from ..resident.base import check_dtype, check_shape
 from ..resident.live import check_representation, start_bytes
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture, call_async, shard_pool
-from .catalog import PLUGIN_NAME, Catalog
+from .catalog import PLUGIN_NAME, Catalog, check_copy_room
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
 from .shard import Shard, check_saved_representation, shard_key, wants_compressed
+from .spawn import check_main_guard
 
 PathLike = str | os.PathLike
 MASKS_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
 REHOME_WAIT = 600.0  # seconds a query waits for an acquisition of a lost shard to be held again
+CONNECT_WAIT = 5.0  # seconds connect waits for a scheduler's port to answer
 
 
 class AcquisitionLost(RuntimeError):
     """An acquisition's shard was lost and no surviving shard could hold it again."""
+
+
+def check_listening(address: str, what: str) -> None:
+    """ConnectionError within CONNECT_WAIT seconds unless something listens at a scheduler ``address`` (tcp or
+    tls; other transports are left to Dask), rather than the Client's silent wait of its 30 s timeout."""
+    scheme, location = parse_address(address)
+    if scheme not in ("tcp", "tls"):
+        return
+    host, port = parse_host_port(location, default_port=8786)
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_WAIT).close()
+    except OSError as err:
+        reason = err.strerror or f"no answer within {CONNECT_WAIT:g} s"
+        raise ConnectionError(f"no scheduler at {what} ({reason}): start one (dask scheduler) or check the address") from None
+
+
+def scheduler_address(scheduler_file: PathLike) -> str:
+    """The address in a scheduler file; FileNotFoundError or ValueError naming the file at once (the Client
+    would wait for the file to appear)."""
+    path = Path(scheduler_file).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"no scheduler file {str(path)!r}: give the file that `dask scheduler --scheduler-file` wrote")
+    try:
+        return str(json.loads(path.read_text())["address"])
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{str(path)!r} is not a scheduler file (JSON with the scheduler's \"address\")") from None
 
 
 class Service:
@@ -44,6 +77,7 @@ class Service:
     def __init__(self, client: Client, *, budget: int | str | None = None, cluster=None):
         self.client = client
         self.cluster = cluster
+        self.closed = False
         self.budget = parse_bytes(budget)
         self.masks_sent: set[tuple[str, str]] = set()
         self.owners: dict[str, str] = {}  # the owner last seen of each acquisition name
@@ -59,8 +93,11 @@ class Service:
         """The embedded default cluster: one worker per GPU when CuPy sees GPUs, else CPU worker processes.
 
         Keyword arguments go to ``LocalCUDACluster`` / ``LocalCluster`` (e.g. ``n_workers=3``);
-        ``budget`` caps each shard's resident bytes (default: most of its device's memory).
+        ``budget`` caps each shard's resident bytes (default: most of its device's memory). Worker processes
+        import the main script again: a script calls this under ``if __name__ == "__main__":`` (RuntimeError
+        at once otherwise).
         """
+        check_main_guard("qd.Service.local()", sys._getframe(1))
         if has_gpu():
             from dask_cuda import LocalCUDACluster
 
@@ -80,18 +117,27 @@ class Service:
 
     @classmethod
     def connect(cls, address: str | None = None, *, scheduler_file: PathLike | None = None, budget: int | str | None = None, **client_kwargs) -> "Service":
-        """Attach to a running scheduler by address (``tcp://host:8786``) or ``scheduler_file``."""
+        """Attach to a running scheduler by address (``tcp://host:8786``) or ``scheduler_file``. A missing
+        scheduler file is a FileNotFoundError at once, an address where nothing listens a ConnectionError
+        within CONNECT_WAIT seconds."""
         if (address is None) == (scheduler_file is None):
             raise ValueError("give exactly one of address or scheduler_file")
         client_kwargs.setdefault("direct_to_workers", True)
         if scheduler_file is not None:
+            found = scheduler_address(scheduler_file)
+            check_listening(found, f"{found}, the address in {os.fspath(scheduler_file)!r} (a scheduler that has stopped?)")
             client = Client(scheduler_file=os.fspath(scheduler_file), **client_kwargs)
         else:
+            check_listening(address, address)
             client = Client(address, **client_kwargs)
         return cls(client, budget=budget)
 
     def close(self) -> None:
-        """Disconnect; a cluster started by :meth:`local` is shut down with its residents."""
+        """Disconnect; a cluster started by :meth:`local` is shut down with its residents. Later calls raise
+        RuntimeError (:meth:`check_open`); a second close does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         if self.client.status == "running":
             self.client.sync(self.pool.close)
         self.client.close()
@@ -106,12 +152,21 @@ class Service:
 
     # -- shards and the catalog -------------------------------------------------
 
+    def check_open(self) -> None:
+        """RuntimeError once this service is closed (its client's event loop is gone)."""
+        if self.closed or self.client.status == "closed":
+            raise RuntimeError("this service is closed (svc.close(), or the end of its with block): "
+                               "start another with qd.Service.local() or qd.Service.connect(...)")
+
     def state(self) -> dict:
-        """The catalog as the scheduler holds it: shards, acquisitions, recent events."""
+        """The catalog as the scheduler holds it: shards, acquisitions, recent events, bytes of put copies."""
+        self.check_open()
         return self.client.sync(self.client.scheduler.qgpu_state)
 
     def ensure_shards(self) -> None:
-        """Start a shard actor on every worker that has none (idempotent across clients)."""
+        """Start a shard actor on every worker that has none (idempotent across clients); warn where a shard
+        holds less than the budget asked for (more than its worker's memory)."""
+        self.check_open()
         workers = list(self.client.scheduler_info(n_workers=-1)["workers"])
         known = self.state()["shards"]
         missing = [w for w in workers if w not in known]
@@ -126,11 +181,20 @@ class Service:
             except KeyError:
                 pass  # another client published the same shard first
         starts = [self.call(w, "start") for w in missing]
-        for s in starts:
-            s.result()
+        for w, s in zip(missing, starts):
+            shard = s.result()
+            if self.budget is not None and shard["budget"] < self.budget:
+                memory = "GPU memory" if shard["device"]["kind"] == "cuda" else "memory limit"
+                warnings.warn(f"budget={format_bytes(self.budget)} is more than the {format_bytes(shard['budget'])} {memory} "
+                              f"of worker {w}: its shard holds at most {format_bytes(shard['budget'])}", stacklevel=2)
 
     def on_loop(self, coroutine) -> concurrent.futures.Future:
         """Run ``coroutine`` on the client's event loop; a thread-safe future of its result."""
+        try:
+            self.check_open()
+        except RuntimeError:
+            coroutine.close()  # never awaited: no warning of it
+            raise
         return asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
 
     def call(self, address: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
@@ -326,21 +390,25 @@ class Service:
         """Send an in-memory 4-D array to a shard as a new acquisition (``representation`` as in :meth:`load`).
 
         The scheduler keeps a copy (``np.save`` bytes; 2 GiB in all) to hold it again if its worker is lost.
+        An array that fits no shard's budget, or beside the copies kept, is refused before anything is sent;
+        counts of either byte order are held native.
         """
         array = np.asarray(array)
-        if array.ndim != 4:
-            raise ValueError(f"an acquisition is 4-D (scan_rows, scan_cols, det_rows, det_cols), got shape {array.shape}")
-        wants_compressed(representation, array.dtype)
+        check_shape(array.shape)
+        dtype = check_dtype(array.dtype)
+        wants_compressed(representation, dtype)
         name = name or f"array-{uuid.uuid4().hex[:8]}"
         self.ensure_shards()
         state = self.state()
         self.check_new_names([name], state)
         owner = place([array.nbytes], state, pinned=worker)[0]
+        check_copy_room(array.nbytes, state["copy_bytes"])
+        array = np.ascontiguousarray(array, dtype)
         copy = io.BytesIO()
         np.save(copy, array, allow_pickle=False)
         self.client.sync(self.client.scheduler.qgpu_keep_copy, name=name, data=copy.getvalue())
         try:
-            record = self.on_loop(self.placed(name, owner, array.nbytes, worker is not None, "put", np.ascontiguousarray(array), representation)).result()
+            record = self.on_loop(self.placed(name, owner, array.nbytes, worker is not None, "put", array, representation)).result()
         except BaseException:
             self.client.sync(self.client.scheduler.qgpu_forget_copy, name=name)
             raise

@@ -22,7 +22,7 @@ import numpy as np
 from dask.utils import format_bytes
 from distributed import get_worker
 
-from ..device import array_module, cupy_or_none, default_budget, device_info, synchronize, to_host
+from ..device import array_module, cupy_or_none, default_budget, device_info, memory_bytes, synchronize, to_host
 from ..io.load import describe, inspect, read_dense
 from ..io.saved import describe_saved, open_resident, save_resident
 from ..io.source import Source, detect_format, open_reader
@@ -121,7 +121,8 @@ class Shard:
         self.reserved = 0
         self.device = device_info()
         self.requested = int(budget) if budget else None
-        self.budget = self.requested or default_budget(self.worker.memory_manager.memory_limit)
+        limit = self.worker.memory_manager.memory_limit
+        self.budget = min(self.requested, memory_bytes(limit)) if self.requested else default_budget(limit)  # the client warns of a cut
         self.masks = MaskCache()
         self.prepared = PreparedCache(self.budget // 2)
         self.reconstructions: dict[str, dict[str, tuple[geometry.Geometry, Any]]] = {}  # run -> name -> (geometry, object)
@@ -250,11 +251,11 @@ class Shard:
         """Hold an array sent by a client as a new resident named ``name``."""
         array = np.asarray(array)
         shape = check_shape(array.shape)
-        check_dtype(array.dtype)
-        compress = wants_compressed(representation, array.dtype)
+        dtype = check_dtype(array.dtype)
+        compress = wants_compressed(representation, dtype)
 
         def place() -> Resident:
-            resident = DenseCounts.empty(name, shape, array.dtype)
+            resident = DenseCounts.empty(name, shape, dtype)
             resident.write(0, array.reshape(-1, shape[2], shape[3]))
             resident = held_as(resident, compress)
             synchronize()

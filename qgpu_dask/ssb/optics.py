@@ -27,6 +27,7 @@ LIGHT_SPEED = 299792458.0  # m / s
 TERMS = ((1, 0), (1, 2), (2, 1), (2, 3), (3, 0), (3, 2), (3, 4), (4, 1), (4, 3), (4, 5), (5, 0), (5, 2), (5, 4), (5, 6))
 NAMES = {f"C{n}{m}" for n, m in TERMS} | {f"phi{n}{m}" for n, m in TERMS if m}
 CALIBRATION = ("det_sampling_mrad", "rotation_deg", "flip", "bf_center_px")  # what acq.calibrate fills in
+ENERGY_RANGE_EV = (1e3, 3.5e6)  # beams of electron microscopes: low-voltage SEM to the MeV instruments
 
 
 def wavelength_A(energy_eV: float) -> float:
@@ -78,6 +79,10 @@ class Optics:
     def __post_init__(self):
         for name in ("energy_eV", "semiangle_mrad", "scan_step_A"):
             object.__setattr__(self, name, positive(getattr(self, name), name))
+        low, high = ENERGY_RANGE_EV
+        if not low <= self.energy_eV <= high:
+            raise ValueError(f"energy_eV={self.energy_eV:g} is outside the beam energies of electron microscopes ({low:g} to "
+                             f"{high:g} eV): the energy is in eV, so 300 keV is energy_eV=300e3")
         if self.det_sampling_mrad is not None:
             object.__setattr__(self, "det_sampling_mrad", positive(self.det_sampling_mrad, "det_sampling_mrad"))
         aberrations = dict(self.aberrations or {})
