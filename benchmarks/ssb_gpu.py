@@ -15,7 +15,7 @@ stages of the preparation timed alone (pixel images, rfft2, sideband sum,
 inverse FFT). The phase is checked against the simulated object.
 
     python benchmarks/ssb_gpu.py                 # on the GPU machine
-    python benchmarks/ssb_gpu.py --tile 2 --series 2 --scan 32   # a small dry run (CPU workers)
+    python benchmarks/ssb_gpu.py --small         # seconds, on CPU workers too: what CI runs
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--tile", type=int, default=8)
     ap.add_argument("--series", type=int, default=16, help="compressed acquisitions in the series (0: none)")
     ap.add_argument("--repeat", type=int, default=10)
-    args = ap.parse_args()
+    args = record.parse(ap, small={"scan": 16, "det": 32, "tile": 1, "series": 2, "repeat": 2})
     over, step, semiangle = 4, 0.52, 30.0
     scan, det = (args.scan, args.scan), (args.det, args.det)
     truth_optics = qd.Optics(300e3, semiangle, step, aberrations=TRUTH)
