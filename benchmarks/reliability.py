@@ -155,7 +155,7 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=2)
     ap.add_argument("--budget", default=None, help="each shard's budget (default: the device's)")
     args = record.parse(ap, small={"scan": (8, 8), "det": (16, 16), "acquisitions": 3, "workers": 2, "threads": 2, "queries": 10,
-                                   "kills": 1, "budget": "64 MiB"})
+                                   "kills": 2, "budget": "64 MiB"})
     scan, det = tuple(args.scan), tuple(args.det)
     rng = np.random.default_rng(0)
     cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=":0")

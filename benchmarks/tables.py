@@ -52,9 +52,10 @@ class RatioOf:
     path: str
     over: str
     fmt: str = "{:.2f}"
+    scale: float = 1.0
 
     def text(self, results: dict) -> str:
-        return self.fmt.format(lookup(results, self.path) / lookup(results, self.over))
+        return self.fmt.format(lookup(results, self.path) / lookup(results, self.over) * self.scale)
 
 
 Cell = str | F | RatioOf | tuple  # a tuple joins its parts: ("(", F(...), ")")
@@ -264,7 +265,8 @@ def gpu_dense_rows() -> tuple:
              ("CuPy `sum(axis=0, dtype=uint64)`", "cupy_references/cupy_sum_axis0_uint64", None, None)]
     rows = []
     for label, key, tbps, ratio in cases:
-        rows.append((label, F(f"{key}/median_ms"), F(f"{key}/{tbps}") if tbps else "", F(f"{key}/{ratio}") if ratio else ""))
+        rate = F(f"{key}/{tbps}") if tbps else RatioOf("bytes", f"{key}/median_ms", scale=1e-9)
+        rows.append((label, F(f"{key}/median_ms"), rate, F(f"{key}/{ratio}") if ratio else RatioOf("read_sum/median_ms", f"{key}/median_ms")))
     return tuple(rows)
 
 
@@ -294,7 +296,7 @@ def arina_rows() -> tuple:
             ("`ArinaReader` into host memory", F("arina_reader/s", "{:.3f}"), F("arina_reader/GBps"), (F("arina_reader/over_h5py", "{:.1f}"), " x"), ""),
             ("`svc.load`, dense resident", F("service_load/dense/s", "{:.3f}"), F("service_load/dense/GBps", bold=True),
              (F("service_load/dense/over_h5py", "{:.1f}"), " x"), ""),
-            ("`svc.load`, default layout", F("service_load/auto/s", "{:.3f}"), F("service_load/auto/GBps"),
+            (("`svc.load`, default layout (", F("service_load/auto/layout"), ")"), F("service_load/auto/s", "{:.3f}"), F("service_load/auto/GBps"),
              (F("service_load/auto/over_h5py", "{:.2f}"), " x"), ""))
 
 
@@ -308,14 +310,14 @@ def arina_cuda_rows() -> tuple:
 
 def reliability_rows() -> tuple:
     runs = [("1 thread (baseline)", "unloaded"), ("8 threads", "under_load"), ("8 threads, 2 workers killed", "faults/queries")]
-    return tuple((label, F(f"{k}/queries", "{}"), F(f"{k}/wrong", "{}"), F(f"{k}/errors", "{}"), F(f"{k}/queries_per_s", "{:.0f}"),
-                  F(f"{k}/p50_ms", "{:.1f}"), F(f"{k}/p95_ms", "{:.1f}"), F(f"{k}/p99_ms", "{:.1f}")) for label, k in runs)
+    return tuple((label, F(f"{k}/queries"), F(f"{k}/wrong"), F(f"{k}/errors"), F(f"{k}/queries_per_s", "{:.0f}"),
+                  F(f"{k}/p50_ms", "{:.1f}"), F(f"{k}/p95_ms", "{:.1f}"), F(f"{k}/p99_ms", "{:.1f}"), F(f"{k}/over_1s"),
+                  F(f"{k}/max_ms", "{:.0f}")) for label, k in runs)
 
 
 def kill_rows() -> tuple:
-    return tuple((f"SIGKILL worker {i + 1}", F(f"faults/kills/{i}/seconds_to_rehomed"), F(f"faults/kills/{i}/rehome_GBps"),
-                  F(f"faults/kills/{i}/rehome_over_first_load"), F(f"faults/kills/{i}/seconds_to_balanced", "{:.1f}"),
-                  F(f"faults/kills/{i}/lost", "{}")) for i in range(2))
+    return tuple((f"SIGKILL worker {i + 1}", F(f"{k}/seconds_to_rehomed"), F(f"{k}/rehome_GBps"), F(f"{k}/rehome_over_first_load"),
+                  F(f"{k}/seconds_to_balanced", "{:.1f}"), F(f"{k}/lost")) for i, k in enumerate(("faults/kills/0", "faults/kills/1")))
 
 
 def multi_rows() -> tuple:
@@ -325,7 +327,7 @@ def multi_rows() -> tuple:
             k = f"representations/{rep}/{g}"
             rows.append((label, g, F(f"{k}/series_query_ms"), F(f"{k}/weak_scaling_efficiency", bold=g == "2"), F(f"{k}/single_query_ms"),
                          F(f"{k}/ping_p50_ms_per_shard/0"), F(f"{k}/load_GBps"), F(f"{k}/load_over_file_read"),
-                         F(f"{k}/resident_bytes", "{:.1f}", scale=1e-9)))
+                         F(f"{k}/resident_bytes", "{:.1f}", scale=1e-9), F("file_read_GBps")))
     return tuple(rows)
 
 
@@ -353,18 +355,22 @@ TABLES: tuple[Table | Figure, ...] = (
     Table("load_arina_cpu", GPU, "load_arina_cpu", "load_arina", ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin", ""),
           tuple(r[:4] + ("",) for r in arina_rows())),
     Table("reliability_cuda", GPU, "reliability_cuda", "reliability",
-          ("run", "queries", "wrong", "errors", "queries/s", "p50 ms", "p95 ms", "p99 ms"), reliability_rows()),
+          ("run", "queries", "wrong", "errors", "queries/s", "p50 ms", "p95 ms", "p99 ms", "over 1 s", "max ms"), reliability_rows()),
     Table("reliability_kills_cuda", GPU, "reliability_cuda", "reliability",
           ("fault injected", "re-homed in s", "GB/s of counts", "against the first load", "shard back with its share, s", "lost"), kill_rows()),
     Table("reliability_memory_cuda", GPU, "reliability_cuda", "reliability", ("memory pressure", ""), (
         ("load larger than any shard's free budget refused in, ms", F("memory_pressure/refuse_s", "{:.0f}", scale=1e3)),
-        ("bytes reserved after the refusal", F("memory_pressure/reserved_after_refusal", "{}")),
-        ("wrong / errors in queries after it", (F("memory_pressure/queries_after_refusal/wrong", "{}"), " / ", F("memory_pressure/queries_after_refusal/errors", "{}"))),
+        ("the refusal", F("memory_pressure/message")),
+        ("bytes reserved after the refusal", F("memory_pressure/reserved_after_refusal")),
+        ("queries after it: wrong / errors / all", (F("memory_pressure/queries_after_refusal/wrong"), " / ",
+                                                   F("memory_pressure/queries_after_refusal/errors"), " / ", F("memory_pressure/queries_after_refusal/queries"))),
         ("resident GB before / after releasing all", (F("memory_pressure/resident_bytes_before_release", "{:.3f}", scale=1e-9), " / ",
                                                      F("memory_pressure/resident_bytes_after_release", "{:.3f}", scale=1e-9))),
         ("device free memory gained, GB", F("memory_pressure/device_free_gained_bytes", "{:.2f}", scale=1e-9)))),
     Table("reliability_cpu", GPU, "reliability_cpu", "reliability",
-          ("run", "queries", "wrong", "errors", "queries/s", "p50 ms", "p95 ms", "p99 ms"), reliability_rows()),
+          ("run", "queries", "wrong", "errors", "queries/s", "p50 ms", "p95 ms", "p99 ms", "over 1 s", "max ms"), reliability_rows()),
+    Table("reliability_kills_cpu", GPU, "reliability_cpu", "reliability",
+          ("fault injected", "re-homed in s", "GB/s of counts", "against the first load", "shard back with its share, s", "lost"), kill_rows()),
     Table("ssb_vs_ptychography40", GPU, "ssb_vs_ptychography40_cpu", "ssb_vs_ptychography40",
           ("", "time s", "against their UDF", "correlation with the object"), (
               ("ptychography40 SSB_UDF, LiberTEM inline (its masks included)", F("ptychography40/udf_s"), "1.00", F("ptychography40/correlation_with_object", "{:.3f}")),
@@ -373,16 +379,20 @@ TABLES: tuple[Table | Figure, ...] = (
               ("`acq.ssb` again, other aberrations (G kept)", F("ours/repeat_ssb_s"), F("repeat_over_udf", "{:.3f}", bold=True), ""),
               ("the two phases' correlation", "", "", F("phases_correlation", "{:.3f}")))),
     Table("multi_gpu", GPU, "multi_gpu_cuda_x2_dense", "multi_gpu",
-          ("6 acquisitions per GPU", "G", "series query ms", "efficiency", "one query ms", "ping ms, first shard", "load GB/s of counts", "load / file read", "GB resident"),
+          ("6 acquisitions per GPU", "G", "series query ms", "efficiency", "one query ms", "ping ms, first shard", "load GB/s of counts", "load / file read", "GB resident", "file read GB/s"),
           multi_rows()[:2]),
     Table("multi_gpu_compressed", GPU, "multi_gpu_cuda_x2_compressed", "multi_gpu",
-          ("6 acquisitions per GPU", "G", "series query ms", "efficiency", "one query ms", "ping ms, first shard", "load GB/s of counts", "load / file read", "GB resident"),
+          ("6 acquisitions per GPU", "G", "series query ms", "efficiency", "one query ms", "ping ms, first shard", "load GB/s of counts", "load / file read", "GB resident", "file read GB/s"),
           multi_rows()[2:]),
     Table("multi_gpu_kill", GPU, "multi_gpu_cuda_x2_compressed", "multi_gpu", ("worker loss, compressed, G = 2", ""), (
         ("held again on GPU 0 after, s", F("representations/compressed:6/2/kill/seconds_to_rehomed", "{:.1f}", bold=True)),
+        ("re-homed GB/s of counts (re-read and re-encoded)", RatioOf("representations/compressed:6/2/kill/rehome_raw_bytes",
+                                                                    "representations/compressed:6/2/kill/rehome_s", scale=1e-9)),
         ("restarted worker had its share back after, s", F("representations/compressed:6/2/kill/seconds_to_balanced", "{:.1f}")),
-        ("lost", F("representations/compressed:6/2/kill/lost", "{}")),
-        ("series images exact after it", F("representations/compressed:6/2/kill/exact_after", "{}")))),
+        ("lost", F("representations/compressed:6/2/kill/lost")),
+        ("series images exact after it", F("representations/compressed:6/2/kill/exact_after")))),
+    Figure("multi_gpu_256", GPU, "multi_gpu_cuda_x2_256", "multi_gpu", (F("runs/2/weak_scaling_efficiency"),)),
+    Figure("multi_gpu_512", GPU, "multi_gpu_cuda_x2_512", "multi_gpu", (F("runs/2/weak_scaling_efficiency"),)),
     Table("ssb_cuda", GPU, "ssb_cuda", "ssb_gpu", ("step", "ms", "cold ms", "in reads of the counts"), (
         ("`calibrate` (mean pattern, 4 exact images, host search)", F("calibrate_ms", "{:.1f}"), F("calibrate_cold_ms", "{:.0f}"), ""),
         ("first `ssb` of an acquisition (G made and kept)", F("first_ssb_ms", "{:.1f}", bold=True), F("first_ssb_cold_ms", "{:.0f}"), F("first_ssb_over_one_read", "{:.1f}")),
@@ -392,6 +402,9 @@ TABLES: tuple[Table | Figure, ...] = (
          (F("stages/pixel_images_ms", "{:.1f}"), " / ", F("stages/rfft2_ms", "{:.1f}"), " / ", F("stages/prepare_ms", "{:.1f}"), " / ",
           F("stages/sideband_sum_ms", "{:.1f}"), " / ", F("stages/inverse_fft_ms", "{:.1f}")), "", ""),
         ("one read of the counts", F("stages/read_counts_ms"), "", "1"),
+        ("the first `ssb` / the sum of its stages", F("first_over_preparation_stages"), "", ""),
+        ("the repeat / the fused sideband sum alone", F("repeat_over_sideband_sum"), "", ""),
+        ("`calibrate`'s rotation, deg (truth 0)", F("calibration/rotation_deg", "{:.1f}"), "", ""),
         ("correlation of the phase with the object", F("correlation_with_object", "{:.3f}"), "", ""))),
     Table("ssb_fit_cuda", GPU, "ssb_cuda_fit_rotation", "ssb_gpu", ("`fit_aberrations` with the rotation search (G kept)", ""), (
         ("ms", F("fit_aberrations_ms", "{:.0f}")), ("fitted rotation, deg", F("fitted/rotation_deg")), ("fitted C10, A", F("fitted/C10", "{:.1f}")),
@@ -420,7 +433,8 @@ TABLES: tuple[Table | Figure, ...] = (
         ("compressed, amplitudes, dose 0.5 / 0.2 / 0.05",
          (F("feed_compressed_by_dose/0.5/G_counts_per_s", "{:.0f}"), " / ", F("feed_compressed_by_dose/0.2/G_counts_per_s", "{:.0f}"), " / ",
           F("feed_compressed_by_dose/0.05/G_counts_per_s", "{:.0f}", bold=True)), "", ""),
-        ("the plain read of the dense counts, TB/s", F("read_GBps", "{:.1f}", scale=1e-3), "", ""))),
+        ("the plain read of the dense counts, TB/s", F("read_GBps", "{:.1f}", scale=1e-3), "", ""),
+        ("raw / held, compressed at dose 0.5", F("compressed_ratio", "{:.1f}"), "", ""))),
     Table("ptycho_pass_cuda", GPU, "ptycho_cuda", "ptycho_gpu", ("", "ms per 262,144 positions"), (
         ("fed pass", F("iteration/ms_per_262144_positions", "{:.0f}", bold=True)),
         ("the update alone (blocks made beforehand)", F("iteration/update_alone_ms", "{:.0f}")),
@@ -437,13 +451,22 @@ TABLES: tuple[Table | Figure, ...] = (
                F("bitshuffle_lz4/with_viewer/frames_per_s", "{:,.0f}", bold=True), F("bitshuffle_lz4/with_viewer/GB_per_s"),
                (F("bitshuffle_lz4/with_viewer/views_per_s", "{:.1f}", bold=True), " (", F("bitshuffle_lz4/with_viewer/views_per_s_finished", "{:.0f}"), " finished)"),
                RatioOf("bitshuffle_lz4/with_viewer/frames_per_s", "arina_rate_frames_per_s")),
+              ("over the wire", "", F("bitshuffle_lz4/alone/over_wire"), F("bitshuffle_lz4/with_viewer/over_wire"), "", "", ""),
               ("resident: raw / held", F("bitshuffle_lz4/with_viewer/ratio"), "", "", "", "", ""))),
     Table("tensor_rates_cuda", GPU, "tensor_rates_cuda", "tensor_rates", ("unit", "TFLOPS", "against float32 multiply-adds"), tuple(
         (label, F(f"tflops/{k}", "{:.1f}"), F(f"over_f32_fma/{k}")) for label, k in (
             ("float64 tensor cores, m8n8k4", "f64_m8n8k4"), ("float64 tensor cores, m16n8k4", "f64_m16n8k4"),
             ("float64 tensor cores, m16n8k16", "f64_m16n8k16"), ("tf32 tensor cores, m16n8k8", "tf32_m16n8k8"), ("float32 multiply-adds", "f32_fma")))),
+    Table("cpu_vs_libertem_summary", GPU, "cpu_vs_libertem", "cpu_vs_libertem", ("what", "median ms"), (
+        (("LiberTEM `ApplyMasksUDF` (uint32 masks), inline executor (the fastest: ", F("libertem_baseline"), ")"),
+         F("libertem/inline/median_s", "{:.1f}", scale=1e3)),
+        ("NumPy: h5py read + `tensordot`", F("numpy/median_s", "{:.1f}", scale=1e3)),
+        ("**qgpu-dask query on the resident acquisition, 1 CPU worker**", F("qgpu/1/median_s", "{:.2f}", scale=1e3, bold=True)),
+        ("LiberTEM / qgpu-dask", F("ratios/libertem_over_qgpu", "{:.1f}x", bold=True)),
+        ("all results equal (`==`)", F("all_equal")))),
     Table("cpu_vs_libertem", CPU, "cpu_vs_libertem", "cpu_vs_libertem", ("what", "median ms", "min ms", "GB/s"), tuple(
-        (label, F(f"{k}/median_s", "{:.1f}", scale=1e3, bold=bold), F(f"{k}/min_s", "{:.1f}", scale=1e3), F(f"{k}/gb_per_s")) for label, k, bold in (
+        (label, F(f"{k}/median_s", "{:.2f}" if bold or "/" in k and k.startswith("qgpu") else "{:.1f}", scale=1e3, bold=bold),
+         F(f"{k}/min_s", "{:.2f}" if k.startswith("qgpu") else "{:.1f}", scale=1e3), F(f"{k}/gb_per_s")) for label, k, bold in (
             ("LiberTEM `inline` (InlineJobExecutor), **baseline**", "libertem/inline", False),
             ("LiberTEM `threads:2` (ConcurrentJobExecutor)", "libertem/threads:2", False),
             ("LiberTEM default `Context()` (DaskJobExecutor, 2 workers)", "libertem/default", False),
@@ -453,7 +476,9 @@ TABLES: tuple[Table | Figure, ...] = (
             ("qgpu-dask query, 2 workers", "qgpu/2", False))) + (
         ("LiberTEM / qgpu-dask (1 worker), NumPy / qgpu-dask", F("ratios/libertem_over_qgpu", "{:.1f}x", bold=True), F("ratios/numpy_over_qgpu", "{:.1f}x"), ""),
         ("qgpu-dask load (once, read by the worker), s and GB/s", F("qgpu/1/load_s"), "", F("qgpu/1/load_gb_per_s")),
-        ("qgpu-dask kernel on the worker / `ping` round trip", F("qgpu/1/kernel_median_s", "{:.1f}", scale=1e3), F("qgpu/1/ping_median_s", "{:.2f}", scale=1e3), ""))),
+        ("qgpu-dask kernel on the worker / `ping` round trip", F("qgpu/1/kernel_median_s", "{:.1f}", scale=1e3), F("qgpu/1/ping_median_s", "{:.2f}", scale=1e3), ""),
+        ("the kernel in the client process, 2 threads / 1 thread", F("mask_sums_in_process/by_threads_median_s/2", "{:.1f}", scale=1e3),
+         F("mask_sums_in_process/by_threads_median_s/1", "{:.1f}", scale=1e3), ""))),
 )
 
 
