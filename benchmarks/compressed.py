@@ -267,7 +267,7 @@ def main() -> int:
     ap.add_argument("--moving-dose", type=float, default=0.3, help="dose of the moving-disk acquisitions")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="results JSON path (default: record.py's folder)")
-    args = record.parse(ap, small={"scan": (8, 8), "det": (16, 16), "doses": [0.3, 5.0], "reps": 2, "encode_reps": 1,
+    args = record.parse(ap, small={"scan": (8, 8), "det": (16, 16), "reps": 2, "encode_reps": 1,
                                    "acquisitions": 2, "steps": 4})
     scan, det = tuple(args.scan), tuple(args.det)
     shape = scan + det

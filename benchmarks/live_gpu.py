@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs of each measurement; the median is kept")
     ap.add_argument("--frames-per-read", type=int, nargs="+", default=[1024], help="the first for every measurement, "
                     "the others for ingest with the viewer alone")
-    args = record.parse(ap, small={"frames": 256, "repeat": 2, "det": 16, "runs": 1, "frames_per_read": [128]})
+    args = record.parse(ap, small={"frames": 256, "repeat": 2, "det": 16, "runs": 1, "frames_per_read": [128], "streams": ["bitshuffle_lz4"]})
     first, *others = args.frames_per_read
     scan = (args.repeat, args.frames)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:

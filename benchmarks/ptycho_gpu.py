@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--feed-doses", type=float, nargs="*", default=[0.05, 0.2], help="more doses to feed compressed residents at")
-    args = record.parse(ap, small={"scan": 16, "det": 16, "block": 32, "feed_doses": [0.05]})
+    args = record.parse(ap, small={"scan": 16, "det": 16, "block": 32})
     xp = array_module()
     shape = (args.scan, args.scan, args.det, args.det)
     n_frames, frame_len = args.scan * args.scan, args.det * args.det

@@ -173,7 +173,7 @@ def freshness(commit: str, paths: list[str]) -> str:
     if git("merge-base", "--is-ancestor", latest, full) is None:
         changed = [p for p in paths if git("log", "-1", "--format=%H", f"{full}..{latest}", "--", p)]
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        notes.append(f"stale: {', '.join(changed[:3])}{more} changed after these figures (last at {latest[:7]})")
+        notes.append(f"stale: {', '.join(changed[:3])}{more} changed after these figures, last at {latest[:7]}")
     return "; ".join(notes)
 
 
@@ -196,7 +196,8 @@ def render(item: Table | Figure, folder: Path = RESULTS) -> str:
     doc = load(item.result, folder)
     made, note = provenance(doc, item.benchmark)
     results = doc["results"]
-    if isinstance(item, Figure):
+    if isinstance(item, Figure):  # in a sentence: the stale note short, docs/benchmarks.md names the paths
+        note = re.sub(r"stale: .* changed after these figures, last at (\w+)", r"stale since \1", note)
         return "".join(text(c, results) for c in item.parts) + f" ({made}{'; ' + note if note else ''})"
     align = item.align or "l" + "r" * (len(item.header) - 1)
     lines = ["", f"Figures: `benchmarks/results/{item.result}.json`, {made}.", f"Status: {note or 'current'}.", "",
