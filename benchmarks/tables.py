@@ -458,6 +458,19 @@ TABLES: tuple[Table | Figure, ...] = (
         (label, F(f"tflops/{k}", "{:.1f}"), F(f"over_f32_fma/{k}")) for label, k in (
             ("float64 tensor cores, m8n8k4", "f64_m8n8k4"), ("float64 tensor cores, m16n8k4", "f64_m16n8k4"),
             ("float64 tensor cores, m16n8k16", "f64_m16n8k16"), ("tf32 tensor cores, m16n8k8", "tf32_m16n8k8"), ("float32 multiply-adds", "f32_fma")))),
+    Figure("guide_ssb", GUIDE, "ssb_cuda", "ssb_gpu", (
+        F("first_ssb_ms", "{:.0f}"), " ms for the first `ssb` of an acquisition, ", F("ssb_after_c10_change_ms", "{:.0f}"),
+        " ms after a change of C10; the first call in a worker also compiles the kernels, about ", F("first_ssb_cold_ms", "{:.1f}", scale=1e-3), " s")),
+    Figure("guide_direct_strength", GUIDE, "direct_cuda", "direct_gpu", (
+        "about ", F("owner/phase/solve_ms", "{:.0f}"), " ms on an H200 for a 512 x 512 scan at u = 3, and the fetch of the image: ",
+        F("phase/strength_only_ms", "{:.0f}"), " ms from a notebook for the phase")),
+    Figure("guide_direct_prepare", GUIDE, "direct_cuda", "direct_gpu", (
+        F("phase/prepare_ms", "{:.0f}"), " ms (phase) and ", F("complex/prepare_ms", "{:.0f}"), " ms (complex)")),
+    Figure("guide_ptycho", GUIDE, "ptycho_cuda", "ptycho_gpu", ("about ", F("iteration/ms_per_262144_positions", "{:.2f}", scale=1e-3), " s")),
+    Figure("guide_live", GUIDE, "live_cuda", "live_gpu", (
+        F("bitshuffle_lz4/with_viewer/frames_per_s", "{:,.0f}"), " frames/s of 192 x 192 uint16 (", F("bitshuffle_lz4/with_viewer/GB_per_s", "{:.1f}"),
+        " GB/s of counts, ", RatioOf("bitshuffle_lz4/with_viewer/frames_per_s", "arina_rate_frames_per_s"), " x an Arina's 120,000)")),
+    Figure("guide_live_viewer", GUIDE, "live_cuda", "live_gpu", (F("bitshuffle_lz4/with_viewer/views_per_s", "{:.0f}"), " queries/s")),
     Table("cpu_vs_libertem_summary", GPU, "cpu_vs_libertem", "cpu_vs_libertem", ("what", "median ms"), (
         (("LiberTEM `ApplyMasksUDF` (uint32 masks), inline executor (the fastest: ", F("libertem_baseline"), ")"),
          F("libertem/inline/median_s", "{:.1f}", scale=1e3)),
