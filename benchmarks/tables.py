@@ -20,7 +20,7 @@ import json
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +71,6 @@ class Table:
     benchmark: str
     header: tuple[str, ...]
     rows: tuple[tuple[Cell, ...], ...]
-    align: str = ""  # one of "l" / "r" per column; default: first left, the rest right
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class Figure:
     page: str
     result: str
     benchmark: str
-    parts: tuple[Cell, ...] = field(default_factory=tuple)
+    parts: tuple[Cell, ...]
 
 
 def lookup(results: dict, path: str):
@@ -184,24 +183,23 @@ def provenance(doc: dict, benchmark: str) -> tuple[str, str]:
     return f"commit {short}, {str(doc.get('date', 'date unknown'))[:10]}", freshness(commit, MEASURES[benchmark])
 
 
-def load(result: str, folder: Path = RESULTS) -> dict:
-    path = folder / f"{result}.json"
+def load(result: str) -> dict:
+    path = RESULTS / f"{result}.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: run the benchmark that writes it, or drop its table from benchmarks/tables.py")
     return json.loads(path.read_text())
 
 
-def render(item: Table | Figure, folder: Path = RESULTS) -> str:
-    """The generated text between an item's markers."""
-    doc = load(item.result, folder)
+def render(item: Table | Figure) -> str:
+    """The generated text between an item's markers: a table (first column left, the rest right) or a figure."""
+    doc = load(item.result)
     made, note = provenance(doc, item.benchmark)
     results = doc["results"]
     if isinstance(item, Figure):  # in a sentence: the stale note short, docs/benchmarks.md names the paths
         note = re.sub(r"stale: .* changed after these figures, last at (\w+)", r"stale since \1", note)
         return "".join(text(c, results) for c in item.parts) + f" ({made}{'; ' + note if note else ''})"
-    align = item.align or "l" + "r" * (len(item.header) - 1)
     lines = ["", f"Figures: `benchmarks/results/{item.result}.json`, {made}.", f"Status: {note or 'current'}.", "",
-             "| " + " | ".join(item.header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+             "| " + " | ".join(item.header) + " |", "|---|" + "---:|" * (len(item.header) - 1)]
     lines += ["| " + " | ".join(text(c, results) for c in row) + " |" for row in item.rows]
     return "\n".join(lines + [""])
 
@@ -229,14 +227,14 @@ def without_status(s: str) -> str:
     return re.sub(r"\((commit [^,;)]+, [^;)]+)(;[^)]*)?\)", r"(\1)", s)
 
 
-def update(items, check: bool, folder: Path = RESULTS) -> list[str]:
+def update(items, check: bool) -> list[str]:
     """Rewrite every item's page (or, with ``check``, only compare): the names of the items that differed."""
     differ = []
     pages: dict[str, str] = {}
     for item in items:
         page = pages.setdefault(item.page, (ROOT / item.page).read_text())
         lo, hi = span(page, item)
-        new = render(item, folder)
+        new = render(item)
         old = page[lo:hi]
         same = old == new or (UNAVAILABLE in new and without_status(old) == without_status(new))
         if not same:
@@ -249,8 +247,8 @@ def update(items, check: bool, folder: Path = RESULTS) -> list[str]:
     return differ
 
 
-GPU = "docs/benchmarks.md"
-CPU = "docs/benchmarks-cpu.md"
+PAGE = "docs/benchmarks.md"
+CPU_PAGE = "docs/benchmarks-cpu.md"
 GUIDE = "docs/user-guide.md"
 
 
@@ -333,33 +331,33 @@ def multi_rows() -> tuple:
 
 
 TABLES: tuple[Table | Figure, ...] = (
-    Table("gpu_dense", GPU, "gpu_dense", "gpu_dense", ("case", "ms", "effective TB/s", "full-read time / case time"), gpu_dense_rows()),
-    Table("service_overhead_cuda", GPU, "service_overhead_cuda", "service_overhead", ("call", "p50 ms", "p95 ms"), service_rows()),
-    Table("service_overhead_series_cuda", GPU, "service_overhead_cuda", "service_overhead", ("what", "ms"), (
+    Table("gpu_dense", PAGE, "gpu_dense", "gpu_dense", ("case", "ms", "effective TB/s", "full-read time / case time"), gpu_dense_rows()),
+    Table("service_overhead_cuda", PAGE, "service_overhead_cuda", "service_overhead", ("call", "p50 ms", "p95 ms"), service_rows()),
+    Table("service_overhead_series_cuda", PAGE, "service_overhead_cuda", "service_overhead", ("what", "ms"), (
         ("series query, 1 shard", F("series/1_shards_ms")), ("series query, 2 shards (two worker processes on the one GPU)", F("series/2_shards_ms")),
         ("ratio 1 shard / 2 shards", F("series/ratio_1_over_2", bold=True)),
         ("one virtual image through the service", F("series/one_query/service_query_ms")),
         ("its mask kernel alone", F("series/one_query/mask_kernel_ms")), ("a full read of the acquisition", F("series/one_query/full_read_ms")))),
-    Table("service_overhead_cpu", GPU, "service_overhead_cpu", "service_overhead", ("what", "ms"), (
+    Table("service_overhead_cpu", PAGE, "service_overhead_cpu", "service_overhead", ("what", "ms"), (
         ("no-op shard call (`ping`), p50", F("round_trip/noop_shard_call/p50_ms")), ("tiny virtual image, p50", F("round_trip/tiny_virtual_image/p50_ms")),
         ("series query, 1 shard", F("series/1_shards_ms")), ("series query, 2 shards", F("series/2_shards_ms")),
         ("ratio 1 shard / 2 shards", F("series/ratio_1_over_2")))),
-    Table("compressed_cuda", GPU, "compressed_cuda", "compressed",
+    Table("compressed_cuda", PAGE, "compressed_cuda", "compressed",
           ("dose", "block", "GB held", "bound", "raw / held", "encode GB/s", "disk ms", "random 30 % ms", "random 90 % ms", "dense disk ms", "frame ms", "full read ms"),
           compressed_rows()),
-    Table("compressed_moving_cuda", GPU, "compressed_cuda", "compressed", ("moving disk", "ms"), (
+    Table("compressed_moving_cuda", PAGE, "compressed_cuda", "compressed", ("moving disk", "ms"), (
         ("per acquisition per step", F("moving_disk/ms_per_acquisition_per_step", bold=True)),
         ("the dense layout's virtual image, per acquisition", F("moving_disk/dense_ms_per_acquisition")),
         ("compressed / dense", F("moving_disk/over_dense")), ("the first, full step, per acquisition", F("moving_disk/first_step_ms_per_acquisition")))),
-    Table("load_arina_cuda", GPU, "load_arina_cuda", "load_arina",
+    Table("load_arina_cuda", PAGE, "load_arina_cuda", "load_arina",
           ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin", "against the raw read's GB/s of file bytes"), arina_cuda_rows()),
-    Table("load_arina_cpu", GPU, "load_arina_cpu", "load_arina", ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin", ""),
+    Table("load_arina_cpu", PAGE, "load_arina_cpu", "load_arina", ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin", ""),
           tuple(r[:4] + ("",) for r in arina_rows())),
-    Table("reliability_cuda", GPU, "reliability_cuda", "reliability",
+    Table("reliability_cuda", PAGE, "reliability_cuda", "reliability",
           ("run", "queries", "wrong", "errors", "queries/s", "p50 ms", "p95 ms", "p99 ms", "over 1 s", "max ms"), reliability_rows()),
-    Table("reliability_kills_cuda", GPU, "reliability_cuda", "reliability",
+    Table("reliability_kills_cuda", PAGE, "reliability_cuda", "reliability",
           ("fault injected", "re-homed in s", "GB/s of counts", "against the first load", "shard back with its share, s", "lost"), kill_rows()),
-    Table("reliability_memory_cuda", GPU, "reliability_cuda", "reliability", ("memory pressure", ""), (
+    Table("reliability_memory_cuda", PAGE, "reliability_cuda", "reliability", ("memory pressure", ""), (
         ("load larger than any shard's free budget refused in, ms", F("memory_pressure/refuse_s", "{:.0f}", scale=1e3)),
         ("the refusal", F("memory_pressure/message")),
         ("bytes reserved after the refusal", F("memory_pressure/reserved_after_refusal")),
@@ -368,33 +366,33 @@ TABLES: tuple[Table | Figure, ...] = (
         ("resident GB before / after releasing all", (F("memory_pressure/resident_bytes_before_release", "{:.3f}", scale=1e-9), " / ",
                                                      F("memory_pressure/resident_bytes_after_release", "{:.3f}", scale=1e-9))),
         ("device free memory gained, GB", F("memory_pressure/device_free_gained_bytes", "{:.2f}", scale=1e-9)))),
-    Table("reliability_cpu", GPU, "reliability_cpu", "reliability",
+    Table("reliability_cpu", PAGE, "reliability_cpu", "reliability",
           ("run", "queries", "wrong", "errors", "queries/s", "p50 ms", "p95 ms", "p99 ms", "over 1 s", "max ms"), reliability_rows()),
-    Table("reliability_kills_cpu", GPU, "reliability_cpu", "reliability",
+    Table("reliability_kills_cpu", PAGE, "reliability_cpu", "reliability",
           ("fault injected", "re-homed in s", "GB/s of counts", "against the first load", "shard back with its share, s", "lost"), kill_rows()),
-    Table("ssb_vs_ptychography40", GPU, "ssb_vs_ptychography40_cpu", "ssb_vs_ptychography40",
+    Table("ssb_vs_ptychography40", PAGE, "ssb_vs_ptychography40_cpu", "ssb_vs_ptychography40",
           ("", "time s", "against their UDF", "correlation with the object"), (
               ("ptychography40 SSB_UDF, LiberTEM inline (its masks included)", F("ptychography40/udf_s"), "1.00", F("ptychography40/correlation_with_object", "{:.3f}")),
               ("their masks alone", F("ptychography40/masks_s"), "", ""),
               ("`acq.ssb`, first call (G prepared)", F("ours/first_ssb_s"), F("first_over_udf", "{:.3f}", bold=True), F("ours/correlation_with_object", "{:.3f}")),
               ("`acq.ssb` again, other aberrations (G kept)", F("ours/repeat_ssb_s"), F("repeat_over_udf", "{:.3f}", bold=True), ""),
               ("the two phases' correlation", "", "", F("phases_correlation", "{:.3f}")))),
-    Table("multi_gpu", GPU, "multi_gpu_cuda_x2_dense", "multi_gpu",
+    Table("multi_gpu", PAGE, "multi_gpu_cuda_x2_dense", "multi_gpu",
           ("6 acquisitions per GPU", "G", "series query ms", "efficiency", "one query ms", "ping ms, first shard", "load GB/s of counts", "load / file read", "GB resident", "file read GB/s"),
           multi_rows()[:2]),
-    Table("multi_gpu_compressed", GPU, "multi_gpu_cuda_x2_compressed", "multi_gpu",
+    Table("multi_gpu_compressed", PAGE, "multi_gpu_cuda_x2_compressed", "multi_gpu",
           ("6 acquisitions per GPU", "G", "series query ms", "efficiency", "one query ms", "ping ms, first shard", "load GB/s of counts", "load / file read", "GB resident", "file read GB/s"),
           multi_rows()[2:]),
-    Table("multi_gpu_kill", GPU, "multi_gpu_cuda_x2_compressed", "multi_gpu", ("worker loss, compressed, G = 2", ""), (
+    Table("multi_gpu_kill", PAGE, "multi_gpu_cuda_x2_compressed", "multi_gpu", ("worker loss, compressed, G = 2", ""), (
         ("held again on GPU 0 after, s", F("representations/compressed:6/2/kill/seconds_to_rehomed", "{:.1f}", bold=True)),
         ("re-homed GB/s of counts (re-read and re-encoded)", RatioOf("representations/compressed:6/2/kill/rehome_raw_bytes",
                                                                     "representations/compressed:6/2/kill/rehome_s", scale=1e-9)),
         ("restarted worker had its share back after, s", F("representations/compressed:6/2/kill/seconds_to_balanced", "{:.1f}")),
         ("lost", F("representations/compressed:6/2/kill/lost")),
         ("series images exact after it", F("representations/compressed:6/2/kill/exact_after")))),
-    Figure("multi_gpu_256", GPU, "multi_gpu_cuda_x2_256", "multi_gpu", (F("runs/2/weak_scaling_efficiency"),)),
-    Figure("multi_gpu_512", GPU, "multi_gpu_cuda_x2_512", "multi_gpu", (F("runs/2/weak_scaling_efficiency"),)),
-    Table("ssb_cuda", GPU, "ssb_cuda", "ssb_gpu", ("step", "ms", "cold ms", "in reads of the counts"), (
+    Figure("multi_gpu_256", PAGE, "multi_gpu_cuda_x2_256", "multi_gpu", (F("runs/2/weak_scaling_efficiency"),)),
+    Figure("multi_gpu_512", PAGE, "multi_gpu_cuda_x2_512", "multi_gpu", (F("runs/2/weak_scaling_efficiency"),)),
+    Table("ssb_cuda", PAGE, "ssb_cuda", "ssb_gpu", ("step", "ms", "cold ms", "in reads of the counts"), (
         ("`calibrate` (mean pattern, 4 exact images, host search)", F("calibrate_ms", "{:.1f}"), F("calibrate_cold_ms", "{:.0f}"), ""),
         ("first `ssb` of an acquisition (G made and kept)", F("first_ssb_ms", "{:.1f}", bold=True), F("first_ssb_cold_ms", "{:.0f}"), F("first_ssb_over_one_read", "{:.1f}")),
         ("`ssb` after a change of C10 (G kept)", F("ssb_after_c10_change_ms", "{:.1f}", bold=True), "", F("repeat_over_one_read", "{:.1f}")),
@@ -407,11 +405,11 @@ TABLES: tuple[Table | Figure, ...] = (
         ("the repeat / the fused sideband sum alone", F("repeat_over_sideband_sum"), "", ""),
         ("`calibrate`'s rotation, deg (truth 0)", F("calibration/rotation_deg", "{:.1f}"), "", ""),
         ("correlation of the phase with the object", F("correlation_with_object", "{:.3f}"), "", ""))),
-    Table("ssb_fit_cuda", GPU, "ssb_cuda_fit_rotation", "ssb_gpu", ("`fit_aberrations` with the rotation search (G kept)", ""), (
+    Table("ssb_fit_cuda", PAGE, "ssb_cuda_fit_rotation", "ssb_gpu", ("`fit_aberrations` with the rotation search (G kept)", ""), (
         ("ms", F("fit_aberrations_ms", "{:.0f}")), ("fitted rotation, deg", F("fitted/rotation_deg")), ("fitted C10, A", F("fitted/C10", "{:.1f}")),
         ("fitted C12, A", F("fitted/C12", "{:.1f}")), ("fitted phi12, rad", F("fitted/phi12")),
         ("correlation with the object after the fit", F("correlation_after_fit", "{:.3f}")))),
-    Table("direct_cuda", GPU, "direct_cuda", "direct_gpu", ("", "phase", "complex", "target (issue 7)"), (
+    Table("direct_cuda", PAGE, "direct_cuda", "direct_gpu", ("", "phase", "complex", "target (issue 7)"), (
         ("preparation from the client (G kept; equations built, one solve, image fetched), ms",
          F("phase/prepare_ms", "{:.1f}", bold=True), F("complex/prepare_ms", "{:.1f}", bold=True), "15 / 25"),
         ("of which, on the owner: the Gram kernels, ms", F("owner/phase/gram_kernels_ms", "{:.1f}"), F("owner/complex/gram_kernels_ms", "{:.1f}"), ""),
@@ -427,7 +425,7 @@ TABLES: tuple[Table | Figure, ...] = (
         ("baselines: `ssb` with G kept / a blank image's fetch / the alias geometry, ms",
          (F("ssb_ms", "{:.1f}"), " / ", F("image_fetch_ms", "{:.1f}"), " / ", F("owner/aliases_ms", "{:.1f}")), "", ""),
         ("cold (first call in the session), ms", F("phase_cold_ms", "{:.0f}"), F("complex_cold_ms", "{:.0f}"), ""))),
-    Table("ptycho_feed_cuda", GPU, "ptycho_cuda", "ptycho_gpu", ("resident, blocks of", "G counts/s", "against the read", "target (issue 8)"), (
+    Table("ptycho_feed_cuda", PAGE, "ptycho_cuda", "ptycho_gpu", ("resident, blocks of", "G counts/s", "against the read", "target (issue 8)"), (
         ("dense, counts (views)", F("feed_dense_counts/G_counts_per_s", "{:.0f}", bold=True), F("feed_dense_counts/over_read"), ">= 250"),
         ("dense, float32 amplitudes", F("feed_dense_amplitude/G_counts_per_s", "{:.0f}"), F("feed_dense_amplitude/over_read", "{:.3f}"), ""),
         ("compressed, counts, dose 0.5", F("feed_compressed_counts/G_counts_per_s", "{:.1f}"), F("feed_compressed_counts/over_read", "{:.3f}"), ">= 250"),
@@ -436,17 +434,17 @@ TABLES: tuple[Table | Figure, ...] = (
           F("feed_compressed_by_dose/0.05/G_counts_per_s", "{:.0f}", bold=True)), "", ""),
         ("the plain read of the dense counts, TB/s", F("read_GBps", "{:.1f}", scale=1e-3), "", ""),
         ("raw / held, compressed at dose 0.5", F("compressed_ratio", "{:.1f}"), "", ""))),
-    Table("ptycho_pass_cuda", GPU, "ptycho_cuda", "ptycho_gpu", ("", "ms per 262,144 positions"), (
+    Table("ptycho_pass_cuda", PAGE, "ptycho_cuda", "ptycho_gpu", ("", "ms per 262,144 positions"), (
         ("fed pass", F("iteration/ms_per_262144_positions", "{:.0f}", bold=True)),
         ("the update alone (blocks made beforehand)", F("iteration/update_alone_ms", "{:.0f}")),
         ("the feed alone (compressed counts)", F("iteration/feed_ms", "{:.0f}")),
         ("overlap, (feed + update - fed) / feed", F("iteration/overlap")))),
-    Table("ptycho_stages_cuda", GPU, "ptycho_cuda", "ptycho_gpu", ("one batch of 512 positions, each step timed alone", "us"), tuple(
+    Table("ptycho_stages_cuda", PAGE, "ptycho_cuda", "ptycho_gpu", ("one batch of 512 positions, each step timed alone", "us"), tuple(
         (label, F(f"stages_us_per_batch/{k}", "{:.0f}")) for label, k in (
             ("exit waves", "exit_waves"), ("cuFFT 2-D forward", "fft2"), ("projection", "project"), ("cuFFT inverse", "ifft2"),
             ("probe sums", "probe_sums"), ("the fused far-field update (`updated_waves`, three kernels)", "updated_waves"),
             ("the object's gathered update", "object_update")))),
-    Table("live_cuda", GPU, "live_cuda", "live_gpu",
+    Table("live_cuda", PAGE, "live_cuda", "live_gpu",
           ("stream", "wire, frames/s", "ingest alone", "ingest with viewer", "GB/s of counts", "viewer, queries/s", "against the Arina's 120,000"), (
               ("bitshuffle-LZ4 chunks", F("bitshuffle_lz4/wire_frames_per_s", "{:,.0f}"), F("bitshuffle_lz4/alone/frames_per_s", "{:,.0f}"),
                F("bitshuffle_lz4/with_viewer/frames_per_s", "{:,.0f}", bold=True), F("bitshuffle_lz4/with_viewer/GB_per_s"),
@@ -454,7 +452,7 @@ TABLES: tuple[Table | Figure, ...] = (
                RatioOf("bitshuffle_lz4/with_viewer/frames_per_s", "arina_rate_frames_per_s")),
               ("over the wire", "", F("bitshuffle_lz4/alone/over_wire"), F("bitshuffle_lz4/with_viewer/over_wire"), "", "", ""),
               ("resident: raw / held", F("bitshuffle_lz4/with_viewer/ratio"), "", "", "", "", ""))),
-    Table("tensor_rates_cuda", GPU, "tensor_rates_cuda", "tensor_rates", ("unit", "TFLOPS", "against float32 multiply-adds"), tuple(
+    Table("tensor_rates_cuda", PAGE, "tensor_rates_cuda", "tensor_rates", ("unit", "TFLOPS", "against float32 multiply-adds"), tuple(
         (label, F(f"tflops/{k}", "{:.1f}"), F(f"over_f32_fma/{k}")) for label, k in (
             ("float64 tensor cores, m8n8k4", "f64_m8n8k4"), ("float64 tensor cores, m16n8k4", "f64_m16n8k4"),
             ("float64 tensor cores, m16n8k16", "f64_m16n8k16"), ("tf32 tensor cores, m16n8k8", "tf32_m16n8k8"), ("float32 multiply-adds", "f32_fma")))),
@@ -471,14 +469,14 @@ TABLES: tuple[Table | Figure, ...] = (
         F("bitshuffle_lz4/with_viewer/frames_per_s", "{:,.0f}"), " frames/s of 192 x 192 uint16 (", F("bitshuffle_lz4/with_viewer/GB_per_s", "{:.1f}"),
         " GB/s of counts, ", RatioOf("bitshuffle_lz4/with_viewer/frames_per_s", "arina_rate_frames_per_s"), " x an Arina's 120,000)")),
     Figure("guide_live_viewer", GUIDE, "live_cuda", "live_gpu", (F("bitshuffle_lz4/with_viewer/views_per_s", "{:.0f}"), " queries/s")),
-    Table("cpu_vs_libertem_summary", GPU, "cpu_vs_libertem", "cpu_vs_libertem", ("what", "median ms"), (
+    Table("cpu_vs_libertem_summary", PAGE, "cpu_vs_libertem", "cpu_vs_libertem", ("what", "median ms"), (
         (("LiberTEM `ApplyMasksUDF` (uint32 masks), inline executor (the fastest: ", F("libertem_baseline"), ")"),
          F("libertem/inline/median_s", "{:.1f}", scale=1e3)),
         ("NumPy: h5py read + `tensordot`", F("numpy/median_s", "{:.1f}", scale=1e3)),
         ("**qgpu-dask query on the resident acquisition, 1 CPU worker**", F("qgpu/1/median_s", "{:.2f}", scale=1e3, bold=True)),
         ("LiberTEM / qgpu-dask", F("ratios/libertem_over_qgpu", "{:.1f}x", bold=True)),
         ("all results equal (`==`)", F("all_equal")))),
-    Table("cpu_vs_libertem", CPU, "cpu_vs_libertem", "cpu_vs_libertem", ("what", "median ms", "min ms", "GB/s"), tuple(
+    Table("cpu_vs_libertem", CPU_PAGE, "cpu_vs_libertem", "cpu_vs_libertem", ("what", "median ms", "min ms", "GB/s"), tuple(
         (label, F(f"{k}/median_s", "{:.2f}" if bold or "/" in k and k.startswith("qgpu") else "{:.1f}", scale=1e3, bold=bold),
          F(f"{k}/min_s", "{:.2f}" if k.startswith("qgpu") else "{:.1f}", scale=1e3), F(f"{k}/gb_per_s")) for label, k, bold in (
             ("LiberTEM `inline` (InlineJobExecutor), **baseline**", "libertem/inline", False),
