@@ -25,10 +25,11 @@ import tables  # noqa: E402
 
 SCRIPTS = ["compressed", "cpu_vs_libertem", "direct_gpu", "gpu_dense", "live_gpu", "load_arina", "multi_gpu", "ptycho_gpu",
            "reliability", "service_overhead", "ssb_gpu", "ssb_vs_ptychography40", "tensor_rates"]
-# What a small run may skip, and says so in its JSON's "skipped": the CUDA-only benchmarks on CPU workers, and the
-# other project's side of a comparison when that project is not installed.
-SKIPPABLE = {"gpu_dense": ("",), "tensor_rates": ("",),
-             "ssb_vs_ptychography40": ("ptychography40/", "phases_correlation", "first_over_udf", "repeat_over_udf")}
+# What a small run may skip, saying so in its JSON's "skipped": every figure of the CUDA-only benchmarks on CPU
+# workers, and the other project's side of a comparison where that project is not installed.
+CUDA_ONLY = {"gpu_dense", "tensor_rates"}
+OTHER_PROJECT = {"ssb_vs_ptychography40": ("ptychography40/", "phases_correlation", "first_over_udf", "repeat_over_udf"),
+                 "cpu_vs_libertem": ("libertem", "ratios/libertem", "all_equal")}
 # Figures read from JSON that an earlier version of the benchmark wrote (its layout since changed).
 EARLIER_LAYOUT = {"multi_gpu_256", "multi_gpu_512"}
 
@@ -80,8 +81,8 @@ def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path):
     wanted = read_fields(script)
     assert wanted, f"no table in benchmarks/tables.py reads {script}'s results"
     if results.get("skipped"):
-        assert script in SKIPPABLE and backend == "cpu", f"{script} on {backend} skipped {results['skipped']}"
-        wanted = [f for f in wanted if not any(f.startswith(prefix) for prefix in SKIPPABLE[script])]
+        assert (script in CUDA_ONLY and backend == "cpu") or script in OTHER_PROJECT, f"{script} on {backend} skipped {results['skipped']}"
+        wanted = [] if script in CUDA_ONLY else [f for f in wanted if not f.startswith(OTHER_PROJECT[script])]
     missing = []
     for path in wanted:
         try:
@@ -89,6 +90,21 @@ def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path):
         except KeyError:
             missing.append(path)
     assert not missing, f"{written[0].name} lacks fields the docs' tables read: {missing}"
+
+
+def test_figures_older_than_a_change_of_the_code_they_measure_are_marked_stale():
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if shallow != "false":
+        pytest.skip("needs the repository's history")
+    path = "qgpu_dask/device.py"
+    latest = tables.git("log", "-1", "--format=%H", "--", path)
+    before = tables.git("rev-parse", f"{latest}~1")
+    assert tables.freshness(latest, [path]) == ""
+    assert tables.freshness(before, [path]) == f"stale: {path} changed after these figures, last at {latest[:7]}"
+    assert tables.freshness(before, []) == ""  # a benchmark measuring no package code never goes stale
+    assert tables.freshness(latest + "+dirty", [path]) == f"measured on a tree with uncommitted changes ({latest[:7]}+dirty)"
+    assert tables.freshness("unknown", [path]) == "commit unknown: these figures cannot be placed in the history"
+    assert tables.freshness("0" * 40, [path]) == tables.UNAVAILABLE
 
 
 def test_docs_tables_are_what_the_results_give():
