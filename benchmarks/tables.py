@@ -16,6 +16,7 @@ written by hand.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import subprocess
@@ -157,7 +158,8 @@ MEASURES: dict[str, list[str]] = {
 }
 
 
-def freshness(commit: str, paths: list[str]) -> str:
+@functools.cache
+def freshness(commit: str, paths: tuple[str, ...]) -> str:
     """How the figures of ``commit`` stand against the code they measure: "" when current, else a note."""
     if commit in ("", "unknown"):
         return "commit unknown: these figures cannot be placed in the history"
@@ -180,7 +182,7 @@ def provenance(doc: dict, benchmark: str) -> tuple[str, str]:
     """("commit abc1234, 2026-11-29", freshness note) of a results document."""
     commit = str(doc.get("commit") or "unknown")
     short = commit if commit == "unknown" else commit.removesuffix("+dirty")[:7] + ("+dirty" if commit.endswith("+dirty") else "")
-    return f"commit {short}, {str(doc.get('date', 'date unknown'))[:10]}", freshness(commit, MEASURES[benchmark])
+    return f"commit {short}, {str(doc.get('date', 'date unknown'))[:10]}", freshness(commit, tuple(MEASURES[benchmark]))
 
 
 def load(result: str) -> dict:

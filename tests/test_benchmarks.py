@@ -99,12 +99,12 @@ def test_figures_older_than_a_change_of_the_code_they_measure_are_marked_stale()
     path = "qgpu_dask/device.py"
     latest = tables.git("log", "-1", "--format=%H", "--", path)
     before = tables.git("rev-parse", f"{latest}~1")
-    assert tables.freshness(latest, [path]) == ""
-    assert tables.freshness(before, [path]) == f"stale: {path} changed after these figures, last at {latest[:7]}"
-    assert tables.freshness(before, []) == ""  # a benchmark measuring no package code never goes stale
-    assert tables.freshness(latest + "+dirty", [path]) == f"measured on a tree with uncommitted changes ({latest[:7]}+dirty)"
-    assert tables.freshness("unknown", [path]) == "commit unknown: these figures cannot be placed in the history"
-    assert tables.freshness("0" * 40, [path]) == tables.UNAVAILABLE
+    assert tables.freshness(latest, (path,)) == ""
+    assert tables.freshness(before, (path,)) == f"stale: {path} changed after these figures, last at {latest[:7]}"
+    assert tables.freshness(before, ()) == ""  # a benchmark measuring no package code never goes stale
+    assert tables.freshness(latest + "+dirty", (path,)) == f"measured on a tree with uncommitted changes ({latest[:7]}+dirty)"
+    assert tables.freshness("unknown", (path,)) == "commit unknown: these figures cannot be placed in the history"
+    assert tables.freshness("0" * 40, (path,)) == tables.UNAVAILABLE
 
 
 def test_docs_tables_are_what_the_results_give():
