@@ -22,7 +22,7 @@ virtual image of the same mask.
 
 Every virtual image, frame and ROI sum is held to the dense layout's with
 ``==``; a failed check makes the exit status 1. Runs on a GPU (CuPy) or on
-the CPU (Numba; ``--small``, with ``QGPU_DASK_CPU=1`` or without CuPy), where
+the CPU (Numba; with ``QGPU_DASK_CPU=1`` or without CuPy), where
 NumPy's sum stands in for ``read_sum``. The result goes to
 ``benchmarks/results/compressed_<device>[_small].json`` via record.py, or to ``--out``.
 
@@ -257,23 +257,19 @@ def table(results: dict) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--small", action="store_true", help="64 x 64 x 64 x 64 smoke size, fewer repeats")
-    ap.add_argument("--scan", type=int, nargs=2, default=None, help="scan rows, cols (default 512 512)")
-    ap.add_argument("--det", type=int, nargs=2, default=None, help="detector rows, cols (default 192 192)")
+    ap.add_argument("--scan", type=int, nargs=2, default=(512, 512), help="scan rows, cols")
+    ap.add_argument("--det", type=int, nargs=2, default=(192, 192), help="detector rows, cols")
     ap.add_argument("--doses", type=float, nargs="+", default=[0.05, 0.3, 1.0, 5.0], help="mean counts per pixel")
-    ap.add_argument("--reps", type=int, default=None, help="timed repeats per query (default 20, small 5)")
-    ap.add_argument("--encode-reps", type=int, default=None, help="timed encodes per dose (default 3, small 1)")
+    ap.add_argument("--reps", type=int, default=20, help="timed repeats per query")
+    ap.add_argument("--encode-reps", type=int, default=3, help="timed encodes per dose")
     ap.add_argument("--acquisitions", type=int, default=16, help="acquisitions of the moving disk")
-    ap.add_argument("--steps", type=int, default=None, help="moving-disk steps (default 20, small 8)")
+    ap.add_argument("--steps", type=int, default=20, help="moving-disk steps")
     ap.add_argument("--moving-dose", type=float, default=0.3, help="dose of the moving-disk acquisitions")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="results JSON path (default: record.py's folder)")
-    args = ap.parse_args()
-    scan = tuple(args.scan or ((64, 64) if args.small else (512, 512)))
-    det = tuple(args.det or ((64, 64) if args.small else (192, 192)))
-    args.reps = args.reps or (5 if args.small else 20)
-    args.encode_reps = args.encode_reps or (1 if args.small else 3)
-    args.steps = args.steps or (8 if args.small else 20)
+    args = record.parse(ap, small={"scan": (8, 8), "det": (16, 16), "reps": 2, "encode_reps": 1,
+                                   "acquisitions": 2, "steps": 4})
+    scan, det = tuple(args.scan), tuple(args.det)
     shape = scan + det
     xp = array_module()
     device = "cpu" if xp is np else "cuda"
@@ -296,8 +292,7 @@ def main() -> int:
     checks.update({f"moving_disk_{k}": v for k, v in results["moving_disk"]["checks"].items()})
     results["checks_passed"] = all(checks.values())
 
-    name = f"compressed_{device}" + ("_small" if args.small else "")
-    path = record.write(args.out.stem, results, args.out.parent) if args.out else record.write(name, results)
+    path = record.write(args.out.stem, results, args.out.parent) if args.out else record.write(f"compressed_{device}", results)
     print("\n".join(["", *table(results), "", f"results: {path}"]))
     if not results["checks_passed"]:
         print("CHECK FAILED:", [k for k, v in checks.items() if not v])

@@ -14,7 +14,7 @@ the preparation, one solve, and the Gram of the first frequencies of each alias
 group against the float64 CPU twin (relative error).
 
     python benchmarks/direct_gpu.py            # on the GPU machine
-    python benchmarks/direct_gpu.py --scan 24 --det 64 --size 48 --upsampling 2   # a small dry run
+    python benchmarks/direct_gpu.py --small    # seconds, on CPU workers too: what CI runs
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--upsampling", type=int, default=3)
     ap.add_argument("--precision-rows", type=int, default=256, help="frequencies of each alias group checked against the CPU twin")
     ap.add_argument("--repeat", type=int, default=10)
-    args = ap.parse_args()
+    args = record.parse(ap, small={"scan": 16, "det": 32, "size": 16, "upsampling": 2, "precision_rows": 16, "repeat": 2})
     over, step, semiangle = 6, args.step, 31.5
     scan, det, size, u = (args.scan, args.scan), (args.det, args.det), (args.size, args.size), args.upsampling
     truth_optics = qd.Optics(300e3, semiangle, step, aberrations=ABERRATIONS)

@@ -13,7 +13,8 @@ events (median of many runs, after warm-up):
 - CuPy references: gather + uint64 sum for the disk, ``sum(axis=0, dtype=uint64)``.
 
 ``--check`` holds every timed output to a CuPy reference with ``==``.
-``--small`` runs a 128 x 128 x 96 x 96 smoke size. Results go to
+``--small`` runs a 16 x 16 x 16 x 16 smoke size; without a CUDA device it
+builds the mask sets only and says what it skipped. Results go to
 ``benchmarks/results/gpu_dense.json`` (or ``$QGPU_DASK_RESULTS``) via record.py.
 
     python benchmarks/gpu_dense.py --check
@@ -27,17 +28,17 @@ import sys
 import time
 from pathlib import Path
 
-import cupy
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from record import write  # noqa: E402
+import record  # noqa: E402
 
-from qgpu_dask.resident.cuda import dense  # noqa: E402
+from qgpu_dask.device import cupy_or_none  # noqa: E402
 
-FILL = cupy.ElementwiseKernel(
+cupy = cupy_or_none()
+FILL = None if cupy is None else cupy.ElementwiseKernel(
     "uint64 seed, int64 offset, int64 frame_len, int32 cols, float32 cy, float32 cx, float32 r2",
     "uint16 out",
     """
@@ -114,18 +115,41 @@ def reference_mask_sums(data: cupy.ndarray, masks: list[np.ndarray], chunk: int 
     return out
 
 
+def mask_cases(det: int) -> dict[str, list[np.ndarray]]:
+    """The timed mask sets: an off-centre BF disk, BF + ABF + ADF, 8 rings, the full detector."""
+    c = det / 2 - 0.5
+    bf = disk(det, c + 0.07 * det, c - 0.05 * det, det * 0.17)  # arbitrary, off-centre
+    abf = annulus(det, c, c, det * 0.17, det * 0.30)
+    adf = annulus(det, c, c, det * 0.33, det * 0.5)
+    full = np.ones((det, det), bool)
+    rings = [annulus(det, c, c, det * 0.06 * k, det * 0.06 * (k + 1)) for k in range(8)]
+    return {"disk": [bf], "three_masks": [bf, abf, adf], "eight_rings": rings, "full_detector": [full]}
+
+
+def without_gpu(scan: int, det: int) -> int:
+    """No CUDA device: the mask sets and their spans only (every kernel and timing here needs CUDA); say so."""
+    spans = {}
+    for name, masks in mask_cases(det).items():
+        start, w = span_weights(masks)
+        spans[f"mask_{name}"] = {"n_masks": len(masks), "span_pixels": int(w.shape[1]), "span_fraction": w.shape[1] / det**2}
+    skipped = ["every kernel and CuPy reference (CUDA only: no CUDA device or QGPU_DASK_CPU=1)"]
+    path = record.write("gpu_dense", {"shape": [scan, scan, det, det], "dtype": "uint16", "device": None, **spans, "skipped": skipped})
+    print("skipped:", *skipped, f"\nmask spans: {spans}\nresults: {path}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--small", action="store_true", help="128 x 128 x 96 x 96 smoke size")
     ap.add_argument("--check", action="store_true", help="hold every timed output to a CuPy reference")
-    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per case")
+    ap.add_argument("--reps", type=int, default=30, help="timed repetitions per case")
     ap.add_argument("--variants", action="store_true", help="also time the other load flavours (kernels/dense.cu QGPU_LOAD)")
-    ap.add_argument("--scan", type=int, default=None, help="scan side (overrides the size)")
-    ap.add_argument("--det", type=int, default=None, help="detector side (overrides the size)")
-    args = ap.parse_args()
-    scan, det = (128, 96) if args.small else (512, 192)
-    scan, det = args.scan or scan, args.det or det
-    reps = args.reps or (10 if args.small else 30)
+    ap.add_argument("--scan", type=int, default=512, help="scan side")
+    ap.add_argument("--det", type=int, default=192, help="detector side")
+    args = record.parse(ap, small={"scan": 16, "det": 16, "reps": 3, "check": True})
+    scan, det, reps = args.scan, args.det, args.reps
+    if cupy is None:
+        return without_gpu(scan, det)
+    from qgpu_dask.resident.cuda import dense
 
     t0 = time.perf_counter()
     data = make_data(scan, det)
@@ -136,13 +160,8 @@ def main() -> int:
     print(f"data {scan}x{scan}x{det}x{det} uint16 = {nbytes / 1e9:.2f} GB, filled in {fill_s:.2f} s; "
           f"mean count {float(data[:64].mean()):.2f}", flush=True)
 
-    c = det / 2 - 0.5
-    bf = disk(det, c + 0.07 * det, c - 0.05 * det, det * 0.17)  # arbitrary, off-centre
-    abf = annulus(det, c, c, det * 0.17, det * 0.30)
-    adf = annulus(det, c, c, det * 0.33, det * 0.5)
-    full = np.ones((det, det), bool)
-    rings = [annulus(det, c, c, det * 0.06 * k, det * 0.06 * (k + 1)) for k in range(8)]
-    cases = {"disk": [bf], "three_masks": [bf, abf, adf], "eight_rings": rings, "full_detector": [full]}
+    cases = mask_cases(det)
+    bf = cases["disk"][0]
 
     results: dict = {
         "shape": [scan, scan, det, det],
@@ -241,7 +260,7 @@ def main() -> int:
 
     if args.check:
         results["checks"] = checks
-    path = write("gpu_dense", results)
+    path = record.write("gpu_dense", results)
     print(f"\nframe {frame_bytes} B, {data.shape[0]} frames; results: {path}")
     print(f"{'case':48s} {'median ms':>10s} {'eff TB/s':>9s} {'read/case':>10s}")
     for name, ms, bw, ratio in rows:

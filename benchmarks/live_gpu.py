@@ -11,7 +11,7 @@ is first ingested once unmeasured (the Numba chunk parser and the CUDA decoder c
 every figure is then the median of ``--runs`` runs.
 
     python benchmarks/live_gpu.py                                   # on the GPU machine
-    python benchmarks/live_gpu.py --frames 2048 --repeat 2 --det 64 # a small dry run (CPU too)
+    python benchmarks/live_gpu.py --small                           # seconds, on the CPU too: what CI runs
     python benchmarks/live_gpu.py --frames-per-read 1024 256 4096   # reads of other sizes too
     python benchmarks/live_gpu.py --streams bitshuffle_lz4          # the Arina's stream alone
 """
@@ -83,7 +83,7 @@ def wire_rate(svc, simulate: list[str], det: int) -> float:
 
 def view(acq, det: int, i: int) -> None:
     """The viewer's ``i``-th query: a virtual image of a disk moving across the bright field."""
-    acq.virtual_image(qd.masks.disk((det, det), (det / 2 + 10 * np.sin(i / 7), det / 2), det / 8))
+    acq.virtual_image(qd.masks.disk((det, det), (det / 2 + 10 * det / 192 * np.sin(i / 7), det / 2), det / 8))
 
 
 def median_run(runs: int, measure) -> dict:
@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs of each measurement; the median is kept")
     ap.add_argument("--frames-per-read", type=int, nargs="+", default=[1024], help="the first for every measurement, "
                     "the others for ingest with the viewer alone")
-    args = ap.parse_args()
+    args = record.parse(ap, small={"frames": 256, "repeat": 2, "det": 16, "runs": 1, "frames_per_read": [128], "streams": ["bitshuffle_lz4"]})
     first, *others = args.frames_per_read
     scan = (args.repeat, args.frames)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:

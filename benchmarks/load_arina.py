@@ -12,7 +12,8 @@ GB/s of decompressed counts:
 - ``svc.load`` of the master into a resident on a one-worker cluster (dense and the default layout).
 
     python benchmarks/load_arina.py                    # GPU machine: full size
-    python benchmarks/load_arina.py --scan 64 64       # the 2-core CPU machine
+    python benchmarks/load_arina.py --scan 64 64 --repeats 5   # the 2-core CPU machine
+    python benchmarks/load_arina.py --small            # seconds: what CI runs
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--folder", type=Path, default=None, help="where to write the files (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=None, help="results JSON path (default: record.py's folder)")
-    args = ap.parse_args()
+    args = record.parse(ap, small={"scan": (8, 8), "det": (16, 16), "repeats": 1})
     scan, det = tuple(args.scan), tuple(args.det)
     folder = args.folder or Path(tempfile.mkdtemp(prefix="qgpu-arina-"))
     counts_bytes = scan[0] * scan[1] * det[0] * det[1] * 2
@@ -138,7 +139,7 @@ def main() -> int:
             "arina_reader": {"s": t_ours, "GBps": gbps(t_ours), "over_h5py": t_h5 / t_ours, "over_raw_read": t_raw / t_ours},
             "service_load": {k: v | {"over_h5py": t_h5 / v["s"], "over_raw_read": t_raw / v["s"]} for k, v in loads.items()},
         }
-        path = record.write(args.out.stem, results, args.out.parent) if args.out else record.write("load_arina", results)
+        path = record.write(args.out.stem, results, args.out.parent) if args.out else record.write(f"load_arina_{'cuda' if qd.device.has_gpu() else 'cpu'}", results)
         print(f"raw read            {t_raw:8.3f} s  {file_bytes / t_raw / 1e9:7.2f} GB/s of file bytes ({gbps(t_raw):.2f} GB/s of counts)")
         print(f"h5py+hdf5plugin     {t_h5:8.3f} s  {gbps(t_h5):7.2f} GB/s of counts (1 thread)")
         print(f"ArinaReader         {t_ours:8.3f} s  {gbps(t_ours):7.2f} GB/s  {t_h5 / t_ours:.2f}x h5py, {t_raw / t_ours:.2f}x raw read time")

@@ -10,6 +10,7 @@ Without GPUs it runs the same on CPU workers (a dry run).
 
     NCCL_NVLS_ENABLE=0 python benchmarks/multi_gpu.py --scan 512 512 --det 192 192 --runs dense:6
     NCCL_NVLS_ENABLE=0 python benchmarks/multi_gpu.py --scan 512 512 --det 192 192 --runs compressed:8 --kill compressed
+    python benchmarks/multi_gpu.py --small     # seconds, on 2 CPU workers without GPUs: what CI runs
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=None, help="largest G (default: every GPU, or 2 CPU workers)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--file", type=Path, default=Path("/tmp/qgpu-multi-gpu.h5"), help="kept and reused when its shape matches")
-    args = parser.parse_args()
+    args = record.parse(parser, small={"scan": (8, 8), "det": (16, 16), "runs": ["dense:6", "compressed:6"], "kill": "compressed", "repeat": 2,
+                                       "file": Path("/tmp/qgpu-multi-gpu-small.h5")})
     cp = cupy_or_none()
     max_g = args.gpus or (cp.cuda.runtime.getDeviceCount() if cp is not None else 2)
     scan, det = tuple(args.scan), tuple(args.det)

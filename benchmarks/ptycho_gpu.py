@@ -11,7 +11,7 @@ A resident of Poisson counts (``--scan`` x ``--scan`` positions, ``--det`` x ``-
   alone), so the overlap of feed and update is (feed + update - fed pass) / feed.
 
     python benchmarks/ptycho_gpu.py                     # on the GPU machine: 512 x 512 x 192 x 192
-    python benchmarks/ptycho_gpu.py --scan 32 --det 32  # a small dry run (CPU too)
+    python benchmarks/ptycho_gpu.py --small             # seconds, on the CPU too: what CI runs
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--feed-doses", type=float, nargs="*", default=[0.05, 0.2], help="more doses to feed compressed residents at")
-    args = ap.parse_args()
+    args = record.parse(ap, small={"scan": 16, "det": 16, "block": 32})
     xp = array_module()
     shape = (args.scan, args.scan, args.det, args.det)
     n_frames, frame_len = args.scan * args.scan, args.det * args.det

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -10,6 +11,19 @@ import subprocess
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SMALL = {"on": False}
+
+
+def parse(parser: argparse.ArgumentParser, small: dict) -> argparse.Namespace:
+    """Add ``--small`` to ``parser`` and parse: with it, ``small``'s values become the defaults (tiny shapes,
+    few repeats: seconds on a 2-core CPU machine, what CI runs; flags given still win) and results are written
+    as ``<name>_small.json``, which the docs' tables never read."""
+    parser.add_argument("--small", action="store_true", help="tiny shapes and few repeats (seconds on 2 CPU cores; CI runs it)")
+    if parser.parse_known_args()[0].small:
+        parser.set_defaults(**small)
+    args = parser.parse_args()
+    SMALL["on"] = args.small
+    return args
 
 
 def commit() -> str:
@@ -40,9 +54,11 @@ def machine() -> dict:
 
 
 def write(name: str, results: dict, out_dir: str | os.PathLike | None = None) -> Path:
-    """Save ``results`` as ``<name>.json`` with commit, machine and UTC date; return the path."""
+    """Save ``results`` as ``<name>.json`` (``<name>_small.json`` in small mode) with commit, machine and UTC
+    date in ``out_dir``, else QGPU_DASK_RESULTS, else benchmarks/results/; return the path."""
     out = Path(out_dir or os.environ.get("QGPU_DASK_RESULTS") or RESULTS)
     out.mkdir(parents=True, exist_ok=True)
+    name = f"{name}_small" if SMALL["on"] and not name.endswith("_small") else name
     doc = {
         "benchmark": name,
         "commit": commit(),

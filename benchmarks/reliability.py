@@ -14,7 +14,8 @@ against NumPy with ``==``. In the same run:
    before allocating, queries go on, and releasing returns the memory.
 
     python benchmarks/reliability.py                            # GPU machine
-    python benchmarks/reliability.py --scan 24 24 --det 32 32   # the 2-core CPU machine
+    python benchmarks/reliability.py --scan 32 32 --det 64 64   # the 2-core CPU machine
+    python benchmarks/reliability.py --small                    # seconds: what CI runs
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ def main() -> int:
     ap.add_argument("--queries", type=int, default=500, help="per thread")
     ap.add_argument("--kills", type=int, default=2)
     ap.add_argument("--budget", default=None, help="each shard's budget (default: the device's)")
-    args = ap.parse_args()
+    args = record.parse(ap, small={"scan": (8, 8), "det": (16, 16), "acquisitions": 3, "workers": 2, "threads": 2, "queries": 10,
+                                   "kills": 2, "budget": "64 MiB"})
     scan, det = tuple(args.scan), tuple(args.det)
     rng = np.random.default_rng(0)
     cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=":0")

@@ -7,11 +7,16 @@ Each kernel keeps independent accumulators per warp so that the unit, not a depe
 twin. On the H200 it shows why kernels/ssb.cu uses m16n8k4 (m8n8k4 runs at half the float64 tensor rate).
 
     python benchmarks/tensor_rates.py          # on the GPU machine
+    python benchmarks/tensor_rates.py --small  # a short run; without a GPU it says what it skipped
 """
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
+
+from qgpu_dask.device import cupy_or_none
 
 import record
 
@@ -91,10 +96,8 @@ FLOPS_PER_ITERATION = {
 }
 
 
-def tflops(kernel, blocks: int, threads: int, flops: int, iters: int = 2000) -> float:
+def tflops(cupy, kernel, blocks: int, threads: int, flops: int, iters: int) -> float:
     """TFLOPS of one timed launch, after a warm-up launch."""
-    import cupy
-
     out = cupy.zeros(blocks * threads, cupy.float64)
     kernel((blocks,), (threads,), (out, np.int32(iters)))
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
@@ -106,11 +109,17 @@ def tflops(kernel, blocks: int, threads: int, flops: int, iters: int = 2000) -> 
 
 
 def main() -> None:
-    import cupy
-
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=2000, help="iterations of each kernel's loop")
+    args = record.parse(ap, small={"iters": 20})
+    cupy = cupy_or_none()
+    if cupy is None:
+        skipped = ["every kernel: they are the GPU's units themselves (no CUDA device or QGPU_DASK_CPU=1)"]
+        record.publish("tensor_rates_cuda", {"kernels": sorted(FLOPS_PER_ITERATION), "skipped": skipped})
+        return
     module = cupy.RawModule(code=SOURCE, options=("-std=c++17",))
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    rates = {name: tflops(module.get_function(name), 8 * sms, 256, flops) for name, flops in FLOPS_PER_ITERATION.items()}
+    rates = {name: tflops(cupy, module.get_function(name), 8 * sms, 256, flops, args.iters) for name, flops in FLOPS_PER_ITERATION.items()}
     results = {"multiprocessors": sms, "tflops": rates, "over_f32_fma": {name: rate / rates["f32_fma"] for name, rate in rates.items()}}
     record.publish("tensor_rates_cuda", results)
 

@@ -1,0 +1,134 @@
+"""Every benchmark runs in its small mode and writes the fields the docs' tables read; the docs' tables are
+what benchmarks/results/*.json give (benchmarks/tables.py --check), also in a shallow clone.
+
+Each ``python benchmarks/X.py --small`` runs as a subprocess on CPU workers (QGPU_DASK_CPU=1) and, where CuPy
+sees a GPU, again on the GPU (marked ``gpu``), writing its JSON into a temporary QGPU_DASK_RESULTS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import cupy_available
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import tables  # noqa: E402
+
+SCRIPTS = ["compressed", "cpu_vs_libertem", "direct_gpu", "gpu_dense", "live_gpu", "load_arina", "multi_gpu", "ptycho_gpu",
+           "reliability", "service_overhead", "ssb_gpu", "ssb_vs_ptychography40", "tensor_rates"]
+# What a small run may skip, saying so in its JSON's "skipped": every figure of the CUDA-only benchmarks on CPU
+# workers, and the other project's side of a comparison where that project is not installed.
+CUDA_ONLY = {"gpu_dense", "tensor_rates"}
+OTHER_PROJECT = {"ssb_vs_ptychography40": ("ptychography40/", "phases_correlation", "first_over_udf", "repeat_over_udf"),
+                 "cpu_vs_libertem": ("libertem", "ratios/libertem", "all_equal")}
+# Figures read from JSON that an earlier version of the benchmark wrote (its layout since changed).
+EARLIER_LAYOUT = {"multi_gpu_256", "multi_gpu_512"}
+
+
+def gpus() -> int:
+    if not cupy_available():
+        return 0
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceCount()
+
+
+def params():
+    for script in SCRIPTS:
+        yield pytest.param(script, "cpu", id=f"{script}-cpu")
+        need = 2 if script == "multi_gpu" else 1
+        yield pytest.param(script, "gpu", id=f"{script}-gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
+            gpus() < need, reason=f"needs CuPy and {need} GPU(s)")])
+
+
+def read_fields(script: str) -> list[str]:
+    """Every results path the docs' tables and figures read from this benchmark's JSON."""
+    out = set()
+    for item in tables.TABLES:
+        if item.benchmark == script and item.name not in EARLIER_LAYOUT:
+            for cells in item.rows if isinstance(item, tables.Table) else [item.parts]:
+                out.update(tables.fields(cells))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("script,backend", list(params()))
+def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path):
+    source = (ROOT / "benchmarks" / f"{script}.py").read_text()
+    if "--small" not in source and "record.parse" not in source:
+        pytest.skip(f"benchmarks/{script}.py has no --small yet")
+    env = {**os.environ, "QGPU_DASK_RESULTS": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if backend == "cpu":
+        env["QGPU_DASK_CPU"] = "1"
+    else:
+        env.pop("QGPU_DASK_CPU", None)
+    run = subprocess.run([sys.executable, f"benchmarks/{script}.py", "--small"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, f"benchmarks/{script}.py --small failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    written = list(tmp_path.glob("*.json"))
+    assert len(written) == 1, f"benchmarks/{script}.py --small wrote {written}, not one JSON"
+    doc = json.loads(written[0].read_text())
+    assert {"benchmark", "commit", "date", "machine", "results"} <= doc.keys()
+    results = doc["results"]
+    wanted = read_fields(script)
+    assert wanted, f"no table in benchmarks/tables.py reads {script}'s results"
+    if results.get("skipped"):
+        assert (script in CUDA_ONLY and backend == "cpu") or script in OTHER_PROJECT, f"{script} on {backend} skipped {results['skipped']}"
+        wanted = [] if script in CUDA_ONLY else [f for f in wanted if not f.startswith(OTHER_PROJECT[script])]
+    missing = []
+    for path in wanted:
+        try:
+            tables.lookup(results, path)
+        except KeyError:
+            missing.append(path)
+    assert not missing, f"{written[0].name} lacks fields the docs' tables read: {missing}"
+
+
+def test_figures_older_than_a_change_of_the_code_they_measure_are_marked_stale():
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if shallow != "false":
+        pytest.skip("needs the repository's history")
+    path = "qgpu_dask/device.py"
+    latest = tables.git("log", "-1", "--format=%H", "--", path)
+    before = tables.git("rev-parse", f"{latest}~1")
+    assert tables.freshness(latest, (path,)) == ""
+    assert tables.freshness(before, (path,)) == f"stale: {path} changed after these figures, last at {latest[:7]}"
+    assert tables.freshness(before, ()) == ""  # a benchmark measuring no package code never goes stale
+    assert tables.freshness(latest + "+dirty", (path,)) == f"measured on a tree with uncommitted changes ({latest[:7]}+dirty)"
+    assert tables.freshness("unknown", (path,)) == "commit unknown: these figures cannot be placed in the history"
+    assert tables.freshness("0" * 40, (path,)) == tables.UNAVAILABLE
+
+
+def test_docs_tables_are_what_the_results_give():
+    run = subprocess.run([sys.executable, "benchmarks/tables.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+def test_check_in_a_shallow_clone_compares_figures_without_history(tmp_path):
+    """CI's fresh clone may be shallow: staleness cannot be told there, the figures still are compared."""
+    if shutil.which("git") is None or subprocess.run(["git", "status"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("needs git and a repository")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{ROOT}", str(clone)], check=True, capture_output=True)
+    for name in ("benchmarks", "docs"):  # the working tree's, as committed or not
+        shutil.rmtree(clone / name)
+        shutil.copytree(ROOT / name, clone / name, ignore=shutil.ignore_patterns("__pycache__", "*_small.json"))
+    check = [sys.executable, "benchmarks/tables.py", "--check"]
+    run = subprocess.run(check, cwd=clone, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    page = clone / "docs" / "benchmarks.md"
+    text = page.read_text()
+    at = text.index("<!-- table: gpu_dense -->")
+    row = text.index("| virtual image, disk mask |", at)
+    page.write_text(text[:row] + text[row:].replace("| virtual image, disk mask |", "| virtual image, disk mask (hand-typed) |", 1))
+    run = subprocess.run(check, cwd=clone, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "docs/benchmarks.md: gpu_dense" in run.stderr and "run python benchmarks/tables.py" in run.stderr
