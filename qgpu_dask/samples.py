@@ -13,7 +13,7 @@
 - ``phase.h5``: a wave-optical simulation (`ssb.simulate`) of atomic columns seen through an
   aberrated probe (300 kV, 20 mrad, 0.5 A steps, C10 -60 A, C12 20 A at 0.5 rad), 24 x 24 x 48 x 48,
   for calibration, DPC, SSB and direct ptychography; ``drift-0.h5`` .. ``drift-2.h5``: three frames of
-  a drifting crystal (24 x 24 x 72 x 72, 1 A steps, C10 -30 A), for time-series ptychography.
+  a drifting crystal (16 x 16 x 48 x 48, 1 A steps, C10 -30 A), for time-series ptychography.
 
 Each HDF5 file's ``/entry/data`` carries the optics it was made with as attributes where they are known.
 """
@@ -37,7 +37,7 @@ DET = (192, 192)
 PHASE_OPTICS = Optics(300e3, 20.0, 0.5, aberrations={"C10": -60.0, "C12": 20.0, "phi12": 0.5})
 PHASE_SCAN, PHASE_DET, PHASE_OVER = (24, 24), (48, 48), 4
 DRIFT_OPTICS = Optics(300e3, 20.0, 1.0, aberrations={"C10": -30.0})
-DRIFT_SCAN, DRIFT_DET, DRIFT_OVER = (24, 24), (72, 72), 3
+DRIFT_SCAN, DRIFT_DET, DRIFT_OVER = (16, 16), (48, 48), 3
 
 
 def write_hdf5(path: Path, data: np.ndarray, optics: Optics | None = None, **dataset) -> Path:
