@@ -12,24 +12,7 @@ import pytest
 import qgpu_dask as qd
 
 from conftest import cupy_available
-
-
-def write_arina(folder, frames: np.ndarray, per_file: int, stem: str = "scan") -> object:
-    """A master and its data files as the detector writes them: one bitshuffle-LZ4 chunk per frame."""
-    n, rows, cols = frames.shape
-    links = []
-    for k, lo in enumerate(range(0, n, per_file), start=1):
-        data = f"{stem}_data_{k:06d}.h5"
-        with h5py.File(folder / data, "w") as f:
-            f.create_dataset("/entry/data/data", data=frames[lo : lo + per_file], chunks=(1, rows, cols),
-                             **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
-        links.append(data)
-    master = folder / f"{stem}_master.h5"
-    with h5py.File(master, "w") as f:
-        for k, data in enumerate(links, start=1):
-            f[f"/entry/data/data_{k:06d}"] = h5py.ExternalLink(data, "/entry/data/data")
-        f["/entry/instrument/detector/description"] = "Dectris Arina (test layout)"
-    return master
+from qgpu_dask.samples import write_arina
 
 
 def h5py_frames(master) -> np.ndarray:
