@@ -21,13 +21,14 @@ from ..device import has_gpu, parse_bytes
 from ..io.source import Source
 from ..io.stream import TcpSource
 from ..resident.base import check_dtype, check_shape
-from ..resident.live import check_representation, start_bytes
+from ..resident.live import check_live_representation, start_bytes
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture, call_async, shard_pool
 from .catalog import PLUGIN_NAME, Catalog
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
-from .shard import Shard, check_saved_representation, shard_key, wants_compressed
+from .layout import check_representation, check_saved_representation
+from .shard import Shard, shard_key
 
 PathLike = str | os.PathLike
 MASKS_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
@@ -284,7 +285,7 @@ class Service:
             if "layout" in meta:  # a saved resident
                 check_saved_representation(representation, meta["layout"])
             else:
-                wants_compressed(representation, meta["dtype"])
+                check_representation(representation, meta["dtype"])
         owners = place([m["load_bytes"] for m in metas], state, pinned=worker)
         futures = [
             self.on_loop(self.placed(n, o, m["load_bytes"], worker is not None, "load", s, representation))
@@ -330,7 +331,7 @@ class Service:
         array = np.asarray(array)
         if array.ndim != 4:
             raise ValueError(f"an acquisition is 4-D (scan_rows, scan_cols, det_rows, det_cols), got shape {array.shape}")
-        wants_compressed(representation, array.dtype)
+        check_representation(representation, array.dtype)
         name = name or f"array-{uuid.uuid4().hex[:8]}"
         self.ensure_shards()
         state = self.state()
@@ -360,7 +361,7 @@ class Service:
             raise ValueError(f"scan_shape and det_shape are (rows, cols) each, got {scan_shape} and {det_shape}")
         check_shape(shape)
         dtype = check_dtype(dtype)
-        check_representation(representation, dtype)
+        check_live_representation(representation, dtype)
         self.ensure_shards()
         state = self.state()
         self.check_new_names([name], state)
