@@ -109,3 +109,18 @@ def test_service_small_budget_compresses_and_keeps_high_entropy_dense(rng):
         assert (acq.reduce() == merlin.sum(axis=(0, 1), dtype=np.uint64)).all()
     finally:
         svc.close()
+
+
+def test_a_complete_dense_live_acquisition_keeps_an_index(svc, names, rng):
+    counts = rng.poisson(0.8, (4, 6, 16, 16)).astype(np.uint16)
+    acq = svc.create(names(), (4, 6), (16, 16), "uint16", representation="dense")
+    acq.append(counts[:2].reshape(-1, 16, 16))
+    assert acq.info()["layout_reason"] == "dense: asked for" and acq.info()["nbytes"] == counts.nbytes
+    acq.append(counts[2:].reshape(-1, 16, 16))
+    info = acq.info()
+    assert not info["live"] and info["layout_reason"] == "dense: asked for"
+    assert info["nbytes"] == counts.nbytes + DenseCounts.index_bytes(counts.shape, "uint16")
+    moments = acq.virtual_images(moment_masks((16, 16)))
+    rows, cols = np.indices((16, 16))
+    assert (moments[1] == (counts * rows).sum(axis=(2, 3))).all() and (moments[2] == (counts * cols).sum(axis=(2, 3))).all()
+    assert (acq.reduce() == counts.sum(axis=(0, 1), dtype=np.uint64)).all() and (acq.reduce(op="max") == counts.max(axis=(0, 1))).all()
