@@ -228,7 +228,9 @@ class Service:
         Each file is read by the worker that will hold it. ``name`` defaults to
         the file stem; 3-D stacks need ``scan_shape``; ``worker`` pins the owner.
         ``representation``: "compressed" (entropy-coded, exact), "dense", or
-        "auto" (compressed for unsigned integer counts). A saved resident
+        "auto" (the owner decides, ``service.layout``: dense on CPU where it fits, compressed on GPUs or
+        where dense would not fit, never below an estimated ratio of 1.5; ``acq.info()["layout_reason"]``
+        says why). A saved resident
         (:meth:`Acquisition.save`) is reopened as it was held, without
         re-encoding: "auto" or its own layout. Nothing stays resident from a
         series load that fails part-way.
