@@ -130,7 +130,8 @@ def test_service_layouts_give_the_same_bits(svc, names, rng):
     comp = svc.put(counts, name=names(), representation="compressed")
     dense = svc.put(counts, name=names(), representation="dense")
     auto = svc.put(counts, name=names())
-    assert comp.info()["layout"] == auto.info()["layout"] == "compressed" and dense.info()["layout"] == "dense"
+    assert comp.info()["layout"] == "compressed" and dense.info()["layout"] == "dense"
+    assert auto.info()["layout"] == ("dense" if svc.backend == "cpu" else "compressed")  # see test_layout.py
     info = comp.info()
     assert info["nbytes"] < info["raw_bytes"] and info["ratio"] > 1 and info["entropy_bytes"] > 0
     masks = np.stack([qd.masks.disk((16, 12), (8, 6), 4), rng.integers(-2, 3, (16, 12))])

@@ -155,7 +155,8 @@ def test_save_and_reload(svc, names, rng, tmp_path, representation):
     if representation == "compressed":
         assert header["codec"] == codec.FORMAT and header["block"] >= 1
         assert {a["name"] for a in header["arrays"]} == {"run", "values", "table_start", "cum", "index", "block_base", "payload", "totals"}
-    assert sum(a["nbytes"] for a in header["arrays"]) == acq.nbytes
+    saved_bytes = sum(a["nbytes"] for a in header["arrays"])
+    assert saved_bytes == (acq.nbytes if representation == "compressed" else acq.info()["raw_bytes"])  # a dense index is built at reopen
 
     other = "dense" if representation == "compressed" else "compressed"
     with pytest.raises(ValueError, match=f"held {representation} and loads as it was saved"):

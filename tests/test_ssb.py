@@ -65,7 +65,7 @@ def test_ssb_on_a_turned_detector_and_a_series(svc, names, simulated):
     cal = acqs[0].calibrate(qd.Optics(300e3, 20.0, STEP))
     assert abs((cal.rotation_deg + 90 + 180) % 360 - 180) <= 2.0
     assert correlation(acqs[0].ssb(cal), truth) >= 0.9
-    series = qd.Series(svc, [acqs[1], svc.put(runs["focus"], name=names())])  # dense and compressed
+    series = qd.Series(svc, [acqs[1], svc.put(runs["focus"], name=names(), representation="compressed")])  # dense and compressed
     straight = acqs[1].calibrate(qd.Optics(300e3, 20.0, STEP))
     phases = series.ssb(straight)
     assert phases.shape == (2, *SCAN) and (phases[0] == phases[1]).all() and correlation(phases[0], truth) >= 0.9
@@ -107,7 +107,7 @@ def test_parallax_of_a_known_object(svc, names, simulated):
 def test_every_phase_step_for_a_series(svc, names, simulated):
     runs, truth = simulated
     one = svc.put(runs["aberrated"], name=names(), representation="dense")
-    series = qd.Series(svc, [one, svc.put(runs["aberrated"], name=names())])  # dense and compressed: the same counts
+    series = qd.Series(svc, [one, svc.put(runs["aberrated"], name=names(), representation="compressed")])  # dense and compressed: the same counts
     optics = qd.Optics(300e3, 20.0, STEP)
     cals = series.calibrate(optics)
     assert cals == [one.calibrate(optics)] * 2

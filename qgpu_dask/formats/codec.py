@@ -103,6 +103,16 @@ def entropy_bits(hist: np.ndarray, n_frames: int) -> np.ndarray:
     return h * n_frames
 
 
+def estimated_bytes(hist: np.ndarray, n_frames: int, dtype) -> float:
+    """Coded bytes the counts of value histograms (frame_len, HIST_BINS) of ``n_frames`` frames would take,
+    roughly: the order-0 entropy of each pixel's tokens (counts below MAX_V, one escape symbol for the
+    rest) plus the raw 16-bit chunks every escaped count carries. Cheap: for choosing a layout, not sizing."""
+    hist = np.asarray(hist, dtype=np.float64)
+    tokens = np.concatenate([hist[:, :MAX_V], hist[:, MAX_V:].sum(axis=1, keepdims=True)], axis=1)
+    escapes = tokens[:, -1].sum()
+    return float(entropy_bits(tokens, n_frames).sum() + escapes * 16 * raw_chunks(dtype)) / 8
+
+
 def quantize(counts: np.ndarray) -> np.ndarray:
     """Frequencies summing to PROB_SCALE per row, >= 1 for every symbol that occurs, 0 for the others.
 

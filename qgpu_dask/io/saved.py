@@ -49,7 +49,7 @@ def describe_saved(source: Source) -> dict:
         "shape": shape,
         "dtype": str(dtype),
         "raw_bytes": int(np.prod(shape)) * dtype.itemsize,
-        "load_bytes": sum(int(a["nbytes"]) for a in meta["arrays"]),
+        "load_bytes": DenseCounts.held_bytes(shape, dtype) if meta["layout"] == "dense" else sum(int(a["nbytes"]) for a in meta["arrays"]),
         "layout": meta["layout"],
     }
 
@@ -71,7 +71,7 @@ def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = No
         counts = arrays[DENSE_KEY]
         if counts.dtype != np.dtype(meta["dtype"]):
             raise ValueError(f"{where!r}: the saved counts are {counts.dtype}, but the header says {meta['dtype']}")
-        return DenseCounts(name, xp.asarray(counts), meta["shape"])
+        return DenseCounts(name, xp.asarray(counts), meta["shape"]).indexed()
     payload = arrays["payload"]
     if payload.ndim != 1 or payload.dtype != np.uint8:
         raise ValueError(f"{where!r}: the saved stream payload is {payload.dtype} of shape {payload.shape}, expected 1-D uint8")

@@ -34,6 +34,26 @@ def compressible(dtype) -> bool:
     return np.dtype(dtype).kind == "u"
 
 
+MIN_RATIO = 1.5  # "auto" never compresses counts whose estimated ratio is below this: the saving would not pay for slower queries
+RATIO_SAMPLE_FRAMES = 1024  # frames, evenly spread, whose histograms estimate a compression ratio
+
+
+def estimated_ratio(flat) -> float:
+    """Raw bytes over the estimated coded bytes (``codec.estimated_bytes``) of dense counts ``flat``
+    (n_frames, frame_len), from at most RATIO_SAMPLE_FRAMES evenly spread frames. When the raw chunks of
+    the escaped counts alone keep the ratio below MIN_RATIO, that bound is the estimate: the per-pixel
+    histograms of a wide detector (a MiB per 512 pixels) would cost more than a few frames of counts."""
+    xp = module_of(flat)
+    step = max(1, -(-flat.shape[0] // RATIO_SAMPLE_FRAMES))
+    sample = xp.ascontiguousarray(flat[::step])
+    escaped = int((sample >= codec.MAX_V).sum())
+    bound = sample.nbytes / max(escaped * 2 * codec.raw_chunks(flat.dtype), 1)
+    if bound < MIN_RATIO:
+        return bound
+    hist = to_host(kernels_for(xp, "compressed").value_histogram(sample))
+    return sample.nbytes / max(codec.estimated_bytes(hist, sample.shape[0], flat.dtype), 1.0)
+
+
 class CompressedCounts(Resident):
     """Unsigned counts as rANS-coded streams of ``block`` scans per detector pixel, with exact queries."""
 

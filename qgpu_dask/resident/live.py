@@ -31,7 +31,7 @@ PROBE = codec.MIN_BLOCK  # frames a compressed live acquisition holds dense befo
 REPRESENTATIONS = ("dense", "compressed")
 
 
-def check_representation(representation: str, dtype) -> None:
+def check_live_representation(representation: str, dtype) -> None:
     """ValueError unless a live acquisition of ``dtype`` can be held as ``representation``."""
     if representation not in REPRESENTATIONS:
         raise ValueError(f"unknown representation {representation!r} for a live acquisition: use 'dense' or 'compressed'")
@@ -58,7 +58,7 @@ class LiveCounts(Resident):
 
     def __init__(self, name: str, shape, dtype, representation: str, xp: ModuleType):
         super().__init__(name, shape, dtype, xp)
-        check_representation(representation, self.dtype)
+        check_live_representation(representation, self.dtype)
         self.layout = representation
         self.received = 0
         self.lock = threading.RLock()
@@ -192,13 +192,15 @@ class LiveCounts(Resident):
     def dense_part(self, flat) -> DenseCounts:
         return DenseCounts(self.name, flat, (flat.shape[0], 1, *self.det_shape))
 
-    def finished(self) -> Resident:
-        """The plain resident of a complete acquisition (checked, as one loaded from a file)."""
+    def finished(self, index: bool = True) -> Resident:
+        """The plain resident of a complete acquisition (checked, as one loaded from a file); a dense one with
+        its index unless ``index`` is False (the budget has no room for it)."""
         with self.lock:
             if not self.complete:
                 raise ValueError(f"live acquisition {self.name!r} has {self.received} of {self.n_frames} positions")
             if self.layout == "dense":
-                return DenseCounts(self.name, self.flat, self.shape)
+                dense = DenseCounts(self.name, self.flat, self.shape)
+                return dense.indexed() if index else dense
             return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, self.coded_streams(), {})  # all coded
 
     # -- the resident interface ----------------------------------------------------

@@ -104,3 +104,21 @@ def mask_weights(masks, det_shape: tuple[int, int], data_dtype) -> MaskWeights:
         else:
             raise ValueError(f"mask weights too large: sums could reach {bound}, beyond uint64")
     return MaskWeights(span_start, np.ascontiguousarray(span, dtype=acc), acc)
+
+
+def line_weights(masks: MaskWeights, det_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the masks whose weight at (row, col) is ``a[row] + b[col]``, their a (k, det_rows), their b (k, det_cols)),
+    int64, for integer weights: such a mask's sum over a frame is that of a over its row sums plus b over its
+    column sums (moments, row or column bands, the whole detector), exact in wrapping arithmetic."""
+    rows, cols = det_shape
+    w = masks.weights.astype(np.int64).reshape(masks.n_masks, -1, cols)  # weights fit int64 (mask_weights refuses more)
+    first, n_rows = masks.span_start // cols, w.shape[1]
+    a = w[:, :, 0]
+    b = w[:, 0, :] - w[:, :1, 0]
+    fits = (w == a[:, :, None] + b[:, None, :]).all(axis=(1, 2))
+    if n_rows < rows:  # the zero rows outside the span leave b no room but 0
+        fits &= ~b.any(axis=1)
+    which = np.flatnonzero(fits)
+    full = np.zeros((which.size, rows), dtype=np.int64)
+    full[:, first : first + n_rows] = a[which]
+    return which, full, b[which]

@@ -211,8 +211,9 @@ class Acquisition(AcquisitionShape):
         return path
 
     def info(self) -> dict:
-        """Shape, dtype, layout, owner, resident bytes and where it came from, as the catalog has them now (a
-        live acquisition's state included); the last record known once it is released."""
+        """Shape, dtype, layout and why it was chosen (``layout_reason``), owner, resident bytes and where it
+        came from, as the catalog has them now (a live acquisition's state included); the last record known
+        once it is released."""
         entry = self.service.state()["acquisitions"].get(self.name)
         if entry is not None:
             self.record.update(entry)

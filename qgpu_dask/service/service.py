@@ -26,13 +26,14 @@ from ..device import has_gpu, parse_bytes
 from ..io.source import Source
 from ..io.stream import TcpSource
 from ..resident.base import check_dtype, check_shape
-from ..resident.live import check_representation, start_bytes
+from ..resident.live import check_live_representation, start_bytes
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture, call_async, shard_pool
 from .catalog import PLUGIN_NAME, Catalog, check_copy_room
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
-from .shard import Shard, check_saved_representation, shard_key, wants_compressed
+from .layout import check_representation, check_saved_representation
+from .shard import Shard, shard_key
 from .spawn import check_main_guard
 
 PathLike = str | os.PathLike
@@ -291,7 +292,9 @@ class Service:
         Each file is read by the worker that will hold it. ``name`` defaults to
         the file stem; 3-D stacks need ``scan_shape``; ``worker`` pins the owner.
         ``representation``: "compressed" (entropy-coded, exact), "dense", or
-        "auto" (compressed for unsigned integer counts). A saved resident
+        "auto" (the owner decides, ``service.layout``: dense on CPU where it fits, compressed on GPUs or
+        where dense would not fit, never below an estimated ratio of 1.5; ``acq.info()["layout_reason"]``
+        says why). A saved resident
         (:meth:`Acquisition.save`) is reopened as it was held, without
         re-encoding: "auto" or its own layout. Nothing stays resident from a
         series load that fails part-way.
@@ -348,7 +351,7 @@ class Service:
             if "layout" in meta:  # a saved resident
                 check_saved_representation(representation, meta["layout"])
             else:
-                wants_compressed(representation, meta["dtype"])
+                check_representation(representation, meta["dtype"])
         owners = place([m["load_bytes"] for m in metas], state, pinned=worker)
         futures = [
             self.on_loop(self.placed(n, o, m["load_bytes"], worker is not None, "load", s, representation))
@@ -396,7 +399,7 @@ class Service:
         array = np.asarray(array)
         check_shape(array.shape)
         dtype = check_dtype(array.dtype)
-        wants_compressed(representation, dtype)
+        check_representation(representation, dtype)
         name = name or f"array-{uuid.uuid4().hex[:8]}"
         self.ensure_shards()
         state = self.state()
@@ -428,7 +431,7 @@ class Service:
             raise ValueError(f"scan_shape and det_shape are (rows, cols) each, got {scan_shape} and {det_shape}")
         check_shape(shape)
         dtype = check_dtype(dtype)
-        check_representation(representation, dtype)
+        check_live_representation(representation, dtype)
         self.ensure_shards()
         state = self.state()
         self.check_new_names([name], state)

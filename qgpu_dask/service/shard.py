@@ -30,11 +30,12 @@ from ..io.stream import TcpSource
 from ..ptycho import geometry, update
 from ..resident import DenseCounts, Resident, combine_parts, feed, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
-from ..resident.compressed import CompressedCounts, compressible
-from ..resident.live import LiveCounts, check_representation, start_bytes
+from ..resident.compressed import CompressedCounts, estimated_ratio
+from ..resident.live import LiveCounts, check_live_representation, start_bytes
 from ..ssb import direct, fit, parallax, sideband
 from ..ssb.direct import DirectResult
 from ..ssb.optics import Optics
+from .layout import Layout, check_representation, check_saved_representation, choose
 from .maskcache import MaskCache
 from .preparedcache import PreparedCache, pixels_key
 
@@ -46,32 +47,10 @@ def use_own_stream() -> None:
         cp.cuda.Stream(non_blocking=True).use()
 
 
-REPRESENTATIONS = ("auto", "dense", "compressed")
-
-
-def wants_compressed(representation: str, dtype) -> bool:
-    """Whether a new resident is held compressed: "auto" compresses unsigned integer counts."""
-    if representation not in REPRESENTATIONS:
-        raise ValueError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
-    if representation == "compressed" and not compressible(dtype):
-        raise ValueError(f"representation='compressed' holds unsigned integer counts; this acquisition is {np.dtype(dtype)}")
-    return representation == "compressed" or (representation == "auto" and compressible(dtype))
-
-
-def check_saved_representation(representation: str, layout: str) -> None:
-    """ValueError unless a saved resident held ``layout`` may load as ``representation`` (it is never re-encoded)."""
-    if representation not in REPRESENTATIONS:
-        raise ValueError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
-    if representation not in ("auto", layout):
-        raise ValueError(
-            f"this saved resident is held {layout} and loads as it was saved: representation='auto' or {layout!r}, not {representation!r}"
-        )
-
-
-def held_as(dense: DenseCounts, compress: bool) -> Resident:
-    """``dense`` itself, or its compressed encoding (the dense staging copy is then dropped)."""
-    if not compress:
-        return dense
+def held_as(dense: DenseCounts, layout: Layout) -> Resident:
+    """``dense`` itself (with its index where it fits), or its compressed encoding (the dense staging copy is then dropped)."""
+    if not layout.compressed:
+        return dense.indexed() if layout.index else dense
     return CompressedCounts.encode(dense.name, dense.flat, dense.shape)
 
 
@@ -176,6 +155,25 @@ class Shard:
             raise ValueError(f"{what_needs} {format_bytes(nbytes)}, but the shard on {self.address} has "
                              f"{format_bytes(max(free, 0))} free of its {format_bytes(self.budget)} budget")
 
+    def free_bytes(self) -> int:
+        """Bytes of the budget not held by residents, loads under way or reconstructions (kept phase
+        preparations make room when asked, so they count as free)."""
+        used = sum(r.nbytes for r in self.residents.values()) + self.reserved + self.ptycho_bytes()
+        return max(self.budget - used, 0)
+
+    def choose_layout(self, representation: str, shape, dtype) -> tuple[int, Callable[[DenseCounts], Layout]]:
+        """(bytes to reserve, the layout for the dense counts once they are read) of a new resident: "auto"
+        decides on this worker's kind and free budget now, estimating the ratio only where it matters."""
+        check_representation(representation, dtype)
+        dense_bytes, free = DenseCounts.held_bytes(shape, dtype), self.free_bytes()
+        raw = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        reserve = dense_bytes if representation != "compressed" and dense_bytes <= free else raw
+
+        def layout(dense: DenseCounts) -> Layout:
+            return choose(representation, dtype, self.device.kind, dense_bytes, free, lambda: estimated_ratio(dense.flat))
+
+        return reserve, layout
+
     def admit(self, name: str, nbytes: int) -> None:
         """Reserve ``nbytes`` for a new resident, or refuse before anything is allocated."""
         if name in self.residents:
@@ -212,19 +210,21 @@ class Shard:
         reader = await self.run_in(self.loads, open_reader, source)
         try:
             meta = describe(reader)
-            compress = wants_compressed(representation, meta["dtype"])
+            reserve, layout = self.choose_layout(representation, meta["shape"], meta["dtype"])
 
-            def read() -> Resident:
+            def read() -> tuple[Resident, str]:
                 try:
-                    resident = held_as(read_dense(name, reader), compress)
+                    dense = read_dense(name, reader)
+                    chosen = layout(dense)
+                    resident = held_as(dense, chosen)
                 except ValueError as err:
                     if source.path in str(err):
                         raise
                     raise ValueError(f"{source.path!r}: {err}") from err
                 synchronize()
-                return resident
+                return resident, chosen.reason
 
-            return await self.add(name, meta["load_bytes"], read, source.describe())
+            return await self.add(name, reserve, read, source.describe(), representation)
         finally:
             reader.close()
 
@@ -233,14 +233,14 @@ class Shard:
         meta = await self.run_in(self.loads, describe_saved, source)
         check_saved_representation(representation, meta["layout"])
 
-        def reopen() -> Resident:
+        def reopen() -> tuple[Resident, str]:
             resident = open_resident(name, Path(source.path).expanduser())
             synchronize()
             if resident.nbytes != meta["load_bytes"]:
                 raise ValueError(f"{source.path!r} changed while it was loaded (its arrays no longer match the header read first)")
-            return resident
+            return resident, f"{meta['layout']}: reopened as it was saved"
 
-        return await self.add(name, meta["load_bytes"], reopen, source.describe())
+        return await self.add(name, meta["load_bytes"], reopen, source.describe(), representation)
 
     async def save(self, name: str, path: str) -> dict:
         """Write resident ``name`` as it is held to ``path`` (on this worker's file system)."""
@@ -252,19 +252,21 @@ class Shard:
         array = np.asarray(array)
         shape = check_shape(array.shape)
         dtype = check_dtype(array.dtype)
-        compress = wants_compressed(representation, dtype)
+        reserve, layout = self.choose_layout(representation, shape, dtype)
 
-        def place() -> Resident:
-            resident = DenseCounts.empty(name, shape, dtype)
-            resident.write(0, array.reshape(-1, shape[2], shape[3]))
-            resident = held_as(resident, compress)
+        def place() -> tuple[Resident, str]:
+            dense = DenseCounts.empty(name, shape, dtype)
+            dense.write(0, array.reshape(-1, shape[2], shape[3]))
+            chosen = layout(dense)
+            resident = held_as(dense, chosen)
             synchronize()
-            return resident
+            return resident, chosen.reason
 
-        return await self.add(name, array.nbytes, place, None)
+        return await self.add(name, reserve, place, None, representation)
 
-    async def add(self, name: str, nbytes: int, build: Callable[[], Resident], source: dict | None) -> dict:
-        """Admit, claim the name in the catalog, build the resident, commit; undo everything on failure."""
+    async def add(self, name: str, nbytes: int, build: Callable[[], tuple[Resident, str]], source: dict | None, representation: str) -> dict:
+        """Admit ``nbytes``, claim the name in the catalog, build the resident (and the reason for its layout),
+        check that it fits if it came out larger than admitted, commit; undo everything on failure."""
         self.admit(name, nbytes)
         try:
             await self.worker.scheduler.qgpu_claim(name=name, owner=self.address, nbytes=nbytes)
@@ -272,10 +274,12 @@ class Shard:
             self.reserved -= nbytes
             raise
         try:
-            resident = await self.run_in(self.loads, build)
+            resident, reason = await self.run_in(self.loads, build)
+            if resident.nbytes > nbytes:
+                self.check_room(f"acquisition {name!r} ({reason}) needs", resident.nbytes - nbytes)
             self.forget(name)
             self.residents[name] = resident
-            record = {**resident.describe(), "source": source}
+            record = {**resident.describe(), "source": source, "representation": representation, "layout_reason": reason}
             await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record=record)
             return record
         except BaseException:
@@ -291,15 +295,15 @@ class Shard:
     async def create(self, name: str, shape: tuple, dtype: str, representation: str) -> dict:
         """Hold a new, empty live acquisition ``name`` that grows by ``append`` and ``ingest``."""
         shape, dtype = check_shape(shape), check_dtype(dtype)
-        check_representation(representation, dtype)
+        check_live_representation(representation, dtype)
 
-        def build() -> Resident:
+        def build() -> tuple[Resident, str]:
             resident = LiveCounts(name, shape, dtype, representation, array_module())
             resident.room = lambda nbytes: self.check_room(f"live acquisition {name!r} needs", nbytes)
             synchronize()
-            return resident
+            return resident, f"{representation}: asked for"
 
-        return await self.add(name, start_bytes(shape, dtype, representation), build, None)
+        return await self.add(name, start_bytes(shape, dtype, representation), build, None, representation)
 
     def live(self, name: str) -> LiveCounts:
         resident = self.resident(name)
@@ -351,11 +355,15 @@ class Shard:
         the catalog's record says so): saved, fed and reconstructed as one loaded from a file."""
         resident = self.residents.get(name)
         if isinstance(resident, LiveCounts) and resident.complete:
-            done = await self.run_in(self.loads, resident.finished)
+            index = resident.layout == "dense" and DenseCounts.index_bytes(resident.shape, resident.dtype) <= self.free_bytes()
+            done = await self.run_in(self.loads, resident.finished, index)
             if self.residents.get(name) is resident:
                 self.residents[name] = done
                 self.forget(name)
-                await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record={**done.describe(), "source": None, "live": False})
+                reason = f"{resident.layout}: asked for" + ("" if index or resident.layout != "dense" else
+                                                           "; its index did not fit the budget, so every query reads the counts")
+                await self.worker.scheduler.qgpu_commit(name=name, owner=self.address,
+                                                        record={**done.describe(), "source": None, "live": False, "layout_reason": reason})
 
     async def restore(self, name: str, how: dict) -> dict:
         """Hold ``name`` again after its shard was lost, or take it over from another shard (the catalog

@@ -15,6 +15,11 @@ bits for integer results):
   NumPy array of frame indices; ``op`` "sum" gives (frame_len,) uint64 for unsigned
   data, int64 for signed, float64 for floats; "max" gives the native dtype,
   starting from the first selected frame.
+- ``index_sums(data, det_cols) -> (lines, pattern, peak)`` for integer data: each frame's sums over
+  its detector rows then its columns (n_frames, det_rows + det_cols) and the sum of every frame
+  (frame_len,), in ``sum_dtype``, and the per-pixel max (frame_len,), native.
+- ``line_sums(lines, weights) -> out``: ``out[m, f] = sum_j weights[m, j] * lines[f, j]`` for
+  (n_masks, n_lines) weights of the lines' dtype, wrapping, (n_masks, n_frames).
 """
 
 from __future__ import annotations
@@ -78,6 +83,43 @@ def roi_max_loop(data, indices, partial):
                     acc[p] = v
 
 
+def index_loop(data, det_cols, lines, pattern, peak):
+    n_chunks, frame_len = pattern.shape
+    n = data.shape[0]
+    det_rows = frame_len // det_cols
+    for c in numba.prange(n_chunks):
+        lo, hi = chunk_bounds(n, c, n_chunks)
+        acc, top = pattern[c], peak[c]
+        if hi > lo:
+            top[:] = data[lo]
+        for f in range(lo, hi):
+            frame = data[f]
+            line = lines[f]
+            for r in range(det_rows):
+                s = line[r]
+                for k in range(det_cols):
+                    p = r * det_cols + k
+                    v = frame[p]
+                    s += v
+                    line[det_rows + k] += v
+                    acc[p] += v
+                    if v > top[p]:
+                        top[p] = v
+                line[r] = s
+
+
+def line_sums_loop(lines, weights, out):
+    n_masks, n_lines = weights.shape
+    for f in numba.prange(lines.shape[0]):
+        row = lines[f]
+        for m in range(n_masks):
+            w = weights[m]
+            acc = w[0] * 0
+            for j in range(n_lines):
+                acc += w[j] * row[j]
+            out[m, f] = acc
+
+
 PARALLEL_BYTES = 2**20
 
 
@@ -97,6 +139,8 @@ def serial_and_threaded(loop):
 mask_sums_kernels = serial_and_threaded(mask_sums_loop)
 roi_sum_kernels = serial_and_threaded(roi_sum_loop)
 roi_max_kernels = serial_and_threaded(roi_max_loop)
+index_kernels = serial_and_threaded(index_loop)
+line_sums_kernels = serial_and_threaded(line_sums_loop)
 
 
 def threaded(nbytes: int) -> int:
@@ -152,6 +196,24 @@ def roi_reduce(data: np.ndarray, indices: np.ndarray, op: str) -> np.ndarray:
         roi_max_kernels[parallel](data, indices, partial)
         return partial.max(axis=0)
     raise ValueError(f"unknown reduction op {op!r}")
+
+
+def index_sums(data: np.ndarray, det_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n_frames, frame_len = data.shape
+    acc = sum_dtype(data.dtype)
+    parallel = threaded(data.nbytes)
+    n_chunks = chunk_count(n_frames, parallel)
+    lines = np.zeros((n_frames, frame_len // det_cols + det_cols), dtype=acc)
+    pattern = np.zeros((n_chunks, frame_len), dtype=acc)
+    peak = np.empty((n_chunks, frame_len), dtype=data.dtype)
+    index_kernels[parallel](data, det_cols, lines, pattern, peak)
+    return lines, pattern.sum(axis=0, dtype=acc), peak.max(axis=0)
+
+
+def line_sums(lines: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    out = np.empty((weights.shape[0], lines.shape[0]), dtype=lines.dtype)
+    line_sums_kernels[threaded(lines.nbytes)](lines, weights, out)
+    return out
 
 
 def pixel_images(data: np.ndarray, pixels: np.ndarray) -> np.ndarray:

@@ -6,6 +6,8 @@ Same contract, same bits for integer results (see the CPU twin's docstring):
   data[f, span_start + j]`` in the weights' (accumulator) dtype.
 - ``roi_reduce(data, indices, op)``: per-pixel "sum" (uint64 / int64 / float64)
   or "max" (native dtype) over the selected frames.
+- ``index_sums(data, det_cols)``: per-frame row then column sums, the sum pattern and the max pattern
+  (CuPy reductions; integer data); ``line_sums(lines, weights)``: weighted sums of those lines.
 - ``read_sum(data)``: the sum of every element; a plain full read used by the
   benchmark as the bandwidth reference.
 
@@ -29,7 +31,7 @@ from qgpu_dask.resident.cpu.dense import sum_dtype
 from ... import compile
 from ...compile import limits
 
-__all__ = ["mask_sums", "roi_reduce", "read_sum", "prepare_mask_sums", "prepare_roi_reduce", "pixel_images", "sum_dtype"]
+__all__ = ["mask_sums", "roi_reduce", "index_sums", "line_sums", "read_sum", "prepare_mask_sums", "prepare_roi_reduce", "pixel_images", "sum_dtype"]
 
 # Load flavour compiled into the kernels (kernels/dense.cu QGPU_LOAD): 0 = plain
 # __ldg, measured fastest on an H200 (the L2 256-byte prefetch hint, variant 1,
@@ -302,6 +304,19 @@ def prepare_roi_reduce(data: cupy.ndarray, indices, op: str) -> Callable[[], cup
 
 
 # ---------------------------------------------------------------- read_sum
+
+
+def index_sums(data: cupy.ndarray, det_cols: int) -> tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray]:
+    """The CPU twin's index of integer counts, from CuPy reductions (exact: integer sums in ``sum_dtype``)."""
+    acc = sum_dtype(data.dtype)
+    frames = data.reshape(data.shape[0], -1, det_cols)
+    lines = cupy.concatenate([frames.sum(axis=2, dtype=acc), frames.sum(axis=1, dtype=acc)], axis=1)
+    return lines, data.sum(axis=0, dtype=acc), data.max(axis=0)
+
+
+def line_sums(lines: cupy.ndarray, weights) -> cupy.ndarray:
+    """(n_masks, n_frames) ``weights @ lines.T`` in the lines' integer dtype, wrapping (an integer CuPy matmul)."""
+    return cupy.ascontiguousarray(cupy.asarray(weights) @ lines.T)
 
 
 def read_sum(data: cupy.ndarray) -> cupy.ndarray:
