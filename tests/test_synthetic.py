@@ -57,6 +57,11 @@ def test_smaller_scan_is_corner_of_larger() -> None:
     assert np.array_equal(large[:3, :width], small)
 
 
+def test_rows_are_those_of_the_whole() -> None:
+    whole = crystal((5, 6), (16, 16), seed=4)
+    assert np.array_equal(np.concatenate([crystal((5, 6), (16, 16), seed=4, rows=r) for r in ((0, 2), (2, 5))]), whole)
+
+
 def test_uint8_clips_instead_of_wrapping() -> None:
     # At this dose the disk pixels hold far more than 255 counts.
     wide = crystal((4, 4), (32, 32), dtype="uint16", dose=200_000, seed=9)
@@ -155,6 +160,8 @@ def test_potential_peaks_on_columns() -> None:
         {"spacing": 0.5},
         {"seed": -1},
         {"seed": 1.5},
+        {"rows": (1, 1)},
+        {"rows": (0, 3)},
     ],
 )
 def test_bad_arguments(kwargs: dict) -> None:

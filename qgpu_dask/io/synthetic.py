@@ -139,12 +139,15 @@ def crystal(
     spacing: float = 8.0,
     dose: float = 2000.0,
     seed: int = 0,
+    rows: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """A synthetic 4D-STEM acquisition I[scan_row, scan_col, det_row, det_col] of a crystal.
 
     `dose` is the mean number of electrons per probe position (all of them
     land on a large enough detector). Counts above the dtype's maximum are
     clipped to it, so uint8 works at any dose. Same arguments, same array.
+    `rows` = (start, stop) gives only those scan rows of it (the same
+    counts), so a large acquisition can be written block by block.
     Time grows with scan positions x dose (about 60 ns per electron).
     """
     scan = _shape2("scan_shape", scan_shape)
@@ -156,9 +159,12 @@ def crystal(
         raise ValueError(f"dose must be a finite number >= 0, got {dose}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    start, stop = (0, scan[0]) if rows is None else (int(rows[0]), int(rows[1]))
+    if not 0 <= start < stop <= scan[0]:
+        raise ValueError(f"rows must be (start, stop) with 0 <= start < stop <= {scan[0]} (the scan rows), got {rows!r}")
     geometry = crystal_geometry(det_shape, spacing)
     det = geometry.det_shape
-    out = np.empty(scan + det, dtype=out_dtype)
+    out = np.empty((stop - start, scan[1]) + det, dtype=out_dtype)
     cap = np.iinfo(out_dtype).max if out_dtype.kind in "ui" else None
 
     potential, grad_r, grad_c = projected_potential(scan, geometry)
@@ -174,7 +180,7 @@ def crystal(
     a, b = _tilt_offsets(geometry)
     tilt = np.clip(ABF_TILT * (slope - a - b * slope**2), -MAX_TILT, MAX_TILT)
 
-    for row in range(scan[0]):
+    for row in range(start, stop):
         for run, c0 in enumerate(range(0, scan[1], STREAM_POSITIONS)):
             rng = np.random.default_rng([seed, row, run])
             cols = slice(c0, min(c0 + STREAM_POSITIONS, scan[1]))
@@ -185,7 +191,7 @@ def crystal(
             )
             if cap is not None:
                 np.minimum(counts, cap, out=counts)
-            out[row, cols] = counts
+            out[row - start, cols] = counts
     return out
 
 
