@@ -8,8 +8,9 @@ from types import ModuleType
 import numpy as np
 
 from ..formats import codec
-from ..resident.base import check_dtype
+from ..resident.base import Resident, check_dtype
 from ..resident.dense import DenseCounts
+from ..resident.live import LiveCounts
 from ..resident.staging import PinnedStaging
 from .saved import describe_saved
 from .source import BLOCK_BYTES, Reader, Source, detect_format, frames_per_block, open_reader
@@ -70,11 +71,24 @@ def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_by
         finally:
             staging.finish()  # no copy may still run into memory freed after a failed read
         return resident
+    read_blocks(reader, block_bytes, resident.write)
+    return resident
+
+
+def read_compressed(name: str, reader: Reader, block_bytes: int = BLOCK_BYTES) -> Resident:
+    """A compressed resident in host memory, coded scan block by scan block as ``reader``'s frames arrive
+    (as a live acquisition is: the model from the first blocks), so a load never holds the dense counts."""
+    live = LiveCounts(name, reader.shape, check_dtype(reader.dtype), "compressed", np)
+    read_blocks(reader, block_bytes, lambda start, frames: live.append(np.ascontiguousarray(frames)))
+    return live.finished()
+
+
+def read_blocks(reader: Reader, block_bytes: int, write) -> None:
+    """``write(first frame, frames)`` for every block of ``reader``; a failed read names the first frame it did not get."""
     done = 0
     try:
         for start, frames in reader.blocks(block_bytes):
-            resident.write(start, frames)
+            write(start, frames)
             done = start + len(frames)
     except (OSError, RuntimeError) as err:  # the file library's own read errors (HDF5 filters, Zarr codecs)
         raise ValueError(f"reading frame {done} or one after it failed: {err}") from err
-    return resident

@@ -23,7 +23,7 @@ from dask.utils import format_bytes
 from distributed import get_worker
 
 from ..device import array_module, cupy_or_none, default_budget, device_info, synchronize, to_host
-from ..io.load import describe, inspect, read_dense
+from ..io.load import describe, inspect, read_compressed, read_dense
 from ..io.saved import describe_saved, open_resident, save_resident
 from ..io.source import Source, detect_format, open_reader
 from ..io.stream import TcpSource
@@ -215,7 +215,10 @@ class Shard:
 
             def read() -> Resident:
                 try:
-                    resident = held_as(read_dense(name, reader), compress)
+                    if compress and array_module() is np:  # coded as read: host memory never holds the dense counts
+                        resident = read_compressed(name, reader)
+                    else:
+                        resident = held_as(read_dense(name, reader), compress)
                 except ValueError as err:
                     if source.path in str(err):
                         raise
