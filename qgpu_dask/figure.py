@@ -51,11 +51,11 @@ def com_colours(com: np.ndarray) -> np.ndarray:
     return hsv_to_rgb(hsv)
 
 
-def colour_wheel(fig, rect) -> None:
-    """A small key to :func:`com_colours`: direction as hue, length as brightness."""
+def colour_wheel(ax) -> None:
+    """A small key to :func:`com_colours` beside ``ax``: direction as hue, length as brightness."""
     from matplotlib.colors import hsv_to_rgb
 
-    ax = fig.add_axes(rect)
+    ax = ax.inset_axes([1.03, 0.0, 0.22, 0.22])
     r, c = np.mgrid[-1:1:64j, -1:1:64j]
     length = np.hypot(r, c)
     hsv = np.stack([(np.arctan2(r, c) / (2 * np.pi)) % 1.0, np.ones_like(r), np.clip(length, 0, 1)], axis=-1)
@@ -90,14 +90,14 @@ def figure(
     if com.shape != (2, *scan_shape) or icom.shape != scan_shape:
         raise ValueError(f"com must be (2, {scan_shape[0]}, {scan_shape[1]}) and icom {scan_shape}, got {com.shape} and {icom.shape}")
     path = Path(path)
-    fig, axes = plt.subplots(2, 3, figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
+    fig, axes = plt.subplots(2, 3, figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI, layout="constrained")
     try:
         if title:
             fig.suptitle(title, fontsize=12)
-        panels = list(images.items()) + [("iCoM (integrated centre of mass, a.u.)", icom)]
+        panels = list(images.items()) + [("iCoM (integrated CoM)", icom)]
         for ax, (name, image) in zip([*axes[0], axes[1, 1]], panels):
             shown = ax.imshow(image, cmap="gray", interpolation="nearest")
-            fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.03, label="counts" if "iCoM" not in name else "phase (a.u.)")
+            fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.02, label="phase (a.u.)" if image is icom else "counts")
             ax.set_title(name)
             scale_bar(ax, scan_shape[1], scan_step_A)
             ax.set_xticks([])
@@ -105,19 +105,18 @@ def figure(
 
         ax = axes[1, 0]
         ax.imshow(com_colours(com), interpolation="nearest")
-        ax.set_title("centre of mass (hue: direction, brightness: shift)")
+        ax.set_title("centre of mass (hue: direction)")
         scale_bar(ax, scan_shape[1], scan_step_A)
         ax.set_xticks([])
         ax.set_yticks([])
-        box = ax.get_position()
-        colour_wheel(fig, [box.x1 + 0.005, box.y0, 0.05, 0.05 * WIDTH_IN / HEIGHT_IN])
+        colour_wheel(ax)
 
         ax = axes[1, 2]
         positive = mean_pattern[mean_pattern > 0]
         low = float(positive.min()) if positive.size else 1.0
         shown = ax.imshow(np.where(mean_pattern > 0, mean_pattern, low), cmap="inferno", interpolation="nearest",
                           norm=LogNorm(vmin=low, vmax=max(float(mean_pattern.max()), low * 10)))
-        fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.03, label="mean counts per pixel (log)")
+        fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.02, label="mean counts per pixel")
         ax.set_title(mean_title)
         ax.set_xlabel("detector column (px)")
         ax.set_ylabel("detector row (px)")

@@ -1,8 +1,10 @@
-"""The command line: `qgpu-dask info` against a running cluster (the demo runs in CI's first command)."""
+"""The command line: `qgpu-dask info` against a running cluster, and the demo at a tiny size."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from PIL import Image
 
 from qgpu_dask.cli import main
 
@@ -15,3 +17,16 @@ def test_info_prints_shards_and_acquisitions(svc, names, scheduler_file, capsys)
     assert acq.name in out and "2x3x4x4" in out
     assert main(["info", "--address", svc.client.scheduler.address]) == 0
     assert acq.name in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_demo_draws_one_figure_and_cleans_up(tmp_path, capsys, keep):
+    out = tmp_path / "demo"
+    argv = ["demo", "--scan", "8", "8", "--det", "16", "16", "--workers", "1", "--out", str(out)]
+    assert main(argv + ["--keep"] * keep) == 0
+    printed = capsys.readouterr().out
+    assert "exact against NumPy: yes" in printed
+    with Image.open(out / "demo.png") as png:
+        assert png.format == "PNG" and png.size == (1350, 840)
+    assert sorted(p.name for p in out.glob("*.h5")) == (["crystal-0.h5", "crystal-1.h5"] if keep else [])
+    assert ("kept the HDF5 files" if keep else "removed the HDF5 files") in printed
