@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+from dask.utils import format_bytes
 
 from ..resident import combine_parts, finish_reduce
 from ..resident.base import AcquisitionShape
@@ -219,8 +220,19 @@ class Acquisition(AcquisitionShape):
         return dict(self.record)
 
     def __repr__(self) -> str:
-        shape = " x ".join(str(s) for s in self.shape)
-        return f"<Acquisition {self.name!r} {shape} {self.dtype} on {self.owner}>"
+        """One line from the record held here (a live one asks its owner how much has arrived)."""
+        r = self.record
+        rows, cols, det_rows, det_cols = self.shape
+        held = f"{r.get('layout', 'held')} {format_bytes(self.nbytes)}"
+        if r.get("layout") == "compressed" and self.nbytes:
+            held += f" ({r.get('raw_bytes', self.n_frames * self.frame_len * self.dtype.itemsize) / self.nbytes:.1f}x)"
+        text = f"Acquisition({self.name!r}, {rows}x{cols} x {det_rows}x{det_cols} {self.dtype}, {held}, on {self.owner}"
+        if r.get("live"):
+            try:
+                text += f", live {self.received}/{self.n_frames} received"
+            except Exception:  # released, or the service is gone: the repr still prints
+                text += ", live"
+        return text + ")"
 
 
 class Series(Sequence):
@@ -335,5 +347,7 @@ class Series(Sequence):
             acq.release()
 
     def __repr__(self) -> str:
+        """One line: how many, their names (the first few and the last) and on how many shards."""
+        names = self.names if len(self) <= 6 else [*self.names[:4], "...", self.names[-1]]
         owners = len({a.owner for a in self.acquisitions})
-        return f"<Series of {len(self)} acquisitions on {owners} shard(s)>"
+        return f"Series({len(self)} acquisition{'s' * (len(self) != 1)}: {', '.join(names)} on {owners} shard{'s' * (owners != 1)})"

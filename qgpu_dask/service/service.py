@@ -463,7 +463,16 @@ class Service:
         return ServiceInfo(shards=shards, acquisitions=list(state["acquisitions"].values()), events=state["events"])
 
     def __repr__(self) -> str:
-        return f"<Service {self.client.scheduler.address}>"
+        """One line from the catalog: shards and their device kinds, acquisitions, bytes held of the budget."""
+        if self.client.status != "running":
+            return "Service(closed)"
+        state = self.state()
+        shards, acquisitions = state["shards"], state["acquisitions"]
+        kinds = sorted({s["device"]["kind"] for s in shards.values()})
+        held = sum(int(a.get("nbytes", 0)) for a in acquisitions.values())
+        budget = sum(int(s["budget"]) for s in shards.values())
+        return (f"Service({len(shards)} shard{'s' * (len(shards) != 1)} ({', '.join(kinds)}), {len(acquisitions)} acquisition"
+                f"{'s' * (len(acquisitions) != 1)}, {format_bytes(held)} of {format_bytes(budget)} budget held)")
 
 
 @dataclass
