@@ -27,6 +27,7 @@ from .calls import QueryFuture, call_async, shard_pool
 from .catalog import PLUGIN_NAME, Catalog
 from .maskcache import MaskNotCached, mask_digest
 from .placement import place
+from .progress import waited
 from .shard import Shard, check_saved_representation, shard_key, wants_compressed
 
 PathLike = str | os.PathLike
@@ -235,9 +236,12 @@ class Service:
         one = isinstance(path, (str, os.PathLike))
         paths = [path] if one else list(path)
         loads = self.start_loads(paths, dataset, name, scan_shape, worker, representation, one)
-        records = self.gather(loads, progress and not one, "loading")
-        acqs = [Acquisition(self, r) for r in records]
-        return acqs[0] if one else Series(self, acqs)
+        if one:
+            owner, loaded = loads.owners[0], loads.names[0]
+            waited(loads.futures[0], f"loading {loaded}", loads.raw_bytes[0], "B",
+                   lambda: self.call(owner, "load_progress", loaded).result(), progress)
+            return Acquisition(self, loads.record(loads.futures[0]))
+        return Series(self, [Acquisition(self, r) for r in self.gather(loads, progress, "loading")])
 
     def stream(
         self,
@@ -290,7 +294,7 @@ class Service:
             self.on_loop(self.placed(n, o, m["load_bytes"], worker is not None, "load", s, representation))
             for o, n, s, m in zip(owners, names, sources, metas)
         ]
-        return Loads(futures, names, [m["raw_bytes"] for m in metas])
+        return Loads(futures, names, [m["raw_bytes"] for m in metas], owners)
 
     async def placed(self, name: str, owner: str, nbytes: int, pinned: bool, method: str, *args) -> dict:
         """Shard method ``load`` or ``put`` of a new acquisition on ``owner``; its record with the owner.
@@ -477,11 +481,13 @@ class Service:
 
 @dataclass
 class Loads:
-    """Loads in flight: one future per file (its record with the owner), with its acquisition's name and raw bytes."""
+    """Loads in flight: one future per file (its record with the owner), with its acquisition's name, raw bytes
+    and the shard it was placed on."""
 
     futures: list
     names: list[str]
     raw_bytes: list[int]
+    owners: list[str]
 
     def record(self, future) -> dict:
         """The catalog record of a finished load, with its name and owner."""

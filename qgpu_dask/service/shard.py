@@ -129,6 +129,7 @@ class Shard:
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
         self.ingests = ThreadPoolExecutor(8, thread_name_prefix="qgpu-ingest", initializer=use_own_stream)
         self.ingesting: dict[str, str] = {}  # live acquisition -> the stream feeding it
+        self.reading: dict[str, int] = {}  # acquisition being loaded -> bytes of counts read so far
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -213,12 +214,17 @@ class Shard:
             meta = describe(reader)
             compress = wants_compressed(representation, meta["dtype"])
 
+            frame_bytes = meta["raw_bytes"] // (meta["shape"][0] * meta["shape"][1] or 1)
+
+            def seen(frames: int) -> None:
+                self.reading[name] = frames * frame_bytes
+
             def read() -> Resident:
                 try:
                     if compress and array_module() is np:  # coded as read: host memory never holds the dense counts
-                        resident = read_compressed(name, reader)
+                        resident = read_compressed(name, reader, progress=seen)
                     else:
-                        resident = held_as(read_dense(name, reader), compress)
+                        resident = held_as(read_dense(name, reader, progress=seen), compress)
                 except ValueError as err:
                     if source.path in str(err):
                         raise
@@ -228,7 +234,12 @@ class Shard:
 
             return await self.add(name, meta["load_bytes"], read, source.describe())
         finally:
+            self.reading.pop(name, None)
             reader.close()
+
+    async def load_progress(self, name: str) -> int:
+        """Bytes of counts read so far by the load of ``name`` under way here (0 if none is)."""
+        return self.reading.get(name, 0)
 
     async def load_saved(self, name: str, source: Source, representation: str) -> dict:
         """Reopen the resident saved at ``source.path`` as it was held, admitted by its resident bytes."""
