@@ -30,3 +30,11 @@ def test_demo_draws_one_figure_and_cleans_up(tmp_path, capsys, keep):
         assert png.format == "PNG" and png.size == (1350, 840)
     assert sorted(p.name for p in out.glob("*.h5")) == (["crystal-0.h5", "crystal-1.h5"] if keep else [])
     assert ("kept the HDF5 files" if keep else "removed the HDF5 files") in printed
+
+
+def test_demo_removes_its_files_when_it_fails(tmp_path):
+    # A 1 x 1 scan has no top-left quarter: the ROI mean fails after both files were written and loaded.
+    out = tmp_path / "demo"
+    with pytest.raises(ValueError, match="the roi selects no scan position"):
+        main(["demo", "--scan", "1", "1", "--det", "16", "16", "--workers", "1", "--out", str(out)])
+    assert list(out.glob("*.h5")) == []
