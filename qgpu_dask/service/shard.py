@@ -213,8 +213,7 @@ class Shard:
         try:
             meta = describe(reader)
             compress = wants_compressed(representation, meta["dtype"])
-
-            frame_bytes = meta["raw_bytes"] // (meta["shape"][0] * meta["shape"][1] or 1)
+            frame_bytes = meta["raw_bytes"] // (meta["shape"][0] * meta["shape"][1])
 
             def seen(frames: int) -> None:
                 self.reading[name] = frames * frame_bytes
