@@ -14,11 +14,12 @@ import h5py
 import numpy as np
 
 from . import masks
-from .formats.png import save_png
+from .figure import figure
 from .io.source import Source
 from .io.stream import serve
 from .io.synthetic import crystal, crystal_geometry
 from .service import Service
+from .ssb.calibration import icom
 
 
 def timed(fn, repeat: int = 5) -> tuple[object, float]:
@@ -31,68 +32,103 @@ def timed(fn, repeat: int = 5) -> tuple[object, float]:
     return result, statistics.median(times)
 
 
+CHECK_BYTES = 64 * 2**20  # uint64 counts the demo's check holds at once
+
+
+def write_crystal(path: Path, scan: tuple[int, int], det: tuple[int, int], dose: float, seed: int) -> None:
+    """A synthetic crystal acquisition as /entry/data of an HDF5 file, written a few scan rows at a time."""
+    rows = max(1, CHECK_BYTES // (scan[1] * det[0] * det[1] * 8))
+    with h5py.File(path, "w") as f:
+        data = f.create_dataset("/entry/data", shape=scan + det, dtype="uint16", chunks=(1, scan[1]) + det)
+        for r0 in range(0, scan[0], rows):
+            r1 = min(r0 + rows, scan[0])
+            data[r0:r1] = crystal(scan, det, "uint16", dose=dose, seed=seed, rows=(r0, r1))
+
+
+def exact_against_numpy(path: Path, images: np.ndarray, stack: list[np.ndarray], roi: np.ndarray, mean: np.ndarray) -> bool:
+    """Whether ``images`` (one per mask of ``stack``) and the ROI ``mean`` equal NumPy's of the file's counts,
+    read a few scan rows at a time (uint64 per block only, never the whole acquisition)."""
+    weights = np.stack([m.ravel() for m in stack], axis=1).astype(np.uint64)
+    total = None
+    with h5py.File(path, "r") as f:
+        data = f["/entry/data"]
+        scan_cols, frame_len = data.shape[1], data.shape[2] * data.shape[3]
+        rows = max(1, CHECK_BYTES // (scan_cols * frame_len * 8))
+        for r0 in range(0, data.shape[0], rows):
+            block = data[r0 : r0 + rows].reshape(-1, frame_len).astype(np.uint64)
+            n = block.shape[0] // scan_cols
+            if not (images[:, r0 : r0 + n] == (block @ weights).T.reshape(len(stack), n, scan_cols)).all():
+                return False
+            part = block[roi[r0 : r0 + n].ravel()].sum(axis=0, dtype=np.uint64)
+            total = part if total is None else total + part
+    return bool((mean == (total.astype(np.float64) / int(roi.sum())).reshape(mean.shape)).all())
+
+
 def demo(args: argparse.Namespace) -> int:
-    """A synthetic crystal series through the embedded cluster, checked against NumPy, written as PNG."""
+    """A synthetic crystal series through the embedded cluster, checked against NumPy, drawn as one figure."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scan, det = tuple(args.scan), tuple(args.det)
     t0 = time.perf_counter()
     cluster_kwargs = {} if args.workers is None else {"n_workers": args.workers}
-    with Service.local(**cluster_kwargs) as svc:
-        shards = svc.info()["shards"]
-        n = args.frames or max(2, len(shards))
-        print(f"cluster: {len(shards)} shard(s) on {shards[0]['device']['kind']} ({time.perf_counter() - t0:.1f} s to start)")
+    paths: list[Path] = []
+    try:
+        with Service.local(**cluster_kwargs) as svc:
+            shards = svc.info()["shards"]
+            n = args.frames or max(2, len(shards))
+            print(f"cluster: {len(shards)} shard(s) on {shards[0]['device']['kind']} ({time.perf_counter() - t0:.1f} s to start)")
 
-        paths = []
-        for i in range(n):
-            path = out / f"crystal-{i}.h5"
-            with h5py.File(path, "w") as f:
-                f.create_dataset("/entry/data", data=crystal(scan, det, "uint16", dose=args.dose, seed=i), chunks=(1, scan[1]) + det)
-            paths.append(path)
-        acq_bytes = np.prod(scan + det) * 2
-        print(f"wrote {n} synthetic crystal acquisitions {scan[0]}x{scan[1]}x{det[0]}x{det[1]} uint16 ({acq_bytes / 2**20:.1f} MiB each) to {out}/")
+            for i in range(n):
+                paths.append(out / f"crystal-{i}.h5")
+                write_crystal(paths[-1], scan, det, args.dose, i)
+            acq_bytes = np.prod(scan + det) * 2
+            print(f"wrote {n} synthetic crystal acquisitions {scan[0]}x{scan[1]}x{det[0]}x{det[1]} uint16 ({acq_bytes / 2**20:.1f} MiB each) to {out}/")
 
-        t0 = time.perf_counter()
-        for a in svc.acquisitions():
-            if a.name.startswith("crystal-"):
-                a.release()
-        series = svc.load(paths, dataset="/entry/data")
-        print(f"loaded across {len({a.owner for a in series})} shard(s) in {time.perf_counter() - t0:.2f} s")
-        held = series[0].info()
-        if held["layout"] == "compressed":
-            print(f"held compressed ({held['format']}): {held['ratio']:.1f}x smaller than raw, "
-                  f"{held['bound_ratio']:.2f}x the entropy bound of its counts")
+            t0 = time.perf_counter()
+            for a in svc.acquisitions():
+                if a.name.startswith("crystal-"):
+                    a.release()
+            series = svc.load(paths, dataset="/entry/data", representation=args.representation)
+            print(f"loaded across {len({a.owner for a in series})} shard(s) in {time.perf_counter() - t0:.2f} s")
+            held = series[0].info()
+            if held["layout"] == "compressed":
+                print(f"held compressed ({held['format']}): {held['ratio']:.1f}x smaller than raw")
 
-        geo = crystal_geometry(det)
-        detectors = {
-            "bf": masks.disk(det, geo.center, geo.bf_radius),
-            "abf": masks.annulus(det, geo.center, geo.bf_radius / 2, geo.bf_radius),
-            "adf": masks.annulus(det, geo.center, geo.adf_inner, geo.adf_outer),
-        }
-        stack = list(detectors.values())
-        images, t_series = timed(lambda: series.virtual_images(stack))
-        first = series[0]
-        _, t_one = timed(lambda: first.virtual_image(detectors["bf"]))
-        roi = np.zeros(scan, bool)
-        roi[: scan[0] // 2, : scan[1] // 2] = True
-        mean, t_mean = timed(lambda: first.reduce(roi, "mean"))
+            geo = crystal_geometry(det)
+            detectors = {
+                "BF": masks.disk(det, geo.center, geo.bf_radius),
+                "ABF": masks.annulus(det, geo.center, geo.abf_inner, geo.bf_radius),
+                "ADF": masks.annulus(det, geo.center, geo.adf_inner, geo.adf_outer),
+            }
+            stack = list(detectors.values())
+            images, t_series = timed(lambda: series.virtual_images(stack))
+            first = series[0]
+            _, t_one = timed(lambda: first.virtual_image(detectors["BF"]))
+            roi = np.zeros(scan, bool)
+            roi[: scan[0] // 2, : scan[1] // 2] = True
+            mean, t_mean = timed(lambda: first.reduce(roi, "mean"))
+            com = first.center_of_mass()
+            exact = exact_against_numpy(paths[0], images[0], stack, roi, mean)
 
-        with h5py.File(paths[0], "r") as f:
-            data = f["/entry/data"][...]
-        exact = all(
-            (images[0, k] == (data.astype(np.uint64) * m).sum(axis=(2, 3))).all() for k, m in enumerate(stack)
-        ) and (mean == data[roi].mean(axis=0, dtype=np.float64)).all()
-
-        for k, name in enumerate(detectors):
-            save_png(images[0, k], out / f"{name}.png")
-        save_png(mean, out / "mean_pattern.png", log=True)
-
-        print(f"virtual images BF/ABF/ADF of the series ({n} x 3): {t_series:.1f} ms; one BF image: {t_one:.2f} ms")
-        print(f"scan-ROI mean pattern ({int(roi.sum())} positions): {t_mean:.2f} ms")
-        print(f"exact against NumPy: {'yes' if exact else 'NO'}")
-        print(f"images: {', '.join(str(out / f'{k}.png') for k in detectors)}, {out / 'mean_pattern.png'}")
-        print(svc.info())
-        series.release()
+            picture = figure(
+                out / "demo.png",
+                {f"{k} ({m.sum()} px)": images[0, i] for i, (k, m) in enumerate(detectors.items())},
+                com, icom(com, 1.0), mean,
+                title=f"{first.name}: {scan[0]}x{scan[1]} scan x {det[0]}x{det[1]} detector (synthetic crystal)",
+                mean_title="mean pattern, top-left quarter (log)",
+            )
+            print(f"virtual images BF/ABF/ADF of the series ({n} x 3): {t_series:.1f} ms; one BF image: {t_one:.2f} ms")
+            print(f"scan-ROI mean pattern ({int(roi.sum())} positions): {t_mean:.2f} ms")
+            print(f"exact against NumPy: {'yes' if exact else 'NO'}")
+            print(f"figure: {picture}")
+            print(svc.info())
+            series.release()
+    finally:
+        if not args.keep:
+            for path in paths:
+                path.unlink(missing_ok=True)
+    if paths:
+        print(f"kept the HDF5 files in {out}/" if args.keep else "removed the HDF5 files it wrote (--keep keeps them)")
     return 0 if exact else 1
 
 
@@ -125,13 +161,16 @@ def parser() -> argparse.ArgumentParser:
     """The command's argument parser (the docs' tests check their command lines with it)."""
     parser = argparse.ArgumentParser(prog="qgpu-dask", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="synthetic crystal series on the embedded cluster: virtual images, checked, as PNG")
+    p = sub.add_parser("demo", help="synthetic crystal series on the embedded cluster: virtual images, checked, drawn as one figure")
     p.add_argument("--scan", type=int, nargs=2, default=(96, 96), metavar=("ROWS", "COLS"))
     p.add_argument("--det", type=int, nargs=2, default=(96, 96), metavar=("ROWS", "COLS"))
     p.add_argument("--dose", type=float, default=2000.0, help="electrons per probe position")
     p.add_argument("--frames", type=int, default=None, help="acquisitions in the series (default: one per shard, at least 2)")
     p.add_argument("--workers", type=int, default=None, help="workers of the embedded cluster")
-    p.add_argument("--out", default="demo-output", help="folder for the files and PNG images")
+    p.add_argument("--out", default="demo-output", help="folder for the HDF5 files and the figure demo.png")
+    p.add_argument("--representation", default="compressed", choices=("compressed", "dense", "auto"),
+                   help="how the workers hold the series (compressed: the smallest; see svc.load)")
+    p.add_argument("--keep", action="store_true", help="keep the HDF5 files it wrote (removed at the end otherwise)")
     p.set_defaults(run=demo)
     p = sub.add_parser("info", help="shards and acquisitions of a running cluster")
     where = p.add_mutually_exclusive_group(required=True)

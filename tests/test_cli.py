@@ -1,4 +1,4 @@
-"""The command line: `qgpu-dask info` against a running cluster (the demo runs in CI's first command)."""
+"""The command line: `qgpu-dask info` against a running cluster, and the demo at a tiny size."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import qgpu_dask as qd
 from qgpu_dask.cli import main
@@ -74,3 +75,24 @@ def test_info_and_connect_without_a_scheduler(tmp_path, capsys):
     with pytest.raises(ValueError, match=re.escape(f"{str(typo)!r} is not a scheduler file")):
         qd.Service.connect(scheduler_file=typo)
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_demo_draws_one_figure_and_cleans_up(tmp_path, capsys, keep):
+    out = tmp_path / "demo"
+    argv = ["demo", "--scan", "8", "8", "--det", "16", "16", "--workers", "1", "--out", str(out)]
+    assert main(argv + ["--keep"] * keep) == 0
+    printed = capsys.readouterr().out
+    assert "exact against NumPy: yes" in printed
+    with Image.open(out / "demo.png") as png:
+        assert png.format == "PNG" and png.size == (1350, 840)
+    assert sorted(p.name for p in out.glob("*.h5")) == (["crystal-0.h5", "crystal-1.h5"] if keep else [])
+    assert ("kept the HDF5 files" if keep else "removed the HDF5 files") in printed
+
+
+def test_demo_removes_its_files_when_it_fails(tmp_path):
+    # A 1 x 1 scan has no top-left quarter: the ROI mean fails after both files were written and loaded.
+    out = tmp_path / "demo"
+    with pytest.raises(ValueError, match="the roi selects no scan position"):
+        main(["demo", "--scan", "1", "1", "--det", "16", "16", "--workers", "1", "--out", str(out)])
+    assert list(out.glob("*.h5")) == []

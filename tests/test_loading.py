@@ -37,6 +37,24 @@ def test_checksum_of_a_loaded_file(svc, names, rng, tmp_path):
     assert acq.checksum() != sha256(data)
 
 
+def test_compressed_load_codes_block_by_block(rng, tmp_path):
+    # 40 x 30 frames in reads of 7 frames: many reads per codec block, and a short last block.
+    from qgpu_dask.io.load import read_compressed
+    from qgpu_dask.io.source import Source, open_reader
+
+    data = rng.poisson(0.6, (40, 30, 6, 5)).astype(np.uint16)
+    write_h5(tmp_path / "a.h5", data)
+    reader = open_reader(Source(str(tmp_path / "a.h5"), "/entry/data", None))
+    try:
+        resident = read_compressed("a", reader, block_bytes=7 * 6 * 5 * 2)
+    finally:
+        reader.close()
+    assert resident.describe()["layout"] == "compressed" and resident.nbytes < data.nbytes
+    assert (resident.data == data).all()
+    mask = rng.integers(0, 3, (6, 5))
+    assert (resident.virtual_images(mask[None]) == (data.astype(np.int64) * mask).sum(axis=(2, 3))).all()
+
+
 def test_stream_yields_each_acquisition_once_resident(svc, names, rng, tmp_path):
     arrays = {}
     for i in range(4):

@@ -57,6 +57,11 @@ def test_smaller_scan_is_corner_of_larger() -> None:
     assert np.array_equal(large[:3, :width], small)
 
 
+def test_rows_are_those_of_the_whole() -> None:
+    whole = crystal((5, 6), (16, 16), seed=4)
+    assert np.array_equal(np.concatenate([crystal((5, 6), (16, 16), seed=4, rows=r) for r in ((0, 2), (2, 5))]), whole)
+
+
 def test_uint8_clips_instead_of_wrapping() -> None:
     # At this dose the disk pixels hold far more than 255 counts.
     wide = crystal((4, 4), (32, 32), dtype="uint16", dose=200_000, seed=9)
@@ -101,6 +106,26 @@ def test_bf_dark_adf_bright_on_columns(acquisition: np.ndarray) -> None:
     assert np.corrcoef(adf.ravel(), potential.ravel())[0, 1] > 0.9
 
 
+def test_abf_differs_from_bf(acquisition: np.ndarray) -> None:
+    # ABF (the disk's outer half) darkens around each column where the field is steep; BF darkens on it.
+    geometry = crystal_geometry(DET, 8.0)
+    r = radii(geometry)
+    bf, _ = virtual_images(acquisition, geometry)
+    abf = (acquisition.astype(np.int64) * ((r > geometry.abf_inner) & (r <= geometry.bf_radius))).sum(axis=(2, 3))
+    assert np.corrcoef(bf.ravel(), abf.ravel())[0, 1] < 0.9  # 0.991 with a uniform disk, ~0.77 now
+    columns = geometry.column_positions(SCAN).astype(int)
+    assert abf[columns[:, 0], columns[:, 1]].mean() < abf[0::8, 0::8].mean()  # columns dark in ABF too
+
+
+def test_mean_pattern_is_a_uniform_disk(acquisition: np.ndarray) -> None:
+    # The tilt of the disk's profile averages out over the lattice: the inside of the mean disk stays flat.
+    geometry = crystal_geometry(DET, 8.0)
+    mean = acquisition.mean(axis=(0, 1))
+    r = radii(geometry)
+    rings = [mean[(r >= a) & (r < a + 1)].mean() for a in range(int(geometry.bf_radius) - 1)]
+    assert max(rings) < 1.02 * min(rings)
+
+
 def test_disk_deflected_towards_columns(acquisition: np.ndarray) -> None:
     geometry = crystal_geometry(DET, 8.0)
     rows, cols = np.indices(DET)
@@ -135,6 +160,8 @@ def test_potential_peaks_on_columns() -> None:
         {"spacing": 0.5},
         {"seed": -1},
         {"seed": 1.5},
+        {"rows": (1, 1)},
+        {"rows": (0, 3)},
     ],
 )
 def test_bad_arguments(kwargs: dict) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import numpy as np
 
 from ..formats import codec
-from ..resident.base import check_dtype
+from ..resident.base import Resident, check_dtype
 from ..resident.dense import DenseCounts
+from ..resident.live import LiveCounts
 from ..resident.staging import PinnedStaging
 from .saved import describe_saved
 from .source import BLOCK_BYTES, Reader, ScanShapeNeeded, Source, detect_format, frames_per_block, open_reader
@@ -62,27 +64,46 @@ def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
         reader.close()
 
 
-def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_bytes: int = BLOCK_BYTES) -> DenseCounts:
-    """A DenseCounts filled from ``reader`` in blocks; a failed read names the first frame it did not get."""
+def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_bytes: int = BLOCK_BYTES,
+               progress: Callable[[int], None] = lambda frames: None) -> DenseCounts:
+    """A DenseCounts filled from ``reader`` in blocks, ``progress(frames read so far)`` after each; a failed
+    read names the first frame it did not get."""
     resident = DenseCounts.empty(name, reader.shape, check_dtype(reader.dtype), xp)
     if hasattr(reader, "blocks_into"):  # the reader decodes into host memory, or pinned buffers bound for the device
         if resident.xp is np:
             frames = resident.flat.reshape(resident.n_frames, *resident.det_shape)
-            for _ in reader.blocks_into(lambda start, n: frames[start : start + n], block_bytes):
-                pass
+            for start, block in reader.blocks_into(lambda start, n: frames[start : start + n], block_bytes):
+                progress(start + len(block))
             return resident
         staging = PinnedStaging(resident.flat, frames_per_block(reader.shape, resident.dtype, block_bytes), resident.det_shape)
         try:
             for start, block in reader.blocks_into(staging.buffer, block_bytes):
                 staging.send(start, block)
+                progress(start + len(block))
         finally:
             staging.finish()  # no copy may still run into memory freed after a failed read
         return resident
+    read_blocks(reader, block_bytes, resident.write, progress)
+    return resident
+
+
+def read_compressed(name: str, reader: Reader, block_bytes: int = BLOCK_BYTES,
+                    progress: Callable[[int], None] = lambda frames: None) -> Resident:
+    """A compressed resident in host memory, coded scan block by scan block as ``reader``'s frames arrive
+    (as a live acquisition is: the model from the first blocks), so a load never holds the dense counts."""
+    live = LiveCounts(name, reader.shape, check_dtype(reader.dtype), "compressed", np)
+    read_blocks(reader, block_bytes, lambda start, frames: live.append(np.ascontiguousarray(frames)), progress)
+    return live.finished()
+
+
+def read_blocks(reader: Reader, block_bytes: int, write: Callable[[int, np.ndarray], object], progress: Callable[[int], None]) -> None:
+    """``write(first frame, frames)`` for every block of ``reader``, then ``progress(frames read so far)``;
+    a failed read names the first frame it did not get."""
     done = 0
     try:
         for start, frames in reader.blocks(block_bytes):
-            resident.write(start, frames)
+            write(start, frames)
             done = start + len(frames)
+            progress(done)
     except (OSError, RuntimeError) as err:  # the file library's own read errors (HDF5 filters, Zarr codecs)
         raise ValueError(f"reading frame {done} or one after it failed: {err}") from err
-    return resident

@@ -6,7 +6,12 @@ probe's electrons land on the detector as
 
 - a bright-field disk, centred on the optic axis and deflected along grad V
   (the momentum transfer that DPC measures), holding the unscattered part of
-  the beam: dimmer on a column;
+  the beam: dimmer on a column. Its radial profile tilts with the slope of
+  the field, towards its centre on a ring around each column (moderate
+  slope), outwards where the field is flat or steepest, balanced over the
+  lattice so that the mean pattern stays a uniform disk: annular bright
+  field (the disk's outer half) then darkens around each column and differs
+  from BF (a uniform disk made ABF a copy of BF, correlation 0.99);
 - a dark-field ring around it (diffuse scattering), holding the scattered
   part: brighter on a column, so ADF shows columns bright;
 - a weak uniform background.
@@ -33,6 +38,12 @@ import numpy as np
 SCATTERED_MIN = 0.05
 SCATTERED_MAX = 0.40
 BACKGROUND = 0.02
+# The tilt of the disk's radial profile towards its centre per unit of the
+# slope's offset from its lattice mean (see `_tilt_offsets`), the largest tilt
+# either way, and the Newton steps drawing a radius from the tilted profile.
+ABF_TILT = 5.0
+MAX_TILT = 0.7
+NEWTON_STEPS = 5
 
 # Scan positions per random stream, and per vectorised step.
 STREAM_POSITIONS = 16
@@ -45,7 +56,8 @@ class CrystalGeometry:
     Detector lengths are in detector pixels, measured from pixel centres
     (pixel (i, j) is centred on (i, j)); scan lengths are in scan steps.
     Build masks from this to match `crystal`: BF = disk of `bf_radius` around
-    `center`, ADF = annulus `adf_inner` .. `adf_outer`.
+    `center`, ABF = annulus `abf_inner` .. `bf_radius` (the disk's outer
+    half), ADF = annulus `adf_inner` .. `adf_outer`.
     """
 
     det_shape: tuple[int, int]
@@ -54,6 +66,7 @@ class CrystalGeometry:
     max_shift: float
     ring_radius: float
     ring_width: float
+    abf_inner: float
     adf_inner: float
     adf_outer: float
     spacing: float
@@ -92,6 +105,7 @@ def crystal_geometry(det_shape: tuple[int, int] = (64, 64), spacing: float = 8.0
         max_shift=max_shift,
         ring_radius=2.0 * radius,
         ring_width=0.35 * radius,
+        abf_inner=radius / 2.0,
         adf_inner=radius + max_shift + 1.5,
         adf_outer=half - 0.5,
         spacing=spacing,
@@ -125,12 +139,15 @@ def crystal(
     spacing: float = 8.0,
     dose: float = 2000.0,
     seed: int = 0,
+    rows: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """A synthetic 4D-STEM acquisition I[scan_row, scan_col, det_row, det_col] of a crystal.
 
     `dose` is the mean number of electrons per probe position (all of them
     land on a large enough detector). Counts above the dtype's maximum are
     clipped to it, so uint8 works at any dose. Same arguments, same array.
+    `rows` = (start, stop) gives only those scan rows of it (the same
+    counts), so a large acquisition can be written block by block.
     Time grows with scan positions x dose (about 60 ns per electron).
     """
     scan = _shape2("scan_shape", scan_shape)
@@ -142,9 +159,12 @@ def crystal(
         raise ValueError(f"dose must be a finite number >= 0, got {dose}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    start, stop = (0, scan[0]) if rows is None else (int(rows[0]), int(rows[1]))
+    if not 0 <= start < stop <= scan[0]:
+        raise ValueError(f"rows must be (start, stop) with 0 <= start < stop <= {scan[0]} (the scan rows), got {rows!r}")
     geometry = crystal_geometry(det_shape, spacing)
     det = geometry.det_shape
-    out = np.empty(scan + det, dtype=out_dtype)
+    out = np.empty((stop - start, scan[1]) + det, dtype=out_dtype)
     cap = np.iinfo(out_dtype).max if out_dtype.kind in "ui" else None
 
     potential, grad_r, grad_c = projected_potential(scan, geometry)
@@ -156,19 +176,22 @@ def crystal(
     scattered = SCATTERED_MIN + (SCATTERED_MAX - SCATTERED_MIN) * potential
     bf_mean = dose * (1.0 - BACKGROUND - scattered)
     df_mean = dose * scattered
+    slope = np.hypot(shift_r, shift_c) / geometry.max_shift
+    a, b = _tilt_offsets(geometry)
+    tilt = np.clip(ABF_TILT * (slope - a - b * slope**2), -MAX_TILT, MAX_TILT)
 
-    for row in range(scan[0]):
+    for row in range(start, stop):
         for run, c0 in enumerate(range(0, scan[1], STREAM_POSITIONS)):
             rng = np.random.default_rng([seed, row, run])
             cols = slice(c0, min(c0 + STREAM_POSITIONS, scan[1]))
             counts = _sample_frames(
                 rng, geometry,
                 bf_mean[row, cols], df_mean[row, cols], dose * BACKGROUND,
-                shift_r[row, cols], shift_c[row, cols],
+                shift_r[row, cols], shift_c[row, cols], tilt[row, cols],
             )
             if cap is not None:
                 np.minimum(counts, cap, out=counts)
-            out[row, cols] = counts
+            out[row - start, cols] = counts
     return out
 
 
@@ -180,6 +203,7 @@ def _sample_frames(
     bg_mean: float,
     shift_r: np.ndarray,
     shift_c: np.ndarray,
+    tilt: np.ndarray,
 ) -> np.ndarray:
     """Counts (n, det_r, det_c) int64 for n probe positions, drawn electron by electron."""
     n = bf_mean.shape[0]
@@ -187,10 +211,20 @@ def _sample_frames(
     cy, cx = geometry.center
     frame_ids = np.arange(n)
 
-    # Bright-field disk: uniform over a disk of bf_radius, centre deflected per position.
+    # Bright-field disk of bf_radius R, centre deflected per position. In u = r^2 / R^2 its density is
+    # 1 + t (1 - u) (1 - 3u) on [0, 1] (t = `tilt`): as many electrons as a uniform disk and the same at its
+    # edge, more in the centre and fewer in the outer half for t > 0. u is drawn by inverting its
+    # distribution v = u + t u (1 - u)^2 with Newton steps (the density stays >= 0.3 for the tilts used).
     n_bf = rng.poisson(bf_mean)
     f_bf = np.repeat(frame_ids, n_bf)
-    rho = geometry.bf_radius * np.sqrt(rng.random(f_bf.size))
+    v = rng.random(f_bf.size)
+    t = tilt[f_bf]
+    u = v.copy()
+    for _ in range(NEWTON_STEPS):
+        w = 1.0 - u
+        u -= (u + t * u * w * w - v) / (1.0 + t * w * (1.0 - 3.0 * u))
+        np.clip(u, 0.0, 1.0, out=u)
+    rho = geometry.bf_radius * np.sqrt(u)
     theta = (2.0 * np.pi) * rng.random(f_bf.size)
     y_bf = (cy + shift_r[f_bf]) + rho * np.sin(theta)
     x_bf = (cx + shift_c[f_bf]) + rho * np.cos(theta)
@@ -237,6 +271,20 @@ def _comb(x: np.ndarray, geometry: CrystalGeometry) -> tuple[np.ndarray, np.ndar
     # Normalise by the value on a column of the infinite lattice so V(column) = 1.
     peak = sum(np.exp(-0.5 * (k * a / s) ** 2) for k in range(-reach, reach + 1))
     return f / peak, df / peak
+
+
+def _tilt_offsets(geometry: CrystalGeometry, periods: int = 16) -> tuple[float, float]:
+    """(a, b) such that the tilt s - a - b s^2 of slope s (|grad V| / steepest slope of a column) has mean 0
+    and mean 0 times s^2 over scan positions (integer steps) of ``periods`` lattice periods, weighted by the
+    disk's electrons there: neither the tilt nor its blur by the deflection (~ s^2) then changes the mean
+    pattern. It depends on the geometry only, so a smaller scan stays the corner of a larger one."""
+    x = np.arange(int(round(periods * geometry.spacing)), dtype=np.float64)
+    f, df = _comb(x, geometry)
+    slope = np.hypot(df[:, None] * f[None, :], f[:, None] * df[None, :]) / (np.exp(-0.5) / geometry.column_sigma)
+    disk = 1.0 - BACKGROUND - (SCATTERED_MIN + (SCATTERED_MAX - SCATTERED_MIN) * f[:, None] * f[None, :])
+    m = [float((disk * slope**k).sum() / disk.sum()) for k in range(5)]
+    a, b = np.linalg.solve([[m[0], m[2]], [m[2], m[4]]], [m[1], m[3]])
+    return float(a), float(b)
 
 
 def _column_coords(n: int, geometry: CrystalGeometry) -> np.ndarray:

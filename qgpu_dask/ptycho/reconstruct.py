@@ -45,6 +45,14 @@ class Reconstruction:
         """The objects' phases (rad), float32."""
         return np.angle(self.objects).astype(np.float32)
 
+    def __repr__(self) -> str:
+        """One line: shapes, passes, the last pass's mean error, pixel size and restarts; no array values."""
+        objects = f"{self.objects.shape[0]} objects {'x'.join(map(str, self.objects.shape[1:]))} {self.objects.dtype}"
+        passes = len(self.errors)
+        error = f", last error {float(np.mean(self.errors[-1])):.4g}" if passes else ""
+        return (f"Reconstruction({objects}, probe {'x'.join(map(str, self.probe.shape))}, {passes} iterations{error}, "
+                f"pixel {self.pixel_A[0]:.4g} x {self.pixel_A[1]:.4g} A, {self.restarts} restarts)")
+
 
 @dataclass
 class Checkpoint:

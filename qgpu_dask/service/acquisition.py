@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+from dask.utils import format_bytes
 
 from ..resident import combine_parts, finish_reduce
 from ..resident.base import AcquisitionShape
@@ -21,6 +22,7 @@ from ..ssb import calibration, direct
 from ..ssb.optics import Optics
 from ..ssb.parallax import check_upsampling
 from .calls import QueryFuture
+from .progress import waited
 
 if TYPE_CHECKING:
     from .service import Service
@@ -72,6 +74,12 @@ def stacked(results: list[direct.DirectResult]) -> direct.DirectResult:
 
 def finish(future: QueryFuture, wait: bool):
     return future.result() if wait else future
+
+
+def finish_long(future: QueryFuture, wait: bool, what: str, n: int = 1):
+    """``finish`` for a call that may take seconds (a phase solve, a fit): waited on, it shows a bar once it
+    has run ``progress.DELAY`` seconds, counting the ``n`` acquisitions done."""
+    return waited(future, what, n, "acquisition") if wait else future
 
 
 class Acquisition(AcquisitionShape):
@@ -167,14 +175,14 @@ class Acquisition(AcquisitionShape):
         """Aberration-corrected single-sideband phase (rad, mean 0, float32 (scan_rows, scan_cols)) with
         calibrated ``optics`` (``calibrate``), computed on the owner; its preparation is kept there."""
         sideband_ready(optics)
-        return finish(self.query_listed("ssb", optics), wait)
+        return finish_long(self.query_listed("ssb", optics), wait, f"ssb {self.name}")
 
     def parallax(self, optics: Optics, upsampling: int = 2, wait: bool = True):
         """Tilt-corrected bright field with contrast correction, float32 (scan_rows * u, scan_cols * u), mean 0,
         with calibrated ``optics`` carrying the aberrations (``fit_aberrations``); computed on the owner."""
         sideband_ready(optics)
         check_upsampling(upsampling)
-        return finish(self.query_listed("parallax", optics, upsampling), wait)
+        return finish_long(self.query_listed("parallax", optics, upsampling), wait, f"parallax {self.name}")
 
     def direct_ptycho(self, optics: Optics, method: str = "phase", upsampling="auto", strength: float = 0.1, wait: bool = True):
         """Regularized direct ptychography on a grid ``upsampling`` times finer than the scan ("auto": the
@@ -182,19 +190,21 @@ class Acquisition(AcquisitionShape):
         a ``DirectResult`` with ``phase`` (and ``amplitude`` for method "complex"), float32
         (scan_rows * u, scan_cols * u). The equations are prepared on the owner once per optics and
         upsampling for each method, so another ``strength`` only re-solves."""
-        return finish(self.query_listed("direct_ptycho", optics, *direct_arguments(optics, method, upsampling, strength)), wait)
+        return finish_long(self.query_listed("direct_ptycho", optics, *direct_arguments(optics, method, upsampling, strength)), wait,
+                           f"direct_ptycho {self.name}")
 
     def fit_aberrations(self, optics: Optics, c10_range_A: float = 500.0) -> Optics:
         """``optics`` (calibrated) with the defocus C10 and twofold astigmatism C12, phi12 that maximise the
         coherent SSB signal (robust on crystals), searched over C10 within +/- ``c10_range_A`` of the given
         one; their standard errors in ``uncertainties``. Runs on the owner."""
         sideband_ready(optics)
-        return self.query_listed("fit_aberrations", optics, float(c10_range_A), assemble=lambda fitted: fitted["optics"]).result()
+        call = self.query_listed("fit_aberrations", optics, float(c10_range_A), assemble=lambda fitted: fitted["optics"])
+        return finish_long(call, True, f"fit_aberrations {self.name}")
 
     def checksum(self) -> str:
         """SHA-256 hex digest of the counts (C order, native dtype, 4-D shape), the same for every reader
         and layout: compare it with ``hashlib.sha256(array.tobytes()).hexdigest()`` of the source."""
-        return self.query("checksum").result()
+        return finish_long(self.query("checksum"), True, f"checksum {self.name}")
 
     def release(self) -> None:
         """Free this acquisition's memory on its shard and forget its name."""
@@ -207,7 +217,7 @@ class Acquisition(AcquisitionShape):
         it sees; :meth:`Service.load` reopens it without re-encoding.
         """
         path = os.path.abspath(os.fspath(path))
-        self.query("save", path).result()
+        finish_long(self.query("save", path), True, f"saving {self.name}")
         return path
 
     def info(self) -> dict:
@@ -220,8 +230,19 @@ class Acquisition(AcquisitionShape):
         return dict(self.record)
 
     def __repr__(self) -> str:
-        shape = " x ".join(str(s) for s in self.shape)
-        return f"<Acquisition {self.name!r} {shape} {self.dtype} on {self.owner}>"
+        """One line from the record held here (a live one asks its owner how much has arrived)."""
+        r = self.record
+        rows, cols, det_rows, det_cols = self.shape
+        held = f"{r.get('layout', 'held')} {format_bytes(self.nbytes)}"
+        if r.get("layout") == "compressed" and self.nbytes:
+            held += f" ({r.get('raw_bytes', self.n_frames * self.frame_len * self.dtype.itemsize) / self.nbytes:.1f}x)"
+        text = f"Acquisition({self.name!r}, {rows}x{cols} x {det_rows}x{det_cols} {self.dtype}, {held}, on {self.owner}"
+        if r.get("live"):
+            try:
+                text += f", live {self.received}/{self.n_frames} received"
+            except Exception:  # released, or the service is gone: the repr still prints
+                text += ", live"
+        return text + ")"
 
 
 class Series(Sequence):
@@ -310,25 +331,26 @@ class Series(Sequence):
         """``Acquisition.fit_aberrations`` of each acquisition from the same calibrated ``optics``: one call per shard."""
         sideband_ready(optics)
         call = self.service.routed_method(self.names, "fit_aberrations", optics, float(c10_range_A))
-        return QueryFuture(call, lambda replies, positions: [fitted["optics"] for fitted in ordered(replies, positions)]).result()
+        fitted = QueryFuture(call, lambda replies, positions: [fitted["optics"] for fitted in ordered(replies, positions)])
+        return finish_long(fitted, True, "fit_aberrations", len(self))
 
     def parallax(self, optics: Optics, upsampling: int = 2, wait: bool = True):
         """(n_acquisitions, scan_rows * u, scan_cols * u) tilt-corrected bright fields: one call per shard."""
         sideband_ready(optics)
         check_upsampling(upsampling)
-        return finish(QueryFuture(self.service.routed_method(self.names, "parallax", optics, upsampling), in_order), wait)
+        return finish_long(QueryFuture(self.service.routed_method(self.names, "parallax", optics, upsampling), in_order), wait, "parallax", len(self))
 
     def ssb(self, optics: Optics, wait: bool = True):
         """(n_acquisitions, scan_rows, scan_cols) SSB phases with the same calibrated ``optics``: one call per shard."""
         sideband_ready(optics)
-        return finish(QueryFuture(self.service.routed_method(self.names, "ssb", optics), in_order), wait)
+        return finish_long(QueryFuture(self.service.routed_method(self.names, "ssb", optics), in_order), wait, "ssb", len(self))
 
     def direct_ptycho(self, optics: Optics, method: str = "phase", upsampling="auto", strength: float = 0.1, wait: bool = True):
         """Direct ptychography of every acquisition with the same calibrated ``optics`` (see
         ``Acquisition.direct_ptycho``): one DirectResult with ``phase`` (and ``amplitude``) of shape
         (n_acquisitions, scan_rows * u, scan_cols * u); one call per shard."""
         call = self.service.routed_method(self.names, "direct_ptycho", optics, *direct_arguments(optics, method, upsampling, strength))
-        return finish(QueryFuture(call, lambda replies, positions: stacked(ordered(replies, positions))), wait)
+        return finish_long(QueryFuture(call, lambda replies, positions: stacked(ordered(replies, positions))), wait, "direct_ptycho", len(self))
 
     def release(self) -> None:
         """Release every acquisition of the series."""
@@ -336,5 +358,7 @@ class Series(Sequence):
             acq.release()
 
     def __repr__(self) -> str:
+        """One line: how many, their names (the first few and the last) and on how many shards."""
+        names = self.names if len(self) <= 6 else [*self.names[:4], "...", self.names[-1]]
         owners = len({a.owner for a in self.acquisitions})
-        return f"<Series of {len(self)} acquisitions on {owners} shard(s)>"
+        return f"Series({len(self)} acquisition{'s' * (len(self) != 1)}: {', '.join(names)} on {owners} shard{'s' * (owners != 1)})"

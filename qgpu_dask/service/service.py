@@ -31,8 +31,9 @@ from .acquisition import Acquisition, Series
 from .calls import QueryFuture, call_async, shard_pool
 from .catalog import PLUGIN_NAME, Catalog, check_copy_room
 from .maskcache import MaskNotCached, mask_digest
-from .placement import place
 from .layout import check_representation, check_saved_representation
+from .placement import place
+from .progress import waited
 from .shard import Shard, shard_key
 from .spawn import check_main_guard
 
@@ -302,9 +303,12 @@ class Service:
         one = isinstance(path, (str, os.PathLike))
         paths = [path] if one else list(path)
         loads = self.start_loads(paths, dataset, name, scan_shape, worker, representation, one)
-        records = self.gather(loads, progress and not one, "loading")
-        acqs = [Acquisition(self, r) for r in records]
-        return acqs[0] if one else Series(self, acqs)
+        if one:
+            owner, loaded = loads.owners[0], loads.names[0]
+            waited(loads.futures[0], f"loading {loaded}", loads.raw_bytes[0], "B",
+                   lambda: self.call(owner, "load_progress", loaded).result(), progress)
+            return Acquisition(self, loads.record(loads.futures[0]))
+        return Series(self, [Acquisition(self, r) for r in self.gather(loads, progress, "loading")])
 
     def stream(
         self,
@@ -357,7 +361,7 @@ class Service:
             self.on_loop(self.placed(n, o, m["load_bytes"], worker is not None, "load", s, representation))
             for o, n, s, m in zip(owners, names, sources, metas)
         ]
-        return Loads(futures, names, [m["raw_bytes"] for m in metas])
+        return Loads(futures, names, [m["raw_bytes"] for m in metas], owners)
 
     async def placed(self, name: str, owner: str, nbytes: int, pinned: bool, method: str, *args) -> dict:
         """Shard method ``load`` or ``put`` of a new acquisition on ``owner``; its record with the owner.
@@ -534,16 +538,27 @@ class Service:
         return ServiceInfo(shards=shards, acquisitions=list(state["acquisitions"].values()), events=state["events"])
 
     def __repr__(self) -> str:
-        return f"<Service {self.client.scheduler.address}>"
+        """One line from the catalog: shards and their device kinds, acquisitions, bytes held of the budget."""
+        if self.client.status != "running":
+            return "Service(closed)"
+        state = self.state()
+        shards, acquisitions = state["shards"], state["acquisitions"]
+        kinds = sorted({s["device"]["kind"] for s in shards.values()})
+        held = sum(int(a.get("nbytes", 0)) for a in acquisitions.values())
+        budget = sum(int(s["budget"]) for s in shards.values())
+        return (f"Service({len(shards)} shard{'s' * (len(shards) != 1)} ({', '.join(kinds)}), {len(acquisitions)} acquisition"
+                f"{'s' * (len(acquisitions) != 1)}, {format_bytes(held)} of {format_bytes(budget)} budget held)")
 
 
 @dataclass
 class Loads:
-    """Loads in flight: one future per file (its record with the owner), with its acquisition's name and raw bytes."""
+    """Loads in flight: one future per file (its record with the owner), with its acquisition's name, raw bytes
+    and the shard it was placed on."""
 
     futures: list
     names: list[str]
     raw_bytes: list[int]
+    owners: list[str]
 
     def record(self, future) -> dict:
         """The catalog record of a finished load, with its name and owner."""

@@ -23,7 +23,7 @@ from dask.utils import format_bytes
 from distributed import get_worker
 
 from ..device import array_module, cupy_or_none, default_budget, device_info, memory_bytes, synchronize, to_host
-from ..io.load import describe, inspect, read_dense
+from ..io.load import describe, inspect, read_compressed, read_dense
 from ..io.saved import describe_saved, open_resident, save_resident
 from ..io.source import Source, detect_format, open_reader
 from ..io.stream import TcpSource
@@ -109,6 +109,7 @@ class Shard:
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
         self.ingests = ThreadPoolExecutor(8, thread_name_prefix="qgpu-ingest", initializer=use_own_stream)
         self.ingesting: dict[str, str] = {}  # live acquisition -> the stream feeding it
+        self.reading: dict[str, int] = {}  # acquisition being loaded -> bytes of counts read so far
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -169,7 +170,8 @@ class Shard:
         raw = int(np.prod(shape)) * np.dtype(dtype).itemsize
         reserve = dense_bytes if representation != "compressed" and dense_bytes <= free else raw
 
-        def layout(dense: DenseCounts) -> Layout:
+        def layout(dense: DenseCounts | None) -> Layout:
+            """``dense``: the counts as read, or None where they are coded as read (an explicit "compressed")."""
             return choose(representation, dtype, self.device.kind, dense_bytes, free, lambda: estimated_ratio(dense.flat))
 
         return reserve, layout
@@ -211,12 +213,20 @@ class Shard:
         try:
             meta = describe(reader)
             reserve, layout = self.choose_layout(representation, meta["shape"], meta["dtype"])
+            frame_bytes = meta["raw_bytes"] // (meta["shape"][0] * meta["shape"][1])
+
+            def seen(frames: int) -> None:
+                self.reading[name] = frames * frame_bytes
 
             def read() -> tuple[Resident, str]:
                 try:
-                    dense = read_dense(name, reader)
-                    chosen = layout(dense)
-                    resident = held_as(dense, chosen)
+                    if representation == "compressed" and array_module() is np:  # coded as read: host memory never holds the dense counts
+                        chosen = layout(None)
+                        resident = read_compressed(name, reader, progress=seen)
+                    else:
+                        dense = read_dense(name, reader, progress=seen)
+                        chosen = layout(dense)
+                        resident = held_as(dense, chosen)
                 except ValueError as err:
                     if source.path in str(err):
                         raise
@@ -226,7 +236,12 @@ class Shard:
 
             return await self.add(name, reserve, read, source.describe(), representation)
         finally:
+            self.reading.pop(name, None)
             reader.close()
+
+    async def load_progress(self, name: str) -> int:
+        """Bytes of counts read so far by the load of ``name`` under way here (0 if none is)."""
+        return self.reading.get(name, 0)
 
     async def load_saved(self, name: str, source: Source, representation: str) -> dict:
         """Reopen the resident saved at ``source.path`` as it was held, admitted by its resident bytes."""

@@ -52,6 +52,13 @@ class DirectResult:
     strength: float
     prepared: bool = True
 
+    def __repr__(self) -> str:
+        """One line: the images' shapes and dtypes and the settings, no array values."""
+        images = [f"{name} {'x'.join(map(str, a.shape))} {a.dtype}" for name, a in (("phase", self.phase), ("amplitude", self.amplitude))
+                  if a is not None]
+        made = "equations prepared by this call" if self.prepared else "kept equations"
+        return f"DirectResult({', '.join(images)}, method={self.method!r}, upsampling={self.upsampling}, strength={self.strength:.4g}, {made})"
+
 
 def check_method(method) -> None:
     if method not in METHODS:

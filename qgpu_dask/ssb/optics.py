@@ -13,7 +13,7 @@ defocus = -C10, Cs = C30. Aberrations are given as {"C10": A, "C12": A,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -103,6 +103,16 @@ class Optics:
         """The probe aperture's radius in spatial frequency, alpha / lambda, in 1/A."""
         return self.semiangle_mrad * 1e-3 / self.wavelength_A
 
+    def __repr__(self) -> str:
+        """The fields that are set, floats to 4 significant digits, each fitted aberration with its standard error."""
+        parts = [f"{f.name}={rounded(getattr(self, f.name))}" for f in fields(self)
+                 if f.name not in ("aberrations", "uncertainties") and getattr(self, f.name) is not None]
+        if self.aberrations:
+            terms = [f"{k}: {rounded(v)}" + (f" +- {rounded(self.uncertainties[k], 2)}" if k in self.uncertainties else "")
+                     for k, v in self.aberrations.items()]
+            parts.append("aberrations={" + ", ".join(terms) + "}")
+        return f"Optics({', '.join(parts)})"
+
     def with_(self, **changes) -> "Optics":
         """A copy with some fields changed (aberrations replaced whole)."""
         return replace(self, **changes)
@@ -121,6 +131,19 @@ class Optics:
         """Detector sampling in 1/A per pixel."""
         self.require("det_sampling_mrad", purpose="converting detector pixels to spatial frequency")
         return self.det_sampling_mrad * 1e-3 / self.wavelength_A
+
+
+def rounded(value, digits: int = 4) -> str:
+    """``value`` for a repr: floats (also inside tuples) to ``digits`` significant digits, 300000.0 as 3e5."""
+    if isinstance(value, tuple):
+        return "(" + ", ".join(rounded(v, digits) for v in value) + ")"
+    if isinstance(value, bool) or not isinstance(value, (float, int)):
+        return repr(value)
+    text = f"{value:.{digits}g}"
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}e{int(exponent)}"
+    return text
 
 
 def polar(kx, ky, lam: float, xp=np):
