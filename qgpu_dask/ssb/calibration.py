@@ -163,8 +163,9 @@ def least_curl(turned: Turned, weight: np.ndarray) -> tuple[float, float]:
 
 def rotation_search(com: np.ndarray, optics: Optics) -> tuple[dict, np.ndarray, dict]:
     """The least noise-weighted curl (``Turned``) with and without the flip: ({flip: Turned}, the weights,
-    {flip: (angle in [-89, 90] deg, relative curl)}). A first search with every frequency of the band weighted
-    alike measures the noise by its least curl; the second weights each frequency by signal / (signal + noise)."""
+    {flip: (angle in [-89, 90] deg, relative curl, standard error in deg)}). A first search with every frequency
+    of the band weighted alike measures the noise by its least curl; the second weights each frequency by
+    signal / (signal + noise)."""
     field = np.nan_to_num(com - np.nanmean(com, axis=(1, 2), keepdims=True))
     turned = {flip: Turned(field, flip, optics.scan_step_A, 2 * optics.aperture_k) for flip in (False, True)}
     noise = min(least_curl(t, np.ones(t.q.shape))[1] / t.q.size for t in turned.values())
@@ -172,9 +173,23 @@ def rotation_search(com: np.ndarray, optics: Optics) -> tuple[dict, np.ndarray, 
     found = {}
     for flip, t in turned.items():
         angle, curl = least_curl(t, weight)
-        total = float((weight * (np.abs(t.across(angle)) ** 2 + np.abs(t.along(angle)) ** 2)).sum())
-        found[flip] = (angle - 180 if angle > 90 else angle, curl / total if total else 1.0)  # the fine search may step past 90
+        across, along = np.abs(t.across(angle)) ** 2, np.abs(t.along(angle)) ** 2
+        total = float((weight * (across + along)).sum())
+        found[flip] = (angle - 180 if angle > 90 else angle, curl / total if total else 1.0,  # the fine search may step past 90
+                       turn_error(weight, across, along, noise))
     return turned, weight, found
+
+
+def turn_error(weight: np.ndarray, across: np.ndarray, along: np.ndarray, noise: float) -> float:
+    """Standard error (deg) of the least weighted curl's angle: near it the curl is sum w |a - t b|^2 (a across Q,
+    b along), so t = sum w Re(a conj b) / sum w |b|^2 with a pure noise of power ``noise``; the curvature is
+    sum w (|b|^2 - |a|^2) (noise removed). Every frequency of the reflected field appears four times (its
+    mirror images), hence the factor 4 on the variance. 180 where the curvature shows no minimum."""
+    curvature = float((weight * (along - across)).sum())
+    if curvature <= 0:
+        return 180.0
+    variance = 4 * noise / 2 * float((weight**2 * along).sum()) / curvature**2
+    return min(math.degrees(math.sqrt(variance)), 180.0)
 
 
 def icom(com_scan_k: np.ndarray, scan_step_A: float) -> np.ndarray:
@@ -223,6 +238,7 @@ def calibrated(optics: Optics, disk: tuple[tuple[float, float], float], moments:
     sampling = optics.det_sampling_mrad or optics.semiangle_mrad / radius
     com = center_of_mass(moments, center)
     report = {"bf_radius_px": radius, "bf_center_px": center}
+    uncertainties = optics.uncertainties
     if optics.rotation_deg is None or optics.flip is None:
         turned, weight, found = rotation_search(com, optics)
         flip = optics.flip if optics.flip is not None else min(found, key=lambda f: found[f][1])
@@ -233,6 +249,8 @@ def calibrated(optics: Optics, disk: tuple[tuple[float, float], float], moments:
             angle = angle - 180 if angle > 0 else angle + 180
             agree = -agree
         report["icom_adf_correlation"] = agree
+        if optics.rotation_deg is None:  # an estimate, with its error, for fit_aberrations to refine
+            uncertainties = optics.uncertainties | {"rotation_deg": found[flip][2]}
     else:
         angle, flip = optics.rotation_deg, optics.flip
-    return optics.with_(det_sampling_mrad=sampling, bf_center_px=center, rotation_deg=float(angle), flip=bool(flip)), report
+    return optics.with_(det_sampling_mrad=sampling, bf_center_px=center, rotation_deg=float(angle), flip=bool(flip), uncertainties=uncertainties), report
