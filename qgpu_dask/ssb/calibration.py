@@ -11,9 +11,12 @@ pattern; exact integer moment images), never from the counts themselves:
   disk centre.
 - Rotation and flip: the CoM field of a phase object is a gradient, so its
   curl vanishes in scan coordinates. Search the angle in [-89, 90] deg (and
-  with detector rows and columns swapped) for the least mean |curl|; the 180
-  deg twin is chosen so that the iCoM phase correlates positively with the
-  ADF image (atoms bright in both).
+  with detector rows and columns swapped) for the least curl, in Fourier
+  space with each frequency weighted by signal / (signal + noise) (``Turned``);
+  the 180 deg twin is chosen so that the iCoM phase correlates positively
+  with the ADF image (atoms bright in both). The angle is an estimate: its
+  standard error goes to ``uncertainties["rotation_deg"]``, and
+  ``fit_aberrations`` refines it.
 - iCoM (DPC) phase: phi(Q) = -i Q.c(Q) / |Q|^2 with c the CoM in 1/A in scan
   coordinates, Q in 1/A; radians, mean 0.
 """
