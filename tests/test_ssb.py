@@ -83,7 +83,7 @@ def test_ssb_needs_calibrated_optics(svc, names, simulated):
 def test_fit_aberrations_recovers_defocus_and_astigmatism(svc, names, simulated):
     runs, truth = simulated
     acq = svc.put(runs["aberrated"], name=names())
-    cal = acq.calibrate(qd.Optics(300e3, 20.0, STEP))  # the CoM curl is biased by the astigmatism: -2.5 deg
+    cal = acq.calibrate(qd.Optics(300e3, 20.0, STEP))  # the CoM curl is biased by the astigmatism: -1.45 deg
     fitted = acq.fit_aberrations(cal, c10_range_A=200.0)
     assert abs(fitted.rotation_deg) <= 1.0 and fitted.flip is False  # the SSB signal puts it back
     assert abs(fitted.aberrations["C10"] - ABERRATED["C10"]) <= 0.1 * abs(ABERRATED["C10"])

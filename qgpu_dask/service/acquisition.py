@@ -160,7 +160,8 @@ class Acquisition(AcquisitionShape):
 
     def calibrate(self, optics: Optics) -> Optics:
         """``optics`` with det_sampling_mrad (from the bright-field disk radius, unless given), bf_center_px,
-        rotation_deg and flip (least CoM curl, the 180 deg twin by the iCoM-ADF sign, unless given) filled in."""
+        rotation_deg and flip (least CoM curl, the 180 deg twin by the iCoM-ADF sign, unless given) filled in;
+        the rotation is an estimate, its standard error in ``uncertainties``: ``fit_aberrations`` refines it."""
         disk = calibration.bright_field_disk(self.reduce(op="mean"))
         masks = np.concatenate([calibration.moment_masks(self.det_shape), calibration.dark_field_ring(self.det_shape, disk)[None]])
         images = self.virtual_images(masks)

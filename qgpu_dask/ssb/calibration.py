@@ -11,9 +11,12 @@ pattern; exact integer moment images), never from the counts themselves:
   disk centre.
 - Rotation and flip: the CoM field of a phase object is a gradient, so its
   curl vanishes in scan coordinates. Search the angle in [-89, 90] deg (and
-  with detector rows and columns swapped) for the least mean |curl|; the 180
-  deg twin is chosen so that the iCoM phase correlates positively with the
-  ADF image (atoms bright in both).
+  with detector rows and columns swapped) for the least curl, in Fourier
+  space with each frequency weighted by signal / (signal + noise) (``Turned``);
+  the 180 deg twin is chosen so that the iCoM phase correlates positively
+  with the ADF image (atoms bright in both). The angle is an estimate: its
+  standard error goes to ``uncertainties["rotation_deg"]``, and
+  ``fit_aberrations`` refines it.
 - iCoM (DPC) phase: phi(Q) = -i Q.c(Q) / |Q|^2 with c the CoM in 1/A in scan
   coordinates, Q in 1/A; radians, mean 0.
 """
@@ -77,40 +80,119 @@ def to_scan(com: np.ndarray, rotation_deg: float, flip: bool) -> np.ndarray:
     return np.stack([math.cos(t) * rows - math.sin(t) * cols, math.sin(t) * rows + math.cos(t) * cols])
 
 
-def curl_by_angle(field: np.ndarray, flip: bool):
-    """The mean squared curl of ``to_scan(field, t, flip)`` as a function of t (deg). Squares rather than
-    |curl|, so noise makes a smooth bowl around the true angle. The gradient is linear, so the curl after a
-    turn by t is cos t a - sin t b with a = d r / d col - d c / d row and b = d c / d col + d r / d row of the
-    unturned (row r, col c) field: three means answer every angle."""
-    r, c = (field[1], field[0]) if flip else (field[0], field[1])
-    a = np.gradient(r, axis=1) - np.gradient(c, axis=0)
-    b = np.gradient(c, axis=1) + np.gradient(r, axis=0)
-    aa, ab, bb = float(np.mean(a * a)), float(np.mean(a * b)), float(np.mean(b * b))
+def mirrored(component: np.ndarray, odd_axis: int) -> np.ndarray:
+    """One component of a gradient field reflected across the far edges into a periodic field of twice the size:
+    odd across ``odd_axis`` (the axis it is the derivative along), even across the other. It is the gradient of
+    the evenly reflected potential, so a curl-free field stays curl-free and its FFT sees no edge."""
+    signs = [1.0, 1.0]
+    signs[odd_axis] = -1.0
+    top = np.concatenate([component, signs[1] * component[:, ::-1]], axis=1)
+    return np.concatenate([top, signs[0] * top[::-1]], axis=0)
 
-    def curl(angle_deg: float) -> float:
+
+class Turned:
+    """A centre-of-mass field's Fourier components across and along Q after any turn t, on the scan
+    frequencies 0 < |Q| <= ``band_k`` (1/A; 2 alpha / lambda, beyond which the CoM carries no signal).
+
+    A gradient field lies along Q. Each component is reflected into a periodic field (``mirrored``); the turned
+    field's components are then linear in four spectra, across(t) = cos t a - sin t b and
+    along(t) = cos t c + sin t d with a, b, c, d fixed arrays, and the four spectra's summed power is the
+    same at every turn.
+    """
+
+    def __init__(self, field: np.ndarray, flip: bool, scan_step_A: float, band_k: float):
+        r, c = (field[1], field[0]) if flip else (field[0], field[1])
+        rr, cc, cr, rc = (np.fft.fft2(mirrored(f, axis)) for f, axis in ((r, 0), (c, 1), (c, 0), (r, 1)))
+        qy = np.fft.fftfreq(rr.shape[0], scan_step_A)[:, None]
+        qx = np.fft.fftfreq(rr.shape[1], scan_step_A)[None, :]
+        q = np.hypot(qy, qx)
+        self.inside = (q > 0) & (q <= band_k)
+        self.q = q[self.inside]
+        uy, ux = (qy / np.where(q > 0, q, 1.0))[self.inside], (qx / np.where(q > 0, q, 1.0))[self.inside]
+        rr, cc, cr, rc = rr[self.inside], cc[self.inside], cr[self.inside], rc[self.inside]
+        self.a, self.b = ux * rr - uy * cc, ux * cr + uy * rc
+        self.c, self.d = uy * rr + ux * cc, ux * rc - uy * cr
+        self.power = np.abs(rr) ** 2 + np.abs(cc) ** 2 + np.abs(cr) ** 2 + np.abs(rc) ** 2
+
+    def across(self, angle_deg: float) -> np.ndarray:
         t = math.radians(angle_deg)
-        return math.cos(t) ** 2 * aa - 2 * math.sin(t) * math.cos(t) * ab + math.sin(t) ** 2 * bb
+        return math.cos(t) * self.a - math.sin(t) * self.b
 
-    return curl
+    def along(self, angle_deg: float) -> np.ndarray:
+        t = math.radians(angle_deg)
+        return math.cos(t) * self.c + math.sin(t) * self.d
+
+    def curl(self, weight: np.ndarray):
+        """The ``weight``ed power across Q as a function of t (deg): three sums answer every angle."""
+        aa = float((weight * np.abs(self.a) ** 2).sum())
+        bb = float((weight * np.abs(self.b) ** 2).sum())
+        ab = float((weight * (self.a * self.b.conj()).real).sum())
+
+        def curl(angle_deg: float) -> float:
+            t = math.radians(angle_deg)
+            return math.cos(t) ** 2 * aa - 2 * math.sin(t) * math.cos(t) * ab + math.sin(t) ** 2 * bb
+
+        return curl
+
+    def signal_weights(self, noise: float) -> np.ndarray:
+        """signal / (signal + noise) per frequency from the turn-free power and the noise power across Q of one
+        component (white): under white noise this weighting of the power across Q is the likelihood of the
+        turn. Unweighted, the noise at all Q drowns a defocused probe's signal, which sits on a few low ones."""
+        excess = self.power - 4 * noise
+        return np.where(excess > 0, excess / np.maximum(self.power - 2 * noise, noise), 0.0)
+
+    def phase_agreement(self, angle_deg: float, weight: np.ndarray, adf: np.ndarray) -> float:
+        """Correlation of the iCoM phase (-i along / |Q|) at the turn with the ``adf`` image (reflected evenly, as
+        the field is), both weighted by ``weight``: > 0 when atoms come out bright in both."""
+        phase = -1j * self.along(angle_deg) / self.q * weight
+        image = np.fft.fft2(even(adf))[self.inside] * weight
+        norm = math.sqrt(float((np.abs(phase) ** 2).sum() * (np.abs(image) ** 2).sum()))
+        return float((phase * image.conj()).real.sum() / norm) if norm else 0.0
 
 
-def rotation_search(com: np.ndarray) -> tuple[float, bool, dict]:
-    """(rotation_deg in [-89, 90], flip, curls) of least mean squared curl: 1 deg steps, then 0.05 deg around the best."""
+def even(image: np.ndarray) -> np.ndarray:
+    """``image`` reflected evenly across its far edges into a periodic image of twice the size, as ``mirrored``."""
+    top = np.concatenate([image, image[:, ::-1]], axis=1)
+    return np.concatenate([top, top[::-1]], axis=0)
+
+
+def least_curl(turned: Turned, weight: np.ndarray) -> tuple[float, float]:
+    """(angle in [-89, 90] deg or just past, weighted curl there): 1 deg steps, then 0.05 deg around the best."""
+    curl = turned.curl(weight)
+    angle = min(range(-89, 91), key=curl)
+    angle = min(np.arange(angle - 1, angle + 1.0001, 0.05), key=curl)
+    return float(angle), curl(angle)
+
+
+def rotation_search(com: np.ndarray, optics: Optics) -> tuple[dict, np.ndarray, dict]:
+    """The least noise-weighted curl (``Turned``) with and without the flip: ({flip: Turned}, the weights,
+    {flip: (angle in [-89, 90] deg, relative curl, standard error in deg)}). A first search with every frequency
+    of the band weighted alike measures the noise by its least curl; the second weights each frequency by
+    signal / (signal + noise)."""
     field = np.nan_to_num(com - np.nanmean(com, axis=(1, 2), keepdims=True))
-    scale = float(np.abs(field).mean()) or 1.0
-    best = None
-    curls = {}
-    for flip in (False, True):
-        curl = curl_by_angle(field, flip)
-        coarse = {float(t): curl(t) for t in range(-89, 91)}
-        angle = min(coarse, key=coarse.get)
-        fine = {float(t): curl(t) for t in np.arange(angle - 1, angle + 1.0001, 0.05)}
-        angle = min(fine, key=fine.get)
-        curls[flip] = fine[angle] / scale
-        if best is None or fine[angle] < best[2]:
-            best = (angle, flip, fine[angle])
-    angle = best[0] - 180 if best[0] > 90 else best[0]  # the fine search may step just past 90
-    return angle, best[1], {"relative_curl": curls[best[1]], "relative_curl_other_flip": curls[not best[1]]}
+    turned = {flip: Turned(field, flip, optics.scan_step_A, 2 * optics.aperture_k) for flip in (False, True)}
+    noise = min(least_curl(t, np.ones(t.q.shape))[1] / t.q.size for t in turned.values())
+    weight = turned[False].signal_weights(noise)  # the four spectra are the same with the flip: so are the weights
+    found = {}
+    for flip, t in turned.items():
+        angle, curl = least_curl(t, weight)
+        across, along = np.abs(t.across(angle)) ** 2, np.abs(t.along(angle)) ** 2
+        total = float((weight * (across + along)).sum())
+        found[flip] = (angle - 180 if angle > 90 else angle, curl / total if total else 1.0,  # the fine search may step past 90
+                       turn_error(weight, across, along, noise))
+    return turned, weight, found
+
+
+def turn_error(weight: np.ndarray, across: np.ndarray, along: np.ndarray, noise: float) -> float:
+    """Standard error (deg) of the least weighted curl's angle: near it the curl is sum w |a - t b|^2 (a across Q,
+    b along), so t = sum w Re(a conj b) / sum w |b|^2 with a pure noise of power ``noise``; the curvature is
+    sum w (|b|^2 - |a|^2) (noise removed). Every frequency of the reflected field appears four times (its
+    mirror images), hence the factor 4 on the variance. 180 where the curvature shows no minimum."""
+    curvature = float((weight * (along - across)).sum())
+    if curvature <= 0:
+        return 180.0
+    variance = 4 * noise / 2 * float((weight**2 * along).sum()) / curvature**2
+    return min(math.degrees(math.sqrt(variance)), 180.0)
 
 
 def icom(com_scan_k: np.ndarray, scan_step_A: float) -> np.ndarray:
@@ -159,20 +241,19 @@ def calibrated(optics: Optics, disk: tuple[tuple[float, float], float], moments:
     sampling = optics.det_sampling_mrad or optics.semiangle_mrad / radius
     com = center_of_mass(moments, center)
     report = {"bf_radius_px": radius, "bf_center_px": center}
+    uncertainties = optics.uncertainties
     if optics.rotation_deg is None or optics.flip is None:
-        angle, flip, curls = rotation_search(com)
-        report |= curls
-        if optics.rotation_deg is not None:
-            angle = optics.rotation_deg
-        if optics.flip is not None:
-            flip = optics.flip
-        k_per_px = sampling * 1e-3 / optics.wavelength_A
-        phase = icom(to_scan(com, angle, flip) * k_per_px, optics.scan_step_A)
-        agree = correlation(phase, adf)
+        turned, weight, found = rotation_search(com, optics)
+        flip = optics.flip if optics.flip is not None else min(found, key=lambda f: found[f][1])
+        angle = optics.rotation_deg if optics.rotation_deg is not None else found[flip][0]
+        report |= {"relative_curl": found[flip][1], "relative_curl_other_flip": found[not flip][1]}
+        agree = turned[flip].phase_agreement(angle, weight, adf)
         if agree < 0 and optics.rotation_deg is None:  # the 180 deg twin: atoms must come out bright in both
             angle = angle - 180 if angle > 0 else angle + 180
             agree = -agree
         report["icom_adf_correlation"] = agree
+        if optics.rotation_deg is None:  # an estimate, with its error, for fit_aberrations to refine
+            uncertainties = optics.uncertainties | {"rotation_deg": found[flip][2]}
     else:
         angle, flip = optics.rotation_deg, optics.flip
-    return optics.with_(det_sampling_mrad=sampling, bf_center_px=center, rotation_deg=float(angle), flip=bool(flip)), report
+    return optics.with_(det_sampling_mrad=sampling, bf_center_px=center, rotation_deg=float(angle), flip=bool(flip), uncertainties=uncertainties), report

@@ -13,9 +13,11 @@ rotation is searched within +/- 20 deg in 1 deg steps and refined to 1/32 deg
 on the same signal, and the aberrations refined again there. The signal is
 summed on a strided subset of about 32 x 16 scan frequencies (half of them:
 the other half mirrors it), which locates its peak as well at a fraction of
-the cost. The uncertainty: the same refinements on two disjoint halves of
-the bright-field pixels; half their difference estimates the standard error
-of each coefficient and of the rotation.
+the cost. A calibrated rotation with a standard error above ``WIDE_DEG``
+starts with a coarse search over turns and C10. The aperture edges of the
+overlaps are ramps one pixel wide, so the signal is smooth in the rotation.
+Then one Newton step on all four parameters (``peak``), and their standard
+errors by a jackknife over the scan frequencies.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..device import to_host
 from . import sideband
 from .optics import Optics, chi
 from .sideband import Spectrum
@@ -32,6 +35,8 @@ from .sideband import Spectrum
 FINEST = 1 / 32
 Q_SIDE = 32  # the signal is summed on about this many scan frequencies per axis: enough to locate its peak
 ROTATION_RANGE_DEG = 20  # searched around the calibrated rotation
+WIDE_DEG = 3  # a calibrated rotation with a larger standard error starts a search over +/- 90 deg of it
+WIDE_STEP_DEG = 5
 
 
 def with_terms(optics: Optics, c10: float, c12a: float, c12b: float) -> Optics:
@@ -70,8 +75,9 @@ def refine(score, start: np.ndarray, step: float) -> tuple[np.ndarray, float]:
 
 
 class Signal:
-    """The coherent SSB signal sum_Q |sum_k G conj(Gamma) / |Gamma|| on a few scan frequencies, as a
-    function of (C10, C12a, C12b), the rest of the optics (rotation included) fixed.
+    """The coherent SSB signal sum_Q |sum_k w G conj(Gamma) / |Gamma|| on a few scan frequencies (w: the part
+    of the pixel inside an overlap), as a function of (C10, C12a, C12b), the rest of the optics (rotation
+    included) fixed.
 
     chi is linear in the coefficients: chi = pi lambda [C10 (kx^2 + ky^2) + C12a (kx^2 - ky^2)
     + C12b 2 kx ky] + the other terms, so the phase differences chi(k) - chi(k - Q) and
@@ -91,18 +97,26 @@ class Signal:
         def basis(bx, by):
             return (xp.stack([bx * bx + by * by, bx * bx - by * by, 2 * bx * by]) * (np.pi * lam)).astype(xp.float32)
 
+        pixel = optics.k_per_pixel()
+
         def inside(bx, by):
-            return lam * xp.hypot(bx, by) <= cutoff
+            """The part of a detector pixel at (bx, by) inside the aperture: a ramp one pixel wide across its edge."""
+            return xp.clip((cutoff / lam - xp.hypot(bx, by)) / pixel + 0.5, 0, 1).astype(xp.float32)
 
         here, minus, plus = (x, y), (x - qx, y - qy), (x + qx, y + qy)
         self.minus_basis = basis(*here) - basis(*minus)
         self.plus_basis = basis(*plus) - basis(*here)
         self.minus_fixed = (chi(*here, rest, xp) - chi(*minus, rest, xp)).astype(xp.float32)
         self.plus_fixed = (chi(*plus, rest, xp) - chi(*here, rest, xp)).astype(xp.float32)
-        self.minus_overlap = inside(*here) & inside(*minus)
-        self.plus_overlap = inside(*here) & inside(*plus)
+        self.minus_overlap = inside(*here) * inside(*minus)
+        self.plus_overlap = inside(*here) * inside(*plus)
+        self.weight = xp.maximum(self.minus_overlap, self.plus_overlap)
 
     def __call__(self, p: np.ndarray, pixels=slice(None)) -> float:
+        return float(self.terms(p, pixels).sum())
+
+    def terms(self, p: np.ndarray, pixels=slice(None)):
+        """|sum_k G conj(Gamma) / |Gamma|| per scan frequency (``xp`` array): the signal is their sum."""
         xp = self.xp
         c = [np.float32(v) for v in p]
         minus = c[0] * self.minus_basis[0, pixels] + c[1] * self.minus_basis[1, pixels] + c[2] * self.minus_basis[2, pixels] + self.minus_fixed[pixels]
@@ -110,8 +124,69 @@ class Signal:
         gamma = self.minus_overlap[pixels] * xp.exp(np.complex64(1j) * minus) - self.plus_overlap[pixels] * xp.exp(np.complex64(1j) * plus)
         size = xp.abs(gamma)
         kept = size > sideband.GAMMA_FLOOR
-        total = xp.where(kept, self.G[pixels] * xp.conj(gamma) / xp.where(kept, size, np.float32(1)), np.complex64(0)).sum(axis=0)
-        return float(xp.abs(total).sum())
+        total = xp.where(kept, self.G[pixels] * xp.conj(gamma) * (self.weight[pixels] / xp.where(kept, size, np.float32(1))), np.complex64(0)).sum(axis=0)
+        return xp.abs(total)
+
+
+def paired_frequencies(rows: int, cols: int, stride: int) -> np.ndarray:
+    """A label per frequency of the strided half spectrum (rows ``[::stride]`` of the fft2, columns ``[::stride]``
+    of the rfft2), shared by Q and -Q where both are in it: the columns q_x = 0 and Nyquist hold each frequency's
+    mirror, whose signal term is the same number."""
+    ys, xs = np.arange(0, rows, stride), np.arange(0, cols // 2 + 1, stride)
+    labels = np.arange(ys.size * xs.size).reshape(ys.size, xs.size)
+    for col in np.flatnonzero((xs == 0) | (2 * xs == cols)):
+        for row, y in enumerate(ys):
+            mirror = np.flatnonzero(ys == (rows - y) % rows)
+            if mirror.size:
+                labels[row, col] = labels[min(row, int(mirror[0])), col]
+    return labels
+
+
+def peak(terms_at: Callable[[np.ndarray], np.ndarray], centre: np.ndarray, steps: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the maximum, its covariance) of a sum of per-frequency terms near ``centre``.
+
+    Gradient and curvature of each term by central differences of ``terms_at(x)`` with ``steps``; the maximum
+    is one Newton step from ``centre`` (at most two steps along any axis): the searches refine one parameter
+    group at a time, which stops short of the joint peak where they are correlated (rotation, C10 and C12),
+    and stop on bumps of the signal finer than the steps (0.1 deg of rotation on noise-free data).
+    The covariance is the jackknife's over the scan frequencies (each left out in turn, its Newton step
+    recomputed): their terms are independent samples (Poisson noise is white over the scan, and the object's
+    errors differ from one frequency to the next), and leaving one out also counts how few of them hold the
+    signal (a crystal's Bragg peaks), which a curvature-only or sandwich error misses. Frequencies of the same
+    ``labels`` are one sample. Infinite where the curvature makes no peak without some frequency."""
+    n = len(centre)
+    unit = np.eye(n, dtype=np.int64)
+    seen: dict[tuple, np.ndarray] = {}
+
+    def f(offset: np.ndarray) -> np.ndarray:
+        key = tuple(int(v) for v in offset)
+        if key not in seen:
+            seen[key] = terms_at(centre + offset * steps).ravel()
+        return seen[key]
+
+    _, group = np.unique(labels.ravel(), return_inverse=True)
+    samples = int(group.max()) + 1
+
+    def grouped(values: np.ndarray) -> np.ndarray:
+        return np.bincount(group, values, minlength=samples)
+
+    here = f(0 * unit[0])
+    gradients = np.stack([grouped((f(unit[i]) - f(-unit[i])) / (2 * steps[i])) for i in range(n)], axis=1)
+    curvatures = np.empty((samples, n, n))  # minus the Hessian of each sample
+    for i in range(n):
+        curvatures[:, i, i] = -grouped(f(unit[i]) - 2 * here + f(-unit[i])) / steps[i] ** 2
+        for j in range(i):
+            mixed = f(unit[i] + unit[j]) - f(unit[i] - unit[j]) - f(unit[j] - unit[i]) + f(-unit[i] - unit[j])
+            curvatures[:, i, j] = curvatures[:, j, i] = -grouped(mixed) / (4 * steps[i] * steps[j])
+    gradient, curvature = gradients.sum(axis=0), curvatures.sum(axis=0)
+    left = curvature - curvatures  # each sample left out
+    if not (np.all(np.linalg.eigvalsh(curvature) > 0) and np.all(np.linalg.eigvalsh(left) > 0)):
+        return centre, np.full((n, n), math.inf)
+    step = np.linalg.solve(curvature, gradient)
+    moved = np.linalg.solve(left, (gradient - gradients)[..., None])[..., 0]
+    spread = moved - moved.mean(axis=0)
+    step /= max(1.0, float(np.abs(step / steps).max()) / 2)
+    return centre + step, spread.T @ spread * (samples - 1) / samples
 
 
 def fit(spec: Spectrum, k_at: Callable[[float], tuple[np.ndarray, np.ndarray]], optics: Optics, c10_range_A: float, xp=np) -> dict:
@@ -143,9 +218,17 @@ def fit(spec: Spectrum, k_at: Callable[[float], tuple[np.ndarray, np.ndarray]], 
         return score
 
     rotation = float(optics.rotation_deg)
-    signal = signal_at(rotation)
     start = optics.aberrations.get("C10", 0.0)
     grid = np.arange(start - c10_range_A, start + c10_range_A + q / 2, q)
+    if optics.uncertainties.get("rotation_deg", 0.0) > WIDE_DEG:  # too rough to start from: turns and C10 on a few pixels
+        few = slice(None, None, 4)
+        scores = {}
+        for turn in rotation + np.arange(-90, 90, WIDE_STEP_DEG):  # (t + 180, -C) fits as well: calibrate's twin stays
+            wide = signal_at(float(turn), few)
+            evaluations[0] += len(grid)
+            scores |= {(float(turn), float(c)): wide(np.array([c, 0.0, 0.0])) for c in grid}
+        rotation = max(scores, key=scores.get)[0]
+    signal = signal_at(rotation)
     coarse_score = aberration_score(signal, slice(None, None, 2))
     coarse = [coarse_score(np.array([c, 0.0, 0.0])) for c in grid]
     best, _ = refine(aberration_score(signal, slice(None)), np.array([grid[int(np.argmax(coarse))], 0.0, 0.0]), q / 2)
@@ -155,12 +238,29 @@ def fit(spec: Spectrum, k_at: Callable[[float], tuple[np.ndarray, np.ndarray]], 
     rotation = float(refine(rotation_score(best, slice(None)), np.array([rotation]), 0.5)[0][0])
     signal = signal_at(rotation)
     best, value = refine(aberration_score(signal, slice(None)), best, q / 4)
-    halves = [refine(aberration_score(signal, slice(h, None, 2)), best, q / 4)[0] for h in (0, 1)]
-    turned = [refine(rotation_score(best, slice(h, None, 2)), np.array([rotation]), 0.25)[0][0] for h in (0, 1)]
-    error = np.maximum(np.abs(halves[0] - halves[1]) / 2, q / 4 * FINEST)  # no finer than the search resolves
-    c12 = math.hypot(best[1], best[2])
-    phi_error = math.hypot(error[1], error[2]) / (2 * c12) if c12 > 0 else math.pi / 2
-    uncertainties = {"C10": float(error[0]), "C12": float(math.hypot(error[1], error[2])), "phi12": min(phi_error, math.pi / 2),
-                     "rotation_deg": float(max(abs(turned[0] - turned[1]) / 2, 0.25 * FINEST))}
+    steps = np.array([q / 16, q / 16, q / 16, 0.25])  # finite-difference steps: a fraction of the peak's width
+    signals = {rotation: signal}
+
+    def terms_at(x: np.ndarray) -> np.ndarray:
+        evaluations[0] += 1
+        turn = float(x[3])
+        if turn not in signals:
+            signals[turn] = signal_at(turn)
+        return np.asarray(to_host(signals[turn].terms(x[:3])), np.float64)
+
+    top, cov = peak(terms_at, np.array([*best, rotation]), steps, paired_frequencies(rows, cols, stride))
+    best, rotation, value = top[:3], float(top[3]), float(terms_at(top).sum())
+    c12a, c12b = best[1], best[2]
+    c12 = math.hypot(c12a, c12b)
+    resolution = q / 4 * FINEST  # no finer than the search resolves
+    if c12 > 0:
+        c12_var = (c12a**2 * cov[1, 1] + 2 * c12a * c12b * cov[1, 2] + c12b**2 * cov[2, 2]) / c12**2
+        phi_var = (c12b**2 * cov[1, 1] - 2 * c12a * c12b * cov[1, 2] + c12a**2 * cov[2, 2]) / (4 * c12**4)
+    else:
+        c12_var, phi_var = cov[1, 1] + cov[2, 2], math.inf
+    error = {name: math.sqrt(v) if math.isfinite(v) else math.inf for name, v in
+             (("C10", cov[0, 0]), ("C12", c12_var), ("phi12", phi_var), ("rotation_deg", cov[3, 3]))}
+    uncertainties = {"C10": max(error["C10"], resolution), "C12": max(error["C12"], resolution),
+                     "phi12": min(error["phi12"], math.pi / 2), "rotation_deg": max(error["rotation_deg"], 0.25 * FINEST)}
     fitted = with_terms(optics, *best).with_(rotation_deg=rotation, uncertainties=uncertainties)
     return {"optics": fitted, "signal": value, "evaluations": evaluations[0]}

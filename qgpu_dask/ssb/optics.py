@@ -63,7 +63,8 @@ class Optics:
     bright-field disk centre (row, col) in detector pixels; ``rotation_deg``:
     the angle turning detector directions into scan directions; ``flip``:
     whether detector rows and columns are swapped against the scan's;
-    ``uncertainties``: standard errors of fitted aberrations (``acq.fit_aberrations``), same keys.
+    ``uncertainties``: standard errors, same keys: of the rotation (``acq.calibrate``: an estimate), of it
+    and the fitted aberrations (``acq.fit_aberrations``).
     """
 
     energy_eV: float
