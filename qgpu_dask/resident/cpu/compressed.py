@@ -358,6 +358,12 @@ def encode(flat, block, run, values, table_start, cum) -> Streams:
 
 
 # ---------------------------------------------------------------- decoder
+#
+# A decoder turns one stream into either every count of its block (``dense``: value-mode rANS, raw and
+# constant streams, val[0:n]) or its nonzero counts as (pos, val) pairs (run-mode rANS, sparse, empty), so
+# a caller adds a dense stream with a branch-free loop and a sparse one by its positions. Symbols are found
+# through a table of slot -> symbol per pixel (``lut``, filled when the pixel changes): one load instead of a
+# search over the cumulative frequencies.
 
 
 @jit
@@ -382,127 +388,164 @@ def get_le(payload, at, nbytes):
 
 
 @jit
-def get_symbol(x, t, nsym, cum):
-    """Decode one symbol of the table at ``cum[t:]``; returns (symbol, state before renormalisation)."""
-    slot = x & SLOT_MASK
-    lo, hi = 0, nsym - 1
-    while lo < hi:  # the last symbol s with cum[t + s] <= slot
-        mid = (lo + hi + 1) >> 1
-        if np.int64(cum[t + mid]) <= slot:
-            lo = mid
-        else:
-            hi = mid - 1
-    c = np.int64(cum[t + lo])
-    f = np.int64(cum[t + lo + 1]) - c
-    return lo, f * (x >> PROB_BITS) + slot - c
+def word_at(payload, at):
+    return np.int64(payload[at]) | (np.int64(payload[at + 1]) << 8)
+
+
+LUT_BYTES = 2 * PROB_SCALE  # a pixel's value table's slots, then its run table's
 
 
 @jit
-def renormalize(x, payload, start, w, n_words):
-    """(state, next word): the state refilled from word ``w`` when it fell below STATE_LOW; word -1 when
-    the stream has no word left."""
-    if x < STATE_LOW:
+def fill_lut(cum, t, nsym, lut, at):
+    """``lut[at + slot]`` = the symbol of the table at ``cum[t:]`` that owns ``slot`` (tables are checked
+    when a resident is built: they cover every slot)."""
+    for s in range(nsym):
+        lut[at + np.int64(cum[t + s]) : at + np.int64(cum[t + s + 1])] = s
+
+
+@jit
+def read_excess(x, payload, start, w, n_words, chunks):
+    """(excess, state, next word) of an escape's raw chunks; next word -1 when the stream ends first."""
+    excess = np.int64(0)
+    for c in range(chunks):
+        excess |= (x & 0xFFFF) << (16 * c)
         if w >= n_words:
-            return x, -1
-        x = (x << 16) | get_le(payload, start + 2 * w, 2)
+            return excess, x, -1
+        x = ((x >> 16) << 16) | word_at(payload, start + 2 * w)
         w += 1
-    return x, w
+    return excess, x, w
 
 
-@numba.njit(cache=True, nogil=True)
-def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsize, maxval, pos, val):
-    """Nonzero counts of one stream into (pos, val); returns their number, or a negative ERRORS code."""
-    length = end - start
-    if length < 0:
-        return -1
-    if form == EMPTY:
-        return 0 if length == 0 else -1
-    if form == CONSTANT:
-        if length != 4:
-            return -1
-        v = get_le(payload, start, 4)
-        if v == 0 or v > maxval:
-            return -5
-        for i in range(n):
-            pos[i] = i
-            val[i] = v
-        return n
-    if form == RAW:
-        if length != even(n * itemsize):
-            return -1
-        cnt = 0
-        for i in range(n):
-            v = get_le(payload, start + itemsize * i, itemsize)
-            if v:
-                pos[cnt] = i
-                val[cnt] = v
-                cnt += 1
-        return cnt
-    if form == SPARSE:
-        nnz = length // (2 + itemsize)
-        if length != even(nnz * (2 + itemsize)) or nnz > n:
-            return -1
-        last = -1
-        for j in range(nnz):
-            i = get_le(payload, start + 2 * j, 2)
-            if i <= last or i >= n:
-                return -6
-            last = i
-            pos[j] = i
-            val[j] = get_le(payload, start + 2 * nnz + itemsize * j, itemsize)
-        return nnz
-    if form != ANS:
-        return -7
-    n_words = length // 2
-    if length % 2 or n_words < 2:
-        return -1
+@jit
+def decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, lut):
+    """Every count of a value-mode rANS stream into val[0:n]; n, or a negative ERRORS code."""
     x = get_le(payload, start, 4)
     if x < STATE_LOW:
         return -3
     w = 2
-    cnt = 0
-    i = 0
-    rt = vt + nv + 2
-    while i < n:
-        if run > 0:
-            r, x = get_symbol(x, rt, run + 2, cum)
-            x, w = renormalize(x, payload, start, w, n_words)
+    for i in range(n):
+        slot = x & SLOT_MASK
+        s = np.int64(lut[slot])
+        c = np.int64(cum[vt + s])
+        x = (np.int64(cum[vt + s + 1]) - c) * (x >> PROB_BITS) + slot - c
+        if x < STATE_LOW:
+            if w >= n_words:
+                return -2
+            x = (x << 16) | word_at(payload, start + 2 * w)
+            w += 1
+        if s == nv:
+            excess, x, w = read_excess(x, payload, start, w, n_words, chunks)
             if w < 0:
                 return -2
-            if r == run + 1:
-                break
-            i += r
-            if r == run:
-                if i >= n:
-                    return -4
-                continue
+            s += excess
+            if s > maxval:
+                return -5
+        val[i] = s
+    if x != STATE_LOW or w != n_words:
+        return -3
+    return n
+
+
+@jit
+def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, pos, val, lut):
+    """The nonzero counts of a run-mode rANS stream into (pos, val); their number, or a negative ERRORS code."""
+    x = get_le(payload, start, 4)
+    if x < STATE_LOW:
+        return -3
+    rt = vt + nv + 2
+    w = 2
+    cnt = 0
+    i = 0
+    while i < n:
+        slot = x & SLOT_MASK
+        r = np.int64(lut[PROB_SCALE + slot])
+        c = np.int64(cum[rt + r])
+        x = (np.int64(cum[rt + r + 1]) - c) * (x >> PROB_BITS) + slot - c
+        if x < STATE_LOW:
+            if w >= n_words:
+                return -2
+            x = (x << 16) | word_at(payload, start + 2 * w)
+            w += 1
+        if r == run:
+            i += run
             if i >= n:
                 return -4
-        s, x = get_symbol(x, vt, nv + 1, cum)
-        x, w = renormalize(x, payload, start, w, n_words)
-        if w < 0:
-            return -2
-        v = s + (1 if run > 0 else 0)
+            continue
+        if r == run + 1:
+            break
+        i += r
+        if i >= n:
+            return -4
+        slot = x & SLOT_MASK
+        s = np.int64(lut[slot])
+        c = np.int64(cum[vt + s])
+        x = (np.int64(cum[vt + s + 1]) - c) * (x >> PROB_BITS) + slot - c
+        if x < STATE_LOW:
+            if w >= n_words:
+                return -2
+            x = (x << 16) | word_at(payload, start + 2 * w)
+            w += 1
+        v = s + 1
         if s == nv:
-            excess = np.int64(0)
-            for c in range(chunks):
-                excess |= (x & 0xFFFF) << (16 * c)
-                x >>= 16
-                if w >= n_words:
-                    return -2
-                x = (x << 16) | get_le(payload, start + 2 * w, 2)
-                w += 1
+            excess, x, w = read_excess(x, payload, start, w, n_words, chunks)
+            if w < 0:
+                return -2
             v += excess
-        if v > maxval:
-            return -5
-        if v:
-            pos[cnt] = i
-            val[cnt] = v
-            cnt += 1
+            if v > maxval:
+                return -5
+        pos[cnt] = i
+        val[cnt] = v
+        cnt += 1
         i += 1
     if x != STATE_LOW or w != n_words:
         return -3
     return cnt
+
+
+@jit
+def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsize, maxval, pos, val, lut):
+    """(count, dense) of one stream: dense, its n counts in val[0:n]; else its ``count`` nonzero counts in
+    (pos, val). A negative count is an ERRORS code. ``lut`` holds the pixel's symbol tables (``fill_lut``)."""
+    length = end - start
+    if length < 0:
+        return -1, False
+    if form == EMPTY:
+        return (0 if length == 0 else -1), False
+    if form == CONSTANT:
+        if length != 4:
+            return -1, False
+        v = get_le(payload, start, 4)
+        if v == 0 or v > maxval:
+            return -5, True
+        val[:n] = v
+        return n, True
+    if form == RAW:
+        if length != even(n * itemsize):
+            return -1, True
+        for i in range(n):
+            val[i] = get_le(payload, start + itemsize * i, itemsize)
+        return n, True
+    if form == SPARSE:
+        nnz = length // (2 + itemsize)
+        if length != even(nnz * (2 + itemsize)) or nnz > n:
+            return -1, False
+        last = -1
+        for j in range(nnz):
+            i = word_at(payload, start + 2 * j)
+            if i <= last or i >= n:
+                return -6, False
+            last = i
+            pos[j] = i
+            val[j] = get_le(payload, start + 2 * nnz + itemsize * j, itemsize)
+        return nnz, False
+    if form != ANS:
+        return -7, False
+    n_words = length // 2
+    if length % 2 or n_words < 2:
+        return -1, False
+    if run == 0:
+        return decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, lut), True
+    return decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, pos, val, lut), False
 
 
 class Model:
@@ -522,52 +565,36 @@ class Model:
 
 
 @jit
-def decode_at(streams_index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val):
-    start, end, form = stream_bounds(streams_index, block_base, b, p)
+def decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val, lut, held):
+    """(count, dense) of stream (b, p), as :func:`decode_stream`; ``lut`` is refilled when ``held[0]`` is not ``p``."""
+    start, end, form = stream_bounds(index, block_base, b, p)
     n = min(block, n_frames - b * block)
     if start < 0 or end > payload.shape[0]:
-        return -1
-    return decode_stream(payload, start, end, form, n, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, itemsize, maxval, pos, val)
+        return -1, False
+    r, nv, vt = np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p])
+    if form == ANS and held[0] != p:
+        fill_lut(cum, vt, nv + 1, lut, 0)
+        if r > 0:
+            fill_lut(cum, vt + nv + 2, r + 2, lut, PROB_SCALE)
+        held[0] = p
+    return decode_stream(payload, start, end, form, n, r, nv, vt, cum, chunks, itemsize, maxval, pos, val, lut)
 
 
 @jit
-def failed(errors, b, p, cnt):
-    """Record a decode error (cnt < 0) of stream (b, p); whether there was one."""
+def failed(errors, item, b, p, cnt):
+    """Record a decode error (cnt < 0) of stream (b, p) in work item ``item``'s row; whether there was one."""
     if cnt < 0:
-        errors[b, 0] = cnt
-        errors[b, 1] = p
+        errors[item, 0] = cnt
+        errors[item, 1] = b
+        errors[item, 2] = p
     return cnt < 0
 
 
-@pjit
-def mask_sums_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pixels, weights, out, errors):
-    n_blocks = index.shape[0]
-    n_masks = weights.shape[0]
-    for b in numba.prange(n_blocks):
-        n = min(block, n_frames - b * block)
-        pos = np.empty(n, dtype=np.int64)
-        val = np.empty(n, dtype=weights.dtype)
-        acc = np.zeros((n_masks, n), dtype=weights.dtype)
-        for k in range(pixels.shape[0]):
-            p = pixels[k]
-            cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-            if failed(errors, b, p, cnt):
-                break
-            for m in range(n_masks):
-                w = weights[m, k]
-                if w == 0:
-                    continue
-                for j in range(cnt):
-                    acc[m, pos[j]] += w * val[j]
-        out[:, b * block : b * block + n] = acc
-
-
 def raise_errors(errors: np.ndarray) -> None:
-    """ValueError for the first malformed stream a kernel met (errors: (n_blocks, 2) code, pixel)."""
+    """ValueError for the first malformed stream a kernel met (errors: (n_items, 3) code, scan block, pixel)."""
     bad = np.flatnonzero(errors[:, 0] < 0)
     if bad.size:
-        b = int(bad[0])
-        code, p = int(errors[b, 0]), int(errors[b, 1])
+        code, b, p = (int(v) for v in errors[bad[0]])
         raise ValueError(f"malformed compressed stream (scan block {b}, detector pixel {p}): {ERRORS.get(code, 'unknown error')}")
 
 
@@ -578,18 +605,64 @@ def model_args(streams: Streams, model: Model) -> tuple:
     )
 
 
-def run_checked(loop, streams: Streams, model: Model, *args) -> None:
-    """``loop(model arguments, *args, errors)``, then ValueError for the first malformed stream it met."""
-    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
+def run_checked(loop, streams: Streams, model: Model, n_items: int, *args) -> None:
+    """``loop(model arguments, *args, errors)`` over ``n_items`` work items (a row of errors each), then
+    ValueError for the first malformed stream it met."""
+    errors = np.zeros((n_items, 3), dtype=np.int64)
     loop(*model_args(streams, model), *args, errors)
     raise_errors(errors)
+
+
+def lanes(n_work: int) -> int:
+    """Work items to split ``n_work`` independent pieces into: a few per Numba thread, so a slow piece or a
+    busy core leaves little idle."""
+    return max(1, min(n_work, 4 * numba.get_num_threads()))
+
+
+@jit
+def add_weighted(acc, k, weights, pos, val, cnt, dense):
+    """acc[m] += weights[m, k] * the stream's counts, for every mask m weighing pixel k."""
+    for m in range(weights.shape[0]):
+        w = weights[m, k]
+        if w == 0:
+            continue
+        row = acc[m]
+        if dense:
+            for j in range(cnt):
+                row[j] += w * val[j]
+        else:
+            for j in range(cnt):
+                row[pos[j]] += w * val[j]
+
+
+@pjit
+def mask_sums_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pixels, weights, part, errors):
+    """Work item (b, g): scan block b of every ``n_groups``-th mask pixel from g on, into part[g]."""
+    n_blocks = index.shape[0]
+    n_groups = part.shape[0]
+    for item in numba.prange(n_blocks * n_groups):
+        b, g = item // n_groups, item % n_groups
+        n = min(block, n_frames - b * block)
+        acc = part[g, :, b * block : b * block + n]
+        acc[:] = 0
+        pos = np.empty(n, dtype=np.int64)
+        val = np.empty(n, dtype=weights.dtype)
+        lut = np.empty(LUT_BYTES, dtype=np.uint8)
+        held = np.full(1, -1, dtype=np.int64)
+        for k in range(g, pixels.shape[0], n_groups):
+            p = pixels[k]
+            cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                   pos, val, lut, held)
+            if failed(errors, item, b, p, cnt):
+                break
+            add_weighted(acc, k, weights, pos, val, cnt, dense)
 
 
 def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray, narrow: bool = False) -> np.ndarray:
     """``out[m, f] = sum_k weights[m, k] * count[f, pixels[k]]`` in weights.dtype (uint64 wraps; float64).
 
-    ``narrow`` (only the result modulo 2**32 is wanted) lets the CUDA twin
-    accumulate in uint32; here uint64 costs the same, so it is not used.
+    ``narrow``: only the result modulo 2**32 is wanted, so integer sums are
+    accumulated (and returned) in wrapping uint32, as by the CUDA twin.
     """
     out, done = mask_sums_async(streams, model, pixels, weights, narrow)
     done()
@@ -597,32 +670,55 @@ def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.nd
 
 
 def mask_sums_async(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray, narrow: bool = False):
-    """:func:`mask_sums` as (out, done): ``done()`` raises for a malformed stream (here: already checked)."""
-    out = np.empty((weights.shape[0], model.n_frames), dtype=weights.dtype)
-    run_checked(mask_sums_loop, streams, model, np.asarray(pixels, dtype=np.int64), weights, out)
-    return out, lambda: None
+    """:func:`mask_sums` as (out, done): ``done()`` raises for a malformed stream (here: already checked).
+
+    A scan block's mask pixels are split into groups when there are too few
+    blocks to keep every thread busy; each group sums into its own partial
+    result (wrapping sums in any order are exact; float sums round alike).
+    """
+    if narrow and weights.dtype == np.uint64:
+        weights = weights.astype(np.uint32)
+    pixels = np.asarray(pixels, dtype=np.int64)
+    n_blocks = streams.index.shape[0]
+    n_groups = max(1, min(pixels.size, -(-lanes(n_blocks * max(pixels.size, 1)) // n_blocks)))
+    part = np.empty((n_groups, weights.shape[0], model.n_frames), dtype=weights.dtype)
+    run_checked(mask_sums_loop, streams, model, n_blocks * n_groups, pixels, np.ascontiguousarray(weights), part)
+    return (part[0] if n_groups == 1 else part.sum(axis=0, dtype=part.dtype)), lambda: None
 
 
 @pjit
 def roi_reduce_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, blocks, mult, is_max, out, errors):
+    """Work item t: every n_items-th pixel from t on, over the selected scan blocks."""
     frame_len = index.shape[1]
-    for p in numba.prange(frame_len):
+    n_items = errors.shape[0]
+    for t in numba.prange(n_items):
         pos = np.empty(block, dtype=np.int64)
         val = np.empty(block, dtype=np.uint64)
-        total = np.uint64(0)
-        for k in range(blocks.shape[0]):
-            b = blocks[k]
-            cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-            if failed(errors, b, p, cnt):
+        lut = np.empty(LUT_BYTES, dtype=np.uint8)
+        held = np.full(1, -1, dtype=np.int64)
+        for p in range(t, frame_len, n_items):
+            total = np.uint64(0)
+            for k in range(blocks.shape[0]):
+                b = blocks[k]
+                cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                       pos, val, lut, held)
+                if failed(errors, t, b, p, cnt):
+                    break
+                sel = mult[b * block : b * block + block]
+                if is_max:
+                    for j in range(cnt):
+                        q = j if dense else pos[j]
+                        if sel[q] and val[j] > total:
+                            total = val[j]
+                elif dense:
+                    for j in range(cnt):
+                        total += val[j] * sel[j]
+                else:
+                    for j in range(cnt):
+                        total += val[j] * sel[pos[j]]
+            if errors[t, 0] < 0:
                 break
-            for j in range(cnt):
-                m = mult[b * block + pos[j]]
-                if m:
-                    if is_max:
-                        total = max(total, val[j])
-                    else:
-                        total += val[j] * m
-        out[p] = total
+            out[p] = total
 
 
 def roi_reduce(streams: Streams, model: Model, mult: np.ndarray, op: str) -> np.ndarray:
@@ -630,50 +726,68 @@ def roi_reduce(streams: Streams, model: Model, mult: np.ndarray, op: str) -> np.
     frame_len = streams.index.shape[1]
     blocks = np.flatnonzero(np.add.reduceat(mult, np.arange(0, model.n_frames, model.block)) > 0).astype(np.int64)
     out = np.zeros(frame_len, dtype=np.uint64)
-    run_checked(roi_reduce_loop, streams, model, blocks, mult.astype(np.uint64), op == "max", out)
+    run_checked(roi_reduce_loop, streams, model, lanes(frame_len), blocks, mult.astype(np.uint64), op == "max", out)
     return out
 
 
 @pjit
 def frame_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, f, out, errors):
+    """Work item t: every n_items-th pixel from t on, its stream of frame f's scan block."""
     b, i = f // block, f % block
-    for p in numba.prange(index.shape[1]):
+    frame_len = index.shape[1]
+    n_items = errors.shape[0]
+    for t in numba.prange(n_items):
         pos = np.empty(block, dtype=np.int64)
         val = np.empty(block, dtype=np.uint32)
-        cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-        if failed(errors, b, p, cnt):
-            continue
-        v = np.uint32(0)
-        for j in range(cnt):
-            if pos[j] == i:
-                v = val[j]
-        out[p] = v
+        lut = np.empty(LUT_BYTES, dtype=np.uint8)
+        held = np.full(1, -1, dtype=np.int64)
+        for p in range(t, frame_len, n_items):
+            cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                   pos, val, lut, held)
+            if failed(errors, t, b, p, cnt):
+                break
+            v = np.uint32(0)
+            if dense:
+                v = val[i]
+            else:
+                for j in range(cnt):
+                    if pos[j] == i:
+                        v = val[j]
+            out[p] = v
 
 
 def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
     """The counts of frame ``index`` (frame_len,) as uint32."""
-    out = np.zeros(streams.index.shape[1], dtype=np.uint32)
-    run_checked(frame_loop, streams, model, int(index), out)
+    frame_len = streams.index.shape[1]
+    out = np.zeros(frame_len, dtype=np.uint32)
+    run_checked(frame_loop, streams, model, lanes(frame_len), int(index), out)
     return out
 
 
 @pjit
 def decode_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, first, last, lo, hi,
                 pixels, pixel_stride, frame_stride, out, errors):
-    n_blocks = last - first
+    """Work item t: every n_items-th pixel from t on, its streams of scan blocks first .. last - 1."""
     n_pix = pixels.shape[0]
-    for s in numba.prange(n_blocks * n_pix):
-        b, k = first + s // n_pix, s % n_pix
-        p = pixels[k]
+    n_items = errors.shape[0]
+    for t in numba.prange(n_items):
         pos = np.empty(block, dtype=np.int64)
         val = np.empty(block, dtype=np.uint32)
-        cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-        if failed(errors, b, p, cnt):
-            continue
-        for j in range(cnt):
-            f = b * block + pos[j]
-            if f >= lo and f < hi:
-                out[k * pixel_stride + (f - lo) * frame_stride] = val[j]
+        lut = np.empty(LUT_BYTES, dtype=np.uint8)
+        held = np.full(1, -1, dtype=np.int64)
+        for k in range(t, n_pix, n_items):
+            p = pixels[k]
+            for b in range(first, last):
+                cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                       pos, val, lut, held)
+                if failed(errors, t, b, p, cnt):
+                    break
+                for j in range(cnt):
+                    f = b * block + (j if dense else pos[j])
+                    if f >= lo and f < hi:
+                        out[k * pixel_stride + (f - lo) * frame_stride] = val[j]
+            if errors[t, 0] < 0:
+                break
 
 
 def decoded_layout(frames: tuple[int, int] | None, n_frames: int, n_pix: int, pixel_major: bool):
@@ -695,7 +809,7 @@ def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bo
     lo, hi, shape, strides = decoded_layout(frames, model.n_frames, pixels.size, pixel_major)
     out = np.zeros(shape, dtype=dtype)
     if hi > lo:
-        run_checked(decode_loop, streams, model, lo // model.block, -(-hi // model.block), lo, hi, pixels, strides[0], strides[1],
+        run_checked(decode_loop, streams, model, lanes(pixels.size), lo // model.block, -(-hi // model.block), lo, hi, pixels, strides[0], strides[1],
                     out.reshape(-1))
     return out
 
@@ -721,7 +835,7 @@ def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: 
     frame_len = streams.index.shape[1]
     lo, hi, strides = frames_target(frames, model.n_frames, frame_len, out, amplitude)
     if hi > lo:
-        run_checked(decode_loop, streams, model, lo // model.block, -(-hi // model.block), lo, hi, np.arange(frame_len, dtype=np.int64),
+        run_checked(decode_loop, streams, model, lanes(frame_len), lo // model.block, -(-hi // model.block), lo, hi, np.arange(frame_len, dtype=np.int64),
                     strides[0], strides[1], out.reshape(-1))
     if amplitude:
         np.sqrt(out, out=out)
@@ -735,16 +849,24 @@ def fill_streams() -> int:
 
 @pjit
 def check_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, errors):
+    """Work item t: every n_items-th pixel from t on, its streams of every scan block."""
     n_blocks, frame_len = index.shape
-    for b in numba.prange(n_blocks):
+    n_items = errors.shape[0]
+    for t in numba.prange(n_items):
         pos = np.empty(block, dtype=np.int64)
         val = np.empty(block, dtype=np.uint32)
-        for p in range(frame_len):
-            cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-            if failed(errors, b, p, cnt):
+        lut = np.empty(LUT_BYTES, dtype=np.uint8)
+        held = np.full(1, -1, dtype=np.int64)
+        for p in range(t, frame_len, n_items):
+            for b in range(n_blocks):
+                cnt, _ = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                   pos, val, lut, held)
+                if failed(errors, t, b, p, cnt):
+                    break
+            if errors[t, 0] < 0:
                 break
 
 
 def check(streams: Streams, model: Model) -> None:
     """Decode every stream; ValueError at the first malformed one."""
-    run_checked(check_loop, streams, model)
+    run_checked(check_loop, streams, model, lanes(streams.index.shape[1]))
