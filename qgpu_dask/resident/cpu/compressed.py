@@ -6,8 +6,9 @@ same bytes, same bits):
 - ``value_histogram(flat) -> (frame_len, HIST_BINS) uint64``;
 - ``token_histogram(flat, block, run, values) -> (frame_len, TOKEN_SLOTS) uint64``;
 - ``encode(flat, block, run, values, table_start, cum) -> Streams`` (index, block_base, payload);
-- ``mask_sums(streams, model, pixels, weights) -> (n_masks, n_frames)`` in uint64
-  (wrapping: the caller casts) or float64, from the streams of ``pixels`` only;
+- ``mask_sums(streams, model, pixels, weights, narrow) -> (n_masks, n_frames)`` in uint64
+  (wrapping: the caller casts), in wrapping uint32 with ``narrow``, or float64, from the
+  streams of ``pixels`` only;
 - ``roi_reduce(streams, model, mult, op)``: per-pixel sum (uint64) or max over
   the frames with multiplicity ``mult > 0``;
 - ``frame(streams, model, index)``: one frame, uint32;
@@ -365,10 +366,12 @@ def encode(flat, block, run, values, table_start, cum) -> Streams:
 #
 # Speed (instructions and dependent steps per coded symbol): a symbol is found through a slot -> symbol table
 # per pixel (``lut``, filled when the pixel changes: one load instead of a search over the cumulative
-# frequencies); renormalisation takes no branch (a stream read past its end is noticed from its word count,
-# and reported as the same error); run-mode streams test the commonest run symbol first (usually "R zeros,
-# go on"), without the table's loads; and the value-mode streams of two pixels are decoded in lockstep (they
-# hold a token per count, so the same number), which lets the core overlap their dependent chains.
+# frequencies, whose branches mispredict); a value token refills the state without a branch (a stream read
+# past its end is noticed from its word count and reported as the same error); run-mode streams test the
+# commonest run symbol first (usually "R zeros, go on", which rarely refills), without the table's loads; and
+# the value-mode streams of two pixels are decoded in lockstep (a token per count: the same number), so the
+# core overlaps their dependent chains. Work items are (scan block, pixel group) or pixel groups, a few per
+# thread, so that an acquisition of one scan block still uses every core.
 
 
 @jit
