@@ -543,9 +543,23 @@ def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, po
     last = n_words - 1
     cnt = 0
     i = 0
+    skips = top == run  # the commonest run symbol is "R zeros, go on": its tokens get a loop of their own
     while i < n:
         slot = x & SLOT_MASK
         d = slot - top_c
+        if skips:
+            while d >= 0 and d < top_f:
+                x = top_f * (x >> PROB_BITS) + d
+                if x < STATE_LOW:
+                    if w >= n_words:
+                        return -2
+                    x = (x << 16) | word_at(payload, start + 2 * w)
+                    w += 1
+                i += run
+                if i >= n:
+                    return truncated_or(-4, w, n_words)
+                slot = x & SLOT_MASK
+                d = slot - top_c
         if d >= 0 and d < top_f:
             r = top
             x = top_f * (x >> PROB_BITS) + d
