@@ -832,7 +832,7 @@ def mask_sums_async(streams: Streams, model: Model, pixels: np.ndarray, weights:
         weights = weights.astype(np.uint32)
     pixels = np.asarray(pixels, dtype=np.int64)
     n_blocks = streams.index.shape[0]
-    n_groups = max(1, min(pixels.size, -(-lanes(n_blocks * max(pixels.size, 1)) // n_blocks)))
+    n_groups = max(1, min(pixels.size, -(-lanes(n_blocks * pixels.size) // max(n_blocks, 1))))
     part = np.empty((n_groups, weights.shape[0], model.n_frames), dtype=weights.dtype)
     run_checked(mask_sums_loop, streams, model, n_blocks * n_groups, pixels, np.ascontiguousarray(weights), part)
     return (part[0] if n_groups == 1 else part.sum(axis=0, dtype=part.dtype)), lambda: None
