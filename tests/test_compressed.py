@@ -228,8 +228,8 @@ def mixed_counts(rng, dtype, shape=(37, 41, 6, 7)) -> np.ndarray:
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_work_split_and_pairs_give_the_dense_sums(rng, threads):
-    """Every pixel as its own mask, odd and even sets of value-mode pixels, one pixel, no pixel, the narrow
-    accumulator and ROI reductions, with the work split over 1 and 2 threads, equal (==) to the counts."""
+    """Every pixel as its own mask, odd and even sets of value-mode pixels, one pixel, no pixel and ROI
+    reductions, with the work split over 1 and 2 threads, equal (==) to the counts."""
     counts = mixed_counts(rng, np.uint16)
     flat = counts.reshape(-1, 42).astype(np.uint64)
     resident = encode(counts)
@@ -245,8 +245,6 @@ def test_work_split_and_pairs_give_the_dense_sums(rng, threads):
             weights = rng.integers(0, 4, (3, chosen.size)).astype(np.uint64)
             want = weights @ flat[:, chosen].T
             assert (cpu_kernels.mask_sums(streams, model, chosen, weights) == want).all()
-            narrow = cpu_kernels.mask_sums(streams, model, chosen, weights, narrow=True)
-            assert narrow.dtype == np.uint32 and (narrow == want.astype(np.uint32)).all()
         empty = cpu_kernels.mask_sums(streams, model, pixels[:0], np.zeros((2, 0), dtype=np.uint64))
         assert empty.shape == (2, resident.n_frames) and not empty.any()
         mult = rng.integers(0, 3, resident.n_frames).astype(np.uint32)

@@ -6,9 +6,8 @@ same bytes, same bits):
 - ``value_histogram(flat) -> (frame_len, HIST_BINS) uint64``;
 - ``token_histogram(flat, block, run, values) -> (frame_len, TOKEN_SLOTS) uint64``;
 - ``encode(flat, block, run, values, table_start, cum) -> Streams`` (index, block_base, payload);
-- ``mask_sums(streams, model, pixels, weights, narrow) -> (n_masks, n_frames)`` in uint64
-  (wrapping: the caller casts), in wrapping uint32 with ``narrow``, or float64, from the
-  streams of ``pixels`` only;
+- ``mask_sums(streams, model, pixels, weights) -> (n_masks, n_frames)`` in uint64
+  (wrapping: the caller casts) or float64, from the streams of ``pixels`` only;
 - ``roi_reduce(streams, model, mult, op)``: per-pixel sum (uint64) or max over
   the frames with multiplicity ``mult > 0``;
 - ``frame(streams, model, index)``: one frame, uint32;
@@ -813,8 +812,8 @@ def mask_sums_loop(index, block_base, payload, n_frames, block, run, values, tab
 def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray, narrow: bool = False) -> np.ndarray:
     """``out[m, f] = sum_k weights[m, k] * count[f, pixels[k]]`` in weights.dtype (uint64 wraps; float64).
 
-    ``narrow``: only the result modulo 2**32 is wanted, so integer sums are
-    accumulated (and returned) in wrapping uint32, as by the CUDA twin.
+    ``narrow`` (only the result modulo 2**32 is wanted) lets the CUDA twin
+    accumulate in uint32; here uint64 costs the same, so it is not used.
     """
     out, done = mask_sums_async(streams, model, pixels, weights, narrow)
     done()
@@ -828,8 +827,6 @@ def mask_sums_async(streams: Streams, model: Model, pixels: np.ndarray, weights:
     are split into groups, each summed into a partial result of its own, then
     added (integer sums wrap, so any order is exact).
     """
-    if narrow and weights.dtype == np.uint64:
-        weights = weights.astype(np.uint32)
     pixels = np.asarray(pixels, dtype=np.int64)
     n_blocks = streams.index.shape[0]
     n_groups = max(1, min(pixels.size, -(-lanes(n_blocks * pixels.size) // max(n_blocks, 1))))
