@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
 import qgpu_dask as qd
 from qgpu_dask.formats import codec
 from qgpu_dask.resident.compressed import CompressedCounts
+from qgpu_dask.resident.cpu import compressed as cpu_kernels
 from qgpu_dask.resident.dense import DenseCounts
 from qgpu_dask.resident.masks import mask_weights
 
@@ -209,3 +211,76 @@ def test_check_catches_wrong_totals(rng):
     resident.totals[3] += 1
     with pytest.raises(ValueError, match="frame totals do not match"):
         resident.check()
+
+
+def mixed_counts(rng, dtype, shape=(37, 41, 6, 7)) -> np.ndarray:
+    """Busy value-mode pixels (some at the dtype's largest count: escapes), sparse run-mode ones, a constant and
+    an empty pixel; the scan count is not a multiple of the block."""
+    top = np.iinfo(dtype).max
+    counts = rng.poisson(3.0, shape).astype(dtype)
+    flat = counts.reshape(shape[0] * shape[1], -1)
+    flat[:, 1::3] = rng.poisson(0.05, flat[:, 1::3].shape)
+    flat[::97, ::2] = top
+    flat[:, 3] = rng.poisson(0.05, flat.shape[0])
+    flat[:, 4] = top
+    flat[:, 5] = 0
+    return counts
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_work_split_and_pairs_give_the_dense_sums(rng, threads):
+    """Every pixel as its own mask, odd and even sets of value-mode pixels, one pixel, no pixel and ROI
+    reductions, with the work split over 1 and 2 threads, equal (==) to the counts."""
+    counts = mixed_counts(rng, np.uint16)
+    flat = counts.reshape(-1, 42).astype(np.uint64)
+    resident = encode(counts)
+    assert resident.n_frames % resident.block and resident.n_frames > resident.block  # several blocks, the last short
+    assert (resident.model.run == 0).sum() % 2 == 1  # a value-mode pixel is left without a partner
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        streams, model = resident.streams, resident.model
+        pixels = np.arange(42)
+        assert (cpu_kernels.mask_sums(streams, model, pixels, np.eye(42, dtype=np.uint64)) == flat.T).all()
+        for chosen in (pixels[::2], pixels[:5], pixels[[7]], pixels[[0, 41]]):
+            weights = rng.integers(0, 4, (3, chosen.size)).astype(np.uint64)
+            want = weights @ flat[:, chosen].T
+            assert (cpu_kernels.mask_sums(streams, model, chosen, weights) == want).all()
+        empty = cpu_kernels.mask_sums(streams, model, pixels[:0], np.zeros((2, 0), dtype=np.uint64))
+        assert empty.shape == (2, resident.n_frames) and not empty.any()
+        mult = rng.integers(0, 3, resident.n_frames).astype(np.uint32)
+        assert (cpu_kernels.roi_reduce(streams, model, mult, "sum") == (flat * mult[:, None]).sum(axis=0)).all()
+        assert (cpu_kernels.roi_reduce(streams, model, mult, "max") == flat[mult > 0].max(axis=0)).all()
+        assert_same_queries(resident, counts, rng)
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+def test_largest_counts_of_each_dtype(rng, dtype):
+    """Escapes up to the dtype's largest count in value-mode and run-mode pixels decode exactly."""
+    counts = mixed_counts(rng, dtype, (11, 13, 4, 5))
+    resident = encode(counts)
+    assert (resident.model.run == 0).any() and (resident.model.run > 0).any()
+    assert_same_queries(resident, counts, rng)
+
+
+def test_truncated_stream_in_a_lockstep_pair_is_named(rng):
+    """A value-mode stream decoded beside another reports its own pixel and scan block, through the mask
+    sums and the ROI reduction, and the resident still answers masks that avoid it."""
+    counts = rng.poisson(40.0, (64, 64, 4, 4)).astype(np.uint16)  # busy pixels: value mode, small blocks
+    resident = encode(counts)
+    assert (resident.model.run == 0).all() and resident.n_frames // resident.block >= 8
+    b, p = 3, 9
+    assert resident.streams.index[b, p] >> codec.FORM_SHIFT == codec.ANS
+    resident.streams.index[b, p + 1] -= 2  # stream (3, 9) loses its last word
+    mask = np.zeros((4, 4), bool)
+    mask.flat[[1, p]] = True
+    message = f"scan block {b}, detector pixel {p}\\): a stream is truncated"
+    with pytest.raises(ValueError, match=message):
+        resident.virtual_images(mask)
+    with pytest.raises(ValueError, match=message):
+        resident.reduce(None, "sum")
+    fine = np.zeros((4, 4), bool)
+    fine.flat[[0, 1, 2]] = True
+    assert (resident.virtual_images(fine) == counts[..., fine].sum(axis=-1, dtype=np.uint32)).all()

@@ -358,6 +358,19 @@ def encode(flat, block, run, values, table_start, cum) -> Streams:
 
 
 # ---------------------------------------------------------------- decoder
+#
+# A decoder turns one stream into either every count of its block (``dense``: value-mode rANS, raw and
+# constant streams, val[0:n]) or its nonzero counts as (pos, val) pairs (run-mode rANS, sparse, empty), so
+# a caller adds a dense stream with a branch-free loop and a sparse one by its positions.
+#
+# Speed (instructions and dependent steps per coded symbol): a symbol is found through a slot -> symbol table
+# per pixel (``lut``, filled when the pixel changes: one load instead of a search over the cumulative
+# frequencies, whose branches mispredict); a value token refills the state without a branch (a stream read
+# past its end is noticed from its word count and reported as the same error); run-mode streams test the
+# commonest run symbol first (usually "R zeros, go on", which rarely refills), without the table's loads; and
+# the value-mode streams of two pixels are decoded in lockstep (a token per count: the same number), so the
+# core overlaps their dependent chains. Work items are (scan block, pixel group) or pixel groups, a few per
+# thread, so that an acquisition of one scan block still uses every core.
 
 
 @jit
@@ -382,127 +395,252 @@ def get_le(payload, at, nbytes):
 
 
 @jit
-def get_symbol(x, t, nsym, cum):
-    """Decode one symbol of the table at ``cum[t:]``; returns (symbol, state before renormalisation)."""
-    slot = x & SLOT_MASK
-    lo, hi = 0, nsym - 1
-    while lo < hi:  # the last symbol s with cum[t + s] <= slot
-        mid = (lo + hi + 1) >> 1
-        if np.int64(cum[t + mid]) <= slot:
-            lo = mid
-        else:
-            hi = mid - 1
-    c = np.int64(cum[t + lo])
-    f = np.int64(cum[t + lo + 1]) - c
-    return lo, f * (x >> PROB_BITS) + slot - c
+def word_at(payload, at):
+    return np.int64(payload[at]) | (np.int64(payload[at + 1]) << 8)
+
+
+LUT_BYTES = 2 * PROB_SCALE  # one table set: a pixel's value table's slots, then its run table's
+HELD = 4  # per table set: the pixel it holds (-1: none), its run table's commonest symbol, that symbol's T[s] and f
 
 
 @jit
-def renormalize(x, payload, start, w, n_words):
-    """(state, next word): the state refilled from word ``w`` when it fell below STATE_LOW; word -1 when
-    the stream has no word left."""
-    if x < STATE_LOW:
+def fill_lut(cum, t, nsym, lut, at):
+    """``lut[at + slot]`` = the symbol of the table at ``cum[t:]`` that owns ``slot`` (tables are checked
+    when a resident is built: they cover every slot)."""
+    for s in range(nsym):
+        lut[at + np.int64(cum[t + s]) : at + np.int64(cum[t + s + 1])] = s
+
+
+@jit
+def load_tables(cum, p, r, nv, vt, lut, held, k):
+    """Table set ``k`` (``lut[k * LUT_BYTES:]``, ``held[k * HELD:]``) made to hold pixel ``p``'s tables."""
+    h = k * HELD
+    if held[h] == p:
+        return
+    at = k * LUT_BYTES
+    fill_lut(cum, vt, nv + 1, lut, at)
+    if r > 0:
+        rt = vt + nv + 2
+        fill_lut(cum, rt, r + 2, lut, at + PROB_SCALE)
+        top = 0
+        for s in range(r + 2):
+            if np.int64(cum[rt + s + 1]) - np.int64(cum[rt + s]) > np.int64(cum[rt + top + 1]) - np.int64(cum[rt + top]):
+                top = s
+        held[h + 1] = top
+        held[h + 2] = cum[rt + top]
+        held[h + 3] = np.int64(cum[rt + top + 1]) - np.int64(cum[rt + top])
+    held[h] = p
+
+
+@jit
+def next_token(x, w, payload, start, last, t, cum, lut, at):
+    """(symbol, state, next word) of one token of the table at ``cum[t:]`` (slots at ``lut[at:]``). The
+    refill takes no branch: with no word left it reads the stream's last word (``last``) and the word count
+    passes the stream's, which :func:`finished` reports as truncation."""
+    slot = x & SLOT_MASK
+    s = np.int64(lut[at + slot])
+    c = np.int64(cum[t + s])
+    x = (np.int64(cum[t + s + 1]) - c) * (x >> PROB_BITS) + slot - c
+    need = np.int64(x < STATE_LOW)
+    x = (x << (16 * need)) | (word_at(payload, start + 2 * min(w, last)) * need)
+    return s, x, w + need
+
+
+@jit
+def truncated_or(code, w, n_words):
+    """An error met after a read past the stream's end is reported as that truncation, as a decoder that
+    stopped there would."""
+    return -2 if w > n_words else code
+
+
+@jit
+def finished(x, w, n_words, cnt):
+    """``cnt``, or the error of a stream that was read past its end or does not end in the initial state."""
+    if w > n_words:
+        return -2
+    if x != STATE_LOW or w != n_words:
+        return -3
+    return cnt
+
+
+@jit
+def escaped(nv, base, x, w, payload, start, n_words, chunks, maxval):
+    """(count, state, next word) of an escape symbol: ``base + nv`` plus the excess in its raw chunks; a
+    negative count is an ERRORS code."""
+    if w > n_words:
+        return -2, x, w
+    excess = np.int64(0)
+    for c in range(chunks):
+        excess |= (x & 0xFFFF) << (16 * c)
         if w >= n_words:
-            return x, -1
-        x = (x << 16) | get_le(payload, start + 2 * w, 2)
+            return -2, x, w
+        x = ((x >> 16) << 16) | word_at(payload, start + 2 * w)
         w += 1
-    return x, w
+    v = base + nv + excess
+    if v > maxval:
+        return -5, x, w
+    return v, x, w
 
 
-@numba.njit(cache=True, nogil=True)
-def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsize, maxval, pos, val):
-    """Nonzero counts of one stream into (pos, val); returns their number, or a negative ERRORS code."""
-    length = end - start
-    if length < 0:
-        return -1
-    if form == EMPTY:
-        return 0 if length == 0 else -1
-    if form == CONSTANT:
-        if length != 4:
-            return -1
-        v = get_le(payload, start, 4)
-        if v == 0 or v > maxval:
-            return -5
-        for i in range(n):
-            pos[i] = i
-            val[i] = v
-        return n
-    if form == RAW:
-        if length != even(n * itemsize):
-            return -1
-        cnt = 0
-        for i in range(n):
-            v = get_le(payload, start + itemsize * i, itemsize)
-            if v:
-                pos[cnt] = i
-                val[cnt] = v
-                cnt += 1
-        return cnt
-    if form == SPARSE:
-        nnz = length // (2 + itemsize)
-        if length != even(nnz * (2 + itemsize)) or nnz > n:
-            return -1
-        last = -1
-        for j in range(nnz):
-            i = get_le(payload, start + 2 * j, 2)
-            if i <= last or i >= n:
-                return -6
-            last = i
-            pos[j] = i
-            val[j] = get_le(payload, start + 2 * nnz + itemsize * j, itemsize)
-        return nnz
-    if form != ANS:
-        return -7
-    n_words = length // 2
-    if length % 2 or n_words < 2:
-        return -1
+@jit
+def decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, lut, at):
+    """Every count of a value-mode rANS stream into val[0:n]; n, or a negative ERRORS code."""
     x = get_le(payload, start, 4)
     if x < STATE_LOW:
         return -3
     w = 2
+    last = n_words - 1
+    for i in range(n):
+        s, x, w = next_token(x, w, payload, start, last, vt, cum, lut, at)
+        if s == nv:
+            s, x, w = escaped(nv, 0, x, w, payload, start, n_words, chunks, maxval)
+            if s < 0:
+                return s
+        val[i] = s
+    return finished(x, w, n_words, n)
+
+
+@jit
+def decode_value_pair(payload, start0, n_words0, start1, n_words1, n, nv0, vt0, nv1, vt1, cum, chunks, maxval, val0, val1, lut, at0, at1):
+    """Two value-mode rANS streams of n counts each, in lockstep: (result of the first, of the second), each
+    n or a negative ERRORS code; after an error the other's result is 0 and its counts incomplete."""
+    x0 = get_le(payload, start0, 4)
+    if x0 < STATE_LOW:
+        return -3, 0
+    x1 = get_le(payload, start1, 4)
+    if x1 < STATE_LOW:
+        return 0, -3
+    w0 = 2
+    w1 = 2
+    last0 = n_words0 - 1
+    last1 = n_words1 - 1
+    for i in range(n):
+        s0, x0, w0 = next_token(x0, w0, payload, start0, last0, vt0, cum, lut, at0)
+        s1, x1, w1 = next_token(x1, w1, payload, start1, last1, vt1, cum, lut, at1)
+        if s0 == nv0:
+            s0, x0, w0 = escaped(nv0, 0, x0, w0, payload, start0, n_words0, chunks, maxval)
+            if s0 < 0:
+                return s0, 0
+        if s1 == nv1:
+            s1, x1, w1 = escaped(nv1, 0, x1, w1, payload, start1, n_words1, chunks, maxval)
+            if s1 < 0:
+                return 0, s1
+        val0[i] = s0
+        val1[i] = s1
+    return finished(x0, w0, n_words0, n), finished(x1, w1, n_words1, n)
+
+
+@jit
+def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, pos, val, lut, at, top, top_c, top_f):
+    """The nonzero counts of a run-mode rANS stream into (pos, val); their number, or a negative ERRORS code.
+    ``top`` is the run table's commonest symbol (``top_c`` = its T[s], ``top_f`` its frequency)."""
+    x = get_le(payload, start, 4)
+    if x < STATE_LOW:
+        return -3
+    rt = vt + nv + 2
+    w = 2
+    last = n_words - 1
     cnt = 0
     i = 0
-    rt = vt + nv + 2
+    skips = top == run  # the commonest run symbol is "R zeros, go on": its tokens get a loop of their own
     while i < n:
-        if run > 0:
-            r, x = get_symbol(x, rt, run + 2, cum)
-            x, w = renormalize(x, payload, start, w, n_words)
-            if w < 0:
-                return -2
-            if r == run + 1:
-                break
-            i += r
-            if r == run:
+        slot = x & SLOT_MASK
+        d = slot - top_c
+        if skips:
+            while d >= 0 and d < top_f:
+                x = top_f * (x >> PROB_BITS) + d
+                if x < STATE_LOW:
+                    if w >= n_words:
+                        return -2
+                    x = (x << 16) | word_at(payload, start + 2 * w)
+                    w += 1
+                i += run
                 if i >= n:
-                    return -4
-                continue
+                    return truncated_or(-4, w, n_words)
+                slot = x & SLOT_MASK
+                d = slot - top_c
+        if d >= 0 and d < top_f:
+            r = top
+            x = top_f * (x >> PROB_BITS) + d
+        else:
+            r = np.int64(lut[at + PROB_SCALE + slot])
+            c = np.int64(cum[rt + r])
+            x = (np.int64(cum[rt + r + 1]) - c) * (x >> PROB_BITS) + slot - c
+        if x < STATE_LOW:  # rare after a likely run symbol: a branch costs less than a read each time
+            if w >= n_words:
+                return -2
+            x = (x << 16) | word_at(payload, start + 2 * w)
+            w += 1
+        if r == run:
+            i += run
             if i >= n:
-                return -4
-        s, x = get_symbol(x, vt, nv + 1, cum)
-        x, w = renormalize(x, payload, start, w, n_words)
-        if w < 0:
-            return -2
-        v = s + (1 if run > 0 else 0)
+                return truncated_or(-4, w, n_words)
+            continue
+        if r == run + 1:
+            break
+        i += r
+        if i >= n:
+            return truncated_or(-4, w, n_words)
+        s, x, w = next_token(x, w, payload, start, last, vt, cum, lut, at)
         if s == nv:
-            excess = np.int64(0)
-            for c in range(chunks):
-                excess |= (x & 0xFFFF) << (16 * c)
-                x >>= 16
-                if w >= n_words:
-                    return -2
-                x = (x << 16) | get_le(payload, start + 2 * w, 2)
-                w += 1
-            v += excess
-        if v > maxval:
-            return -5
-        if v:
-            pos[cnt] = i
-            val[cnt] = v
-            cnt += 1
+            s, x, w = escaped(nv, 1, x, w, payload, start, n_words, chunks, maxval)
+            if s < 0:
+                return s
+        else:
+            s += 1
+        pos[cnt] = i
+        val[cnt] = s
+        cnt += 1
         i += 1
-    if x != STATE_LOW or w != n_words:
-        return -3
-    return cnt
+    return finished(x, w, n_words, cnt)
+
+
+@jit
+def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsize, maxval, pos, val, lut, held, k):
+    """(count, dense) of one stream: dense, its n counts in val[0:n]; else its ``count`` nonzero counts in
+    (pos, val). A negative count is an ERRORS code. Table set ``k`` holds the pixel's tables (``load_tables``)."""
+    length = end - start
+    if length < 0:
+        return -1, False
+    if form == EMPTY:
+        return (0 if length == 0 else -1), False
+    if form == CONSTANT:
+        if length != 4:
+            return -1, False
+        v = get_le(payload, start, 4)
+        if v == 0 or v > maxval:
+            return -5, True
+        val[:n] = v
+        return n, True
+    if form == RAW:
+        if length != even(n * itemsize):
+            return -1, True
+        for i in range(n):
+            val[i] = get_le(payload, start + itemsize * i, itemsize)
+        return n, True
+    if form == SPARSE:
+        nnz = length // (2 + itemsize)
+        if length != even(nnz * (2 + itemsize)) or nnz > n:
+            return -1, False
+        last = -1
+        for j in range(nnz):
+            i = word_at(payload, start + 2 * j)
+            if i <= last or i >= n:
+                return -6, False
+            last = i
+            pos[j] = i
+            val[j] = get_le(payload, start + 2 * nnz + itemsize * j, itemsize)
+        return nnz, False
+    if form != ANS:
+        return -7, False
+    n_words = length // 2
+    if length % 2 or n_words < 2:
+        return -1, False
+    at = k * LUT_BYTES
+    if run == 0:
+        return decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, lut, at), True
+    h = k * HELD
+    return decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, pos, val, lut, at, held[h + 1], held[h + 2], held[h + 3]), False
 
 
 class Model:
@@ -522,52 +660,66 @@ class Model:
 
 
 @jit
-def decode_at(streams_index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val):
-    start, end, form = stream_bounds(streams_index, block_base, b, p)
+def decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val, lut, held, k):
+    """(count, dense) of stream (b, p), as :func:`decode_stream`, with table set ``k``."""
+    start, end, form = stream_bounds(index, block_base, b, p)
     n = min(block, n_frames - b * block)
     if start < 0 or end > payload.shape[0]:
-        return -1
-    return decode_stream(payload, start, end, form, n, np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p]), cum, chunks, itemsize, maxval, pos, val)
+        return -1, False
+    r, nv, vt = np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p])
+    if form == ANS:
+        load_tables(cum, p, r, nv, vt, lut, held, k)
+    return decode_stream(payload, start, end, form, n, r, nv, vt, cum, chunks, itemsize, maxval, pos, val, lut, held, k)
 
 
 @jit
-def failed(errors, b, p, cnt):
-    """Record a decode error (cnt < 0) of stream (b, p); whether there was one."""
+def lockstep_ready(start, end, form, size):
+    """Whether a stream can join a lockstep pair: rANS with a length that fits (else the single decoder reports it)."""
+    length = end - start
+    return form == ANS and start >= 0 and end <= size and length >= 4 and length % 2 == 0
+
+
+@jit
+def decode_pair_at(index, block_base, payload, b, p0, p1, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                   pos0, val0, pos1, val1, lut, held):
+    """(count, dense) of streams (b, p0) and (b, p1) of two value-mode pixels (table sets 1 and 2), in lockstep
+    when both are rANS; on an error the first count is negative, or the second (and the first is left as it is)."""
+    start0, end0, form0 = stream_bounds(index, block_base, b, p0)
+    start1, end1, form1 = stream_bounds(index, block_base, b, p1)
+    size = payload.shape[0]
+    if lockstep_ready(start0, end0, form0, size) and lockstep_ready(start1, end1, form1, size):
+        n = min(block, n_frames - b * block)
+        nv0, vt0 = np.int64(values[p0]), np.int64(table_start[p0])
+        nv1, vt1 = np.int64(values[p1]), np.int64(table_start[p1])
+        load_tables(cum, p0, 0, nv0, vt0, lut, held, 1)
+        load_tables(cum, p1, 0, nv1, vt1, lut, held, 2)
+        c0, c1 = decode_value_pair(payload, start0, (end0 - start0) // 2, start1, (end1 - start1) // 2, n, nv0, vt0, nv1, vt1, cum, chunks,
+                                   maxval, val0, val1, lut, LUT_BYTES, 2 * LUT_BYTES)
+        return c0, True, c1, True
+    c0, d0 = decode_at(index, block_base, payload, b, p0, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                       pos0, val0, lut, held, 1)
+    if c0 < 0:
+        return c0, d0, 0, False
+    c1, d1 = decode_at(index, block_base, payload, b, p1, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                       pos1, val1, lut, held, 2)
+    return c0, d0, c1, d1
+
+
+@jit
+def failed(errors, item, b, p, cnt):
+    """Record a decode error (cnt < 0) of stream (b, p) in work item ``item``'s row; whether there was one."""
     if cnt < 0:
-        errors[b, 0] = cnt
-        errors[b, 1] = p
+        errors[item, 0] = cnt
+        errors[item, 1] = b
+        errors[item, 2] = p
     return cnt < 0
 
 
-@pjit
-def mask_sums_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pixels, weights, out, errors):
-    n_blocks = index.shape[0]
-    n_masks = weights.shape[0]
-    for b in numba.prange(n_blocks):
-        n = min(block, n_frames - b * block)
-        pos = np.empty(n, dtype=np.int64)
-        val = np.empty(n, dtype=weights.dtype)
-        acc = np.zeros((n_masks, n), dtype=weights.dtype)
-        for k in range(pixels.shape[0]):
-            p = pixels[k]
-            cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-            if failed(errors, b, p, cnt):
-                break
-            for m in range(n_masks):
-                w = weights[m, k]
-                if w == 0:
-                    continue
-                for j in range(cnt):
-                    acc[m, pos[j]] += w * val[j]
-        out[:, b * block : b * block + n] = acc
-
-
 def raise_errors(errors: np.ndarray) -> None:
-    """ValueError for the first malformed stream a kernel met (errors: (n_blocks, 2) code, pixel)."""
+    """ValueError for the first malformed stream a kernel met (errors: (n_items, 3) code, scan block, pixel)."""
     bad = np.flatnonzero(errors[:, 0] < 0)
     if bad.size:
-        b = int(bad[0])
-        code, p = int(errors[b, 0]), int(errors[b, 1])
+        code, b, p = (int(v) for v in errors[bad[0]])
         raise ValueError(f"malformed compressed stream (scan block {b}, detector pixel {p}): {ERRORS.get(code, 'unknown error')}")
 
 
@@ -578,11 +730,83 @@ def model_args(streams: Streams, model: Model) -> tuple:
     )
 
 
-def run_checked(loop, streams: Streams, model: Model, *args) -> None:
-    """``loop(model arguments, *args, errors)``, then ValueError for the first malformed stream it met."""
-    errors = np.zeros((streams.index.shape[0], 2), dtype=np.int64)
+def run_checked(loop, streams: Streams, model: Model, n_items: int, *args) -> None:
+    """``loop(model arguments, *args, errors)`` over ``n_items`` work items (a row of errors each), then
+    ValueError for the first malformed stream it met."""
+    errors = np.zeros((n_items, 3), dtype=np.int64)
     loop(*model_args(streams, model), *args, errors)
     raise_errors(errors)
+
+
+def lanes(n_work: int) -> int:
+    """Work items to split ``n_work`` independent pieces into: a few per Numba thread, so that uneven pieces
+    or a busy core leave little idle."""
+    return max(1, min(n_work, 4 * numba.get_num_threads()))
+
+
+@jit
+def scratch(block, dtype):
+    """(pos, val) buffers of three streams (one alone, a lockstep pair), the three table sets and what they hold."""
+    pos = np.empty((3, block), dtype=np.int64)
+    val = np.empty((3, block), dtype=dtype)
+    return pos, val, np.empty(3 * LUT_BYTES, dtype=np.uint8), np.full(3 * HELD, -1, dtype=np.int64)
+
+
+@jit
+def add_weighted(acc, k, weights, pos, val, cnt, dense):
+    """acc[m] += weights[m, k] * the stream's counts, for every mask m weighing pixel k."""
+    for m in range(weights.shape[0]):
+        w = weights[m, k]
+        if w == 0:
+            continue
+        row = acc[m]
+        if dense:
+            for j in range(cnt):
+                row[j] += w * val[j]
+        else:
+            for j in range(cnt):
+                row[pos[j]] += w * val[j]
+
+
+@pjit
+def mask_sums_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pixels, weights, part, errors):
+    """Work item (b, g): scan block b of every ``n_groups``-th mask pixel from g on, into part[g]; value-mode
+    pixels two at a time."""
+    n_blocks = index.shape[0]
+    n_groups = part.shape[0]
+    for item in numba.prange(n_blocks * n_groups):
+        b, g = item // n_groups, item % n_groups
+        n = min(block, n_frames - b * block)
+        acc = part[g, :, b * block : b * block + n]
+        acc[:] = 0
+        pos, val, lut, held = scratch(n, weights.dtype)
+        waiting = -1  # a value-mode pixel's k, waiting for a partner
+        for k in range(g, pixels.shape[0], n_groups):
+            p = pixels[k]
+            if run[p] == 0 and waiting < 0:
+                waiting = k
+                continue
+            if run[p] == 0:
+                q = pixels[waiting]
+                c0, d0, c1, d1 = decode_pair_at(index, block_base, payload, b, q, p, n_frames, block, run, values, table_start, cum, chunks,
+                                                itemsize, maxval, pos[1], val[1], pos[2], val[2], lut, held)
+                if failed(errors, item, b, q, c0) or failed(errors, item, b, p, c1):
+                    break
+                add_weighted(acc, waiting, weights, pos[1], val[1], c0, d0)
+                add_weighted(acc, k, weights, pos[2], val[2], c1, d1)
+                waiting = -1
+                continue
+            cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                   pos[0], val[0], lut, held, 0)
+            if failed(errors, item, b, p, cnt):
+                break
+            add_weighted(acc, k, weights, pos[0], val[0], cnt, dense)
+        if waiting >= 0 and errors[item, 0] == 0:
+            p = pixels[waiting]
+            cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                   pos[0], val[0], lut, held, 0)
+            if not failed(errors, item, b, p, cnt):
+                add_weighted(acc, waiting, weights, pos[0], val[0], cnt, dense)
 
 
 def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray, narrow: bool = False) -> np.ndarray:
@@ -597,32 +821,93 @@ def mask_sums(streams: Streams, model: Model, pixels: np.ndarray, weights: np.nd
 
 
 def mask_sums_async(streams: Streams, model: Model, pixels: np.ndarray, weights: np.ndarray, narrow: bool = False):
-    """:func:`mask_sums` as (out, done): ``done()`` raises for a malformed stream (here: already checked)."""
-    out = np.empty((weights.shape[0], model.n_frames), dtype=weights.dtype)
-    run_checked(mask_sums_loop, streams, model, np.asarray(pixels, dtype=np.int64), weights, out)
-    return out, lambda: None
+    """:func:`mask_sums` as (out, done): ``done()`` raises for a malformed stream (here: already checked).
+
+    With too few scan blocks to keep every thread busy, a block's mask pixels
+    are split into groups, each summed into a partial result of its own, then
+    added (integer sums wrap, so any order is exact).
+    """
+    pixels = np.asarray(pixels, dtype=np.int64)
+    n_blocks = streams.index.shape[0]
+    n_groups = max(1, min(pixels.size, -(-lanes(n_blocks * pixels.size) // max(n_blocks, 1))))
+    part = np.empty((n_groups, weights.shape[0], model.n_frames), dtype=weights.dtype)
+    run_checked(mask_sums_loop, streams, model, n_blocks * n_groups, pixels, np.ascontiguousarray(weights), part)
+    return (part[0] if n_groups == 1 else part.sum(axis=0, dtype=part.dtype)), lambda: None
+
+
+@jit
+def tally(total, pos, val, cnt, dense, sel, is_max):
+    """``total`` plus (or the max with) the counts of one stream at the frames its block selects (``sel``: multiplicities)."""
+    if is_max:
+        for j in range(cnt):
+            if sel[j if dense else pos[j]] and val[j] > total:
+                total = val[j]
+    elif dense:
+        for j in range(cnt):
+            total += val[j] * sel[j]
+    else:
+        for j in range(cnt):
+            total += val[j] * sel[pos[j]]
+    return total
+
+
+@jit
+def reduce_one(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, blocks, mult, is_max, out,
+               errors, t, p, pos, val, lut, held):
+    """out[p]: pixel p's sum or max over the selected scan blocks (table set 0)."""
+    total = np.uint64(0)
+    for k in range(blocks.shape[0]):
+        b = blocks[k]
+        cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                               pos[0], val[0], lut, held, 0)
+        if failed(errors, t, b, p, cnt):
+            return
+        total = tally(total, pos[0], val[0], cnt, dense, mult[b * block : b * block + block], is_max)
+    out[p] = total
+
+
+@jit
+def reduce_pair(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, blocks, mult, is_max, out,
+                errors, t, p0, p1, pos, val, lut, held):
+    """out[p0], out[p1] of two value-mode pixels, their streams decoded in lockstep."""
+    t0 = np.uint64(0)
+    t1 = np.uint64(0)
+    for k in range(blocks.shape[0]):
+        b = blocks[k]
+        c0, d0, c1, d1 = decode_pair_at(index, block_base, payload, b, p0, p1, n_frames, block, run, values, table_start, cum, chunks,
+                                        itemsize, maxval, pos[1], val[1], pos[2], val[2], lut, held)
+        if failed(errors, t, b, p0, c0) or failed(errors, t, b, p1, c1):
+            return
+        sel = mult[b * block : b * block + block]
+        t0 = tally(t0, pos[1], val[1], c0, d0, sel, is_max)
+        t1 = tally(t1, pos[2], val[2], c1, d1, sel, is_max)
+    out[p0] = t0
+    out[p1] = t1
 
 
 @pjit
 def roi_reduce_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, blocks, mult, is_max, out, errors):
+    """Work item t: every n_items-th pixel from t on; value-mode pixels two at a time."""
     frame_len = index.shape[1]
-    for p in numba.prange(frame_len):
-        pos = np.empty(block, dtype=np.int64)
-        val = np.empty(block, dtype=np.uint64)
-        total = np.uint64(0)
-        for k in range(blocks.shape[0]):
-            b = blocks[k]
-            cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-            if failed(errors, b, p, cnt):
+    n_items = errors.shape[0]
+    for t in numba.prange(n_items):
+        pos, val, lut, held = scratch(block, np.uint64)
+        waiting = -1  # a value-mode pixel waiting for a partner
+        for p in range(t, frame_len, n_items):
+            if run[p] != 0:
+                reduce_one(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, blocks, mult,
+                           is_max, out, errors, t, p, pos, val, lut, held)
+            elif waiting < 0:
+                waiting = p
+            else:
+                reduce_pair(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, blocks, mult,
+                            is_max, out, errors, t, waiting, p, pos, val, lut, held)
+                waiting = -1
+            if errors[t, 0] < 0:
                 break
-            for j in range(cnt):
-                m = mult[b * block + pos[j]]
-                if m:
-                    if is_max:
-                        total = max(total, val[j])
-                    else:
-                        total += val[j] * m
-        out[p] = total
+        if waiting >= 0 and errors[t, 0] == 0:
+            reduce_one(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, blocks, mult,
+                       is_max, out, errors, t, waiting, pos, val, lut, held)
 
 
 def roi_reduce(streams: Streams, model: Model, mult: np.ndarray, op: str) -> np.ndarray:
@@ -630,50 +915,62 @@ def roi_reduce(streams: Streams, model: Model, mult: np.ndarray, op: str) -> np.
     frame_len = streams.index.shape[1]
     blocks = np.flatnonzero(np.add.reduceat(mult, np.arange(0, model.n_frames, model.block)) > 0).astype(np.int64)
     out = np.zeros(frame_len, dtype=np.uint64)
-    run_checked(roi_reduce_loop, streams, model, blocks, mult.astype(np.uint64), op == "max", out)
+    run_checked(roi_reduce_loop, streams, model, lanes(frame_len), blocks, mult.astype(np.uint64), op == "max", out)
     return out
 
 
 @pjit
 def frame_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, f, out, errors):
+    """Work item t: every n_items-th pixel from t on, its stream of frame f's scan block."""
     b, i = f // block, f % block
-    for p in numba.prange(index.shape[1]):
-        pos = np.empty(block, dtype=np.int64)
-        val = np.empty(block, dtype=np.uint32)
-        cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-        if failed(errors, b, p, cnt):
-            continue
-        v = np.uint32(0)
-        for j in range(cnt):
-            if pos[j] == i:
-                v = val[j]
-        out[p] = v
+    frame_len = index.shape[1]
+    n_items = errors.shape[0]
+    for t in numba.prange(n_items):
+        pos, val, lut, held = scratch(block, np.uint32)
+        for p in range(t, frame_len, n_items):
+            cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                   pos[0], val[0], lut, held, 0)
+            if failed(errors, t, b, p, cnt):
+                break
+            v = np.uint32(0)
+            if dense:
+                v = val[0, i]
+            else:
+                for j in range(cnt):
+                    if pos[0, j] == i:
+                        v = val[0, j]
+            out[p] = v
 
 
 def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
     """The counts of frame ``index`` (frame_len,) as uint32."""
-    out = np.zeros(streams.index.shape[1], dtype=np.uint32)
-    run_checked(frame_loop, streams, model, int(index), out)
+    frame_len = streams.index.shape[1]
+    out = np.zeros(frame_len, dtype=np.uint32)
+    run_checked(frame_loop, streams, model, lanes(frame_len), int(index), out)
     return out
 
 
 @pjit
 def decode_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, first, last, lo, hi,
                 pixels, pixel_stride, frame_stride, out, errors):
-    n_blocks = last - first
+    """Work item t: every n_items-th pixel from t on, its streams of scan blocks first .. last - 1."""
     n_pix = pixels.shape[0]
-    for s in numba.prange(n_blocks * n_pix):
-        b, k = first + s // n_pix, s % n_pix
-        p = pixels[k]
-        pos = np.empty(block, dtype=np.int64)
-        val = np.empty(block, dtype=np.uint32)
-        cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-        if failed(errors, b, p, cnt):
-            continue
-        for j in range(cnt):
-            f = b * block + pos[j]
-            if f >= lo and f < hi:
-                out[k * pixel_stride + (f - lo) * frame_stride] = val[j]
+    n_items = errors.shape[0]
+    for t in numba.prange(n_items):
+        pos, val, lut, held = scratch(block, np.uint32)
+        for k in range(t, n_pix, n_items):
+            p = pixels[k]
+            for b in range(first, last):
+                cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                       pos[0], val[0], lut, held, 0)
+                if failed(errors, t, b, p, cnt):
+                    break
+                for j in range(cnt):
+                    f = b * block + (j if dense else pos[0, j])
+                    if f >= lo and f < hi:
+                        out[k * pixel_stride + (f - lo) * frame_stride] = val[0, j]
+            if errors[t, 0] < 0:
+                break
 
 
 def decoded_layout(frames: tuple[int, int] | None, n_frames: int, n_pix: int, pixel_major: bool):
@@ -695,7 +992,7 @@ def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bo
     lo, hi, shape, strides = decoded_layout(frames, model.n_frames, pixels.size, pixel_major)
     out = np.zeros(shape, dtype=dtype)
     if hi > lo:
-        run_checked(decode_loop, streams, model, lo // model.block, -(-hi // model.block), lo, hi, pixels, strides[0], strides[1],
+        run_checked(decode_loop, streams, model, lanes(pixels.size), lo // model.block, -(-hi // model.block), lo, hi, pixels, strides[0], strides[1],
                     out.reshape(-1))
     return out
 
@@ -721,7 +1018,7 @@ def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: 
     frame_len = streams.index.shape[1]
     lo, hi, strides = frames_target(frames, model.n_frames, frame_len, out, amplitude)
     if hi > lo:
-        run_checked(decode_loop, streams, model, lo // model.block, -(-hi // model.block), lo, hi, np.arange(frame_len, dtype=np.int64),
+        run_checked(decode_loop, streams, model, lanes(frame_len), lo // model.block, -(-hi // model.block), lo, hi, np.arange(frame_len, dtype=np.int64),
                     strides[0], strides[1], out.reshape(-1))
     if amplitude:
         np.sqrt(out, out=out)
@@ -735,16 +1032,21 @@ def fill_streams() -> int:
 
 @pjit
 def check_loop(index, block_base, payload, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, errors):
+    """Work item t: every n_items-th pixel from t on, its streams of every scan block."""
     n_blocks, frame_len = index.shape
-    for b in numba.prange(n_blocks):
-        pos = np.empty(block, dtype=np.int64)
-        val = np.empty(block, dtype=np.uint32)
-        for p in range(frame_len):
-            cnt = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val)
-            if failed(errors, b, p, cnt):
+    n_items = errors.shape[0]
+    for t in numba.prange(n_items):
+        pos, val, lut, held = scratch(block, np.uint32)
+        for p in range(t, frame_len, n_items):
+            for b in range(n_blocks):
+                cnt, _ = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
+                                   pos[0], val[0], lut, held, 0)
+                if failed(errors, t, b, p, cnt):
+                    break
+            if errors[t, 0] < 0:
                 break
 
 
 def check(streams: Streams, model: Model) -> None:
     """Decode every stream; ValueError at the first malformed one."""
-    run_checked(check_loop, streams, model)
+    run_checked(check_loop, streams, model, lanes(streams.index.shape[1]))
