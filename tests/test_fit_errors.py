@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
+from qgpu_dask.device import cupy_or_none
 from qgpu_dask.resident.dense import DenseCounts
 from qgpu_dask.ssb import calibration, fit, sideband, simulate
 from qgpu_dask.ssb.optics import wavelength_A
@@ -29,8 +30,9 @@ def acquisition(truth: dict, turn: int, seed: int, spacing_A: float) -> np.ndarr
     return np.ascontiguousarray(np.rot90(counts, turn, axes=(2, 3)))
 
 
-def resident(counts: np.ndarray) -> DenseCounts:
-    return DenseCounts("sim", counts.reshape(SCAN[0] * SCAN[1], -1), counts.shape)
+def resident(counts: np.ndarray, xp=np) -> DenseCounts:
+    """The counts as a dense resident of this process, on the device of array module ``xp``."""
+    return DenseCounts("sim", xp.asarray(counts.reshape(SCAN[0] * SCAN[1], -1)), counts.shape)
 
 
 def calibrate(r: DenseCounts, optics: qd.Optics) -> qd.Optics:
@@ -47,7 +49,7 @@ def fit_aberrations(r: DenseCounts, optics: qd.Optics, c10_range_A: float = 50.0
     def k_at(rotation_deg: float):
         return sideband.bright_field_pixels(optics.with_(rotation_deg=rotation_deg), r.det_shape)[1:]
 
-    return fit.fit(spec, k_at, optics, c10_range_A)["optics"]
+    return fit.fit(spec, k_at, optics, c10_range_A, r.xp)["optics"]
 
 
 def off(found: float, truth: float, period: float) -> float:
@@ -91,7 +93,8 @@ def test_fit_through_the_service_is_the_fit_here(svc, names):
     here = calibrate(resident(counts), optics)
     assert cal == here and cal.uncertainties["rotation_deg"] > 0
     fitted = acq.fit_aberrations(cal, c10_range_A=50.0)
-    assert fitted == fit_aberrations(resident(counts), here)
+    xp = cupy_or_none() if svc.backend == "gpu" else np  # the arithmetic of the shard, to the bit
+    assert fitted == fit_aberrations(resident(counts, xp), here)
     assert all(abs(fitted.aberrations[k] - truth[k]) <= 2 * fitted.uncertainties[k] for k in truth)
     moments = resident(counts).virtual_images(calibration.moment_masks(DET))
     assert np.array_equal(acq.dpc(fitted), calibration.dpc(moments, fitted))  # dpc turns the CoM by the fitted rotation
