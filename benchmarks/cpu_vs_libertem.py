@@ -425,6 +425,7 @@ def main(argv: list[str] | None = None) -> dict:
     omp_set = "OMP_NUM_THREADS" not in os.environ and not args.keep_omp_env
     if omp_set:
         os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["QGPU_DASK_CPU"] = "1"  # a comparison of CPU workers, also on a GPU node (the workers inherit it)
 
     info = make_file(path, args.dose, scan, det)
     masks = make_masks(det)

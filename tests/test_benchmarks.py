@@ -28,6 +28,7 @@ SCRIPTS = ["compressed", "cpu_vs_libertem", "direct_gpu", "gpu_dense", "live_gpu
 # What a small run may skip, saying so in its JSON's "skipped": every figure of the CUDA-only benchmarks on CPU
 # workers, and the other project's side of a comparison where that project is not installed.
 CUDA_ONLY = {"gpu_dense", "tensor_rates"}
+CPU_ONLY = {"cpu_vs_libertem"}  # a comparison of CPU workers, on any machine
 OTHER_PROJECT = {"ssb_vs_ptychography40": ("ptychography40/", "phases_correlation", "first_over_udf", "repeat_over_udf"),
                  "cpu_vs_libertem": ("libertem", "ratios/libertem", "all_equal")}
 # Figures read from JSON that an earlier version of the benchmark wrote (its layout since changed).
@@ -45,6 +46,8 @@ def gpus() -> int:
 def params():
     for script in SCRIPTS:
         yield pytest.param(script, "cpu", id=f"{script}-cpu")
+        if script in CPU_ONLY:
+            continue
         need = 2 if script == "multi_gpu" else 1
         yield pytest.param(script, "gpu", id=f"{script}-gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
             gpus() < need, reason=f"needs CuPy and {need} GPU(s)")])

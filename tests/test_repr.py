@@ -29,7 +29,8 @@ def test_acquisition_series_and_service(svc, names, rng):
 
     text = repr(svc)
     state = svc.state()
-    assert text.startswith(f"Service({len(state['shards'])} shards (cpu), {len(state['acquisitions'])} acquisitions, ")
+    kind = "cpu" if svc.backend == "cpu" else "cuda"
+    assert text.startswith(f"Service({len(state['shards'])} shards ({kind}), {len(state['acquisitions'])} acquisitions, ")
     assert text.endswith(" budget held)") and "array(" not in text
 
 
