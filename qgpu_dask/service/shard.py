@@ -147,7 +147,7 @@ class Shard:
         """ValueError ("<what_needs> <bytes>, but ...") before anything is allocated if ``nbytes`` more do not
         fit in the budget beside the residents, loads under way and reconstructions (kept phase preparations
         make room first)."""
-        used = sum(r.nbytes for r in self.residents.values()) + self.reserved + self.ptycho_bytes()
+        used = self.held_bytes()
         short = nbytes - (self.budget - used - self.prepared.nbytes)
         if short > 0:
             self.prepared.release(short)
@@ -156,11 +156,13 @@ class Shard:
             raise ValueError(f"{what_needs} {format_bytes(nbytes)}, but the shard on {self.address} has "
                              f"{format_bytes(max(free, 0))} free of its {format_bytes(self.budget)} budget")
 
+    def held_bytes(self) -> int:
+        """Bytes of the budget held by residents, loads under way and reconstructions."""
+        return sum(r.nbytes for r in self.residents.values()) + self.reserved + self.ptycho_bytes()
+
     def free_bytes(self) -> int:
-        """Bytes of the budget not held by residents, loads under way or reconstructions (kept phase
-        preparations make room when asked, so they count as free)."""
-        used = sum(r.nbytes for r in self.residents.values()) + self.reserved + self.ptycho_bytes()
-        return max(self.budget - used, 0)
+        """Bytes of the budget not held (kept phase preparations make room when asked, so they count as free)."""
+        return max(self.budget - self.held_bytes(), 0)
 
     def choose_layout(self, representation: str, shape, dtype) -> tuple[int, Callable[[DenseCounts], Layout]]:
         """(bytes to reserve, the layout for the dense counts once they are read) of a new resident: "auto"
