@@ -4,6 +4,7 @@ notebooks), shown only once the call has run ``DELAY`` seconds, so quick calls p
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from typing import Any, Callable
 
 from tqdm.auto import tqdm
@@ -19,10 +20,11 @@ def waited(future: concurrent.futures.Future | QueryFuture, desc: str, total: fl
     """``future.result()``; while it runs, a bar of ``count()`` (polled; coarse progress reported by the
     worker) out of ``total``, or of the time alone without ``count``."""
     inner = future.future if isinstance(future, QueryFuture) else future
+    shown = time.monotonic() + DELAY  # no look at the count before the bar shows (each may be a round trip)
     with tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024, delay=DELAY, disable=not enabled) as bar:
         while not concurrent.futures.wait([inner], timeout=POLL).done:
             seen = bar.n
-            if count is not None:
+            if count is not None and enabled and time.monotonic() >= shown:
                 try:
                     seen = count()
                 except Exception:  # progress is a courtesy: a failed look leaves the bar where it was
