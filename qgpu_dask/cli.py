@@ -35,9 +35,14 @@ def timed(fn, repeat: int = 5) -> tuple[object, float]:
 CHECK_BYTES = 64 * 2**20  # uint64 counts the demo's check holds at once
 
 
+def block_rows(scan_cols: int, frame_len: int) -> int:
+    """Scan rows whose counts take at most CHECK_BYTES as uint64 (at least one)."""
+    return max(1, CHECK_BYTES // (scan_cols * frame_len * 8))
+
+
 def write_crystal(path: Path, scan: tuple[int, int], det: tuple[int, int], dose: float, seed: int) -> None:
     """A synthetic crystal acquisition as /entry/data of an HDF5 file, written a few scan rows at a time."""
-    rows = max(1, CHECK_BYTES // (scan[1] * det[0] * det[1] * 8))
+    rows = block_rows(scan[1], det[0] * det[1])
     with h5py.File(path, "w") as f:
         data = f.create_dataset("/entry/data", shape=scan + det, dtype="uint16", chunks=(1, scan[1]) + det)
         for r0 in range(0, scan[0], rows):
@@ -53,7 +58,7 @@ def exact_against_numpy(path: Path, images: np.ndarray, stack: list[np.ndarray],
     with h5py.File(path, "r") as f:
         data = f["/entry/data"]
         scan_cols, frame_len = data.shape[1], data.shape[2] * data.shape[3]
-        rows = max(1, CHECK_BYTES // (scan_cols * frame_len * 8))
+        rows = block_rows(scan_cols, frame_len)
         for r0 in range(0, data.shape[0], rows):
             block = data[r0 : r0 + rows].reshape(-1, frame_len).astype(np.uint64)
             n = block.shape[0] // scan_cols
