@@ -53,7 +53,7 @@ from timing import timed
 
 import qgpu_dask as qd
 from qgpu_dask.io.synthetic import crystal, crystal_geometry
-from qgpu_dask.ssb import calibration
+from qgpu_dask.phase import calibration
 
 SHAPES = {"full": ((64, 64), (128, 128)), "small": ((8, 8), (32, 32))}
 DATASET = "/data"

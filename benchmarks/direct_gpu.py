@@ -28,9 +28,9 @@ import numpy as np
 
 import qgpu_dask as qd
 from qgpu_dask.device import cupy_or_none
-from qgpu_dask.ssb import direct, simulate
-from qgpu_dask.ssb.calibration import correlation
-from qgpu_dask.ssb.optics import TERMS, interaction_constant, wavelength_A
+from qgpu_dask.phase import direct, simulate
+from qgpu_dask.phase.calibration import correlation
+from qgpu_dask.phase.optics import TERMS, interaction_constant, wavelength_A
 
 import record
 from ssb_gpu import write_tiled
@@ -44,8 +44,8 @@ def owner_stages(resident, optics, u: int, rows: int) -> dict:
     """On the owner, stage by stage (ms, second calls: the first compiles), and the Gram and right side of the
     first ``rows`` frequencies of each alias group against the CPU twin (float64)."""
     from qgpu_dask.device import to_host
-    from qgpu_dask.ssb import cpu, direct, sideband
-    from qgpu_dask.ssb.optics import chi, chi_table
+    from qgpu_dask.phase import cpu, direct, sideband
+    from qgpu_dask.phase.optics import chi, chi_table
 
     xp = resident.xp
     clock = device_clock(xp)

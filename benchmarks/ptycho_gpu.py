@@ -6,7 +6,7 @@ A resident of Poisson counts (``--scan`` x ``--scan`` positions, ``--det`` x ``-
   per second, against a plain read of the dense counts (the device's bandwidth in practice); compressed
   amplitudes also at the ``--feed-doses`` (the decoder's cost grows with the nonzero counts);
 - each step of one batch (``stages_us_per_batch``);
-- one pass of ``ptycho.update.frame_pass`` over all positions (a scan step of 2 object pixels): fed from
+- one pass of ``phase.iterative.update.frame_pass`` over all positions (a scan step of 2 object pixels): fed from
   the compressed resident's counts as the shards feed it, and with the blocks made beforehand (the update
   alone), so the overlap of feed and update is (feed + update - fed pass) / feed.
 
@@ -22,7 +22,7 @@ import numpy as np
 
 import qgpu_dask as qd
 from qgpu_dask.device import array_module
-from qgpu_dask.ptycho import geometry, update
+from qgpu_dask.phase.iterative import geometry, update
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.dense import DenseCounts
 

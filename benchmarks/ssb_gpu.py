@@ -1,6 +1,6 @@
 """SSB on the GPU: calibrate, first ssb (preparation included), ssb after a C10 change, fit_aberrations, a series.
 
-A 64 x 64 scan of a crystal (``qgpu_dask.ssb.simulate``: 300 kV, 30 mrad,
+A 64 x 64 scan of a crystal (``qgpu_dask.phase.simulate``: 300 kV, 30 mrad,
 0.52 A step, C10 = -50 A, C12 = 10 A, Poisson counts, 192 x 192 detector, a
 bright-field disk of radius ~51 px: about 8000 pixels) is tiled to a
 512 x 512 scan (19.3 GB of uint16) in an HDF5 file and loaded dense. Timed
@@ -30,9 +30,9 @@ import numpy as np
 
 import qgpu_dask as qd
 from qgpu_dask.device import cupy_or_none
-from qgpu_dask.ssb import simulate
-from qgpu_dask.ssb.calibration import correlation
-from qgpu_dask.ssb.optics import interaction_constant, wavelength_A
+from qgpu_dask.phase import simulate
+from qgpu_dask.phase.calibration import correlation
+from qgpu_dask.phase.optics import interaction_constant, wavelength_A
 
 import record
 from timing import device_clock, median_ms
@@ -42,7 +42,7 @@ TRUTH = {"C10": -50.0, "C12": 10.0, "phi12": 0.3}
 
 def stages(resident, optics) -> dict:
     """On the owner: the preparation and the final step of one ssb, stage by stage (ms), and one read of the counts."""
-    from qgpu_dask.ssb import sideband
+    from qgpu_dask.phase import sideband
 
     xp = resident.xp
     clock = device_clock(xp)

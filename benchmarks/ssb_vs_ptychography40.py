@@ -1,7 +1,7 @@
 """SSB on CPU workers against ptychography40's SSB_UDF (LiberTEM) on the same simulated acquisition.
 
 A 64 x 64 scan x 64 x 64 detector acquisition of a phase object in focus
-(``qgpu_dask.ssb.simulate``, 300 kV, 20 mrad, 0.5 A step, Poisson counts of
+(``qgpu_dask.phase.simulate``, 300 kV, 20 mrad, 0.5 A step, Poisson counts of
 1e5 electrons per position). In the same run:
 our ``acq.ssb`` (first call, preparation included, and a repeat) on a
 one-worker CPU cluster, then ptychography40's trotter masks (timed alone) and
@@ -24,9 +24,9 @@ import time
 import numpy as np
 
 import qgpu_dask as qd
-from qgpu_dask.ssb import simulate
-from qgpu_dask.ssb.calibration import correlation
-from qgpu_dask.ssb.optics import interaction_constant, wavelength_A
+from qgpu_dask.phase import simulate
+from qgpu_dask.phase.calibration import correlation
+from qgpu_dask.phase.optics import interaction_constant, wavelength_A
 
 import record
 

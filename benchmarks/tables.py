@@ -134,8 +134,8 @@ COMPRESSED = ["qgpu_dask/resident/compressed.py", "qgpu_dask/resident/cpu/compre
               "kernels/compressed.cu", "qgpu_dask/formats"]
 SERVICE = ["qgpu_dask/service", "qgpu_dask/resident/base.py"]
 LOADS = ["qgpu_dask/io/load.py", "qgpu_dask/io/hdf5.py", "qgpu_dask/io/npy.py", "qgpu_dask/resident/staging.py"]
-SSB = ["qgpu_dask/ssb/calibration.py", "qgpu_dask/ssb/cpu.py", "qgpu_dask/ssb/cuda.py", "qgpu_dask/ssb/fit.py", "qgpu_dask/ssb/optics.py",
-       "qgpu_dask/ssb/sideband.py", "kernels/ssb.cu"]
+SSB = ["qgpu_dask/phase/calibration.py", "qgpu_dask/phase/cpu.py", "qgpu_dask/phase/cuda.py", "qgpu_dask/phase/fit.py", "qgpu_dask/phase/optics.py",
+       "qgpu_dask/phase/sideband.py", "kernels/ssb.cu"]
 
 # The code each benchmark measures (package paths): a change to one after a result's commit marks its figures stale.
 # The simulators and NumPy references the benchmarks use are not listed; tensor_rates measures the GPU's units alone.
@@ -149,8 +149,8 @@ MEASURES: dict[str, list[str]] = {
     "ssb_vs_ptychography40": SSB,
     "multi_gpu": SERVICE + DENSE + COMPRESSED + LOADS,
     "ssb_gpu": SSB + DENSE + COMPRESSED,
-    "direct_gpu": SSB + ["qgpu_dask/ssb/direct.py"],
-    "ptycho_gpu": ["qgpu_dask/ptycho", "kernels/ptycho.cu", "qgpu_dask/resident/feed.py"] + COMPRESSED,
+    "direct_gpu": SSB + ["qgpu_dask/phase/direct.py"],
+    "ptycho_gpu": ["qgpu_dask/phase/iterative", "kernels/ptycho.cu", "qgpu_dask/resident/feed.py"] + COMPRESSED,
     "live_gpu": ["qgpu_dask/resident/live.py", "qgpu_dask/io/stream.py", "qgpu_dask/io/source.py", "qgpu_dask/io/frames.py",
                  "kernels/bitshuffle_lz4.cu", "qgpu_dask/cli.py"] + COMPRESSED + SERVICE,
     "tensor_rates": [],

@@ -12,8 +12,8 @@ from .formats.png import save_png
 from .io.load import inspect_file as inspect
 from .io.stream import TcpSource
 from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
-from .ssb.direct import DirectResult
-from .ssb.optics import Optics
+from .phase.direct import DirectResult
+from .phase.optics import Optics
 
 __all__ = ["Acquisition", "DirectResult", "Optics", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "device", "inspect", "masks", "ptycho", "samples", "save_png"]
 __version__ = "0.1.0"

@@ -19,7 +19,7 @@ from .io.source import Source
 from .io.stream import serve
 from .io.synthetic import crystal, crystal_geometry
 from .service import Service
-from .ssb.calibration import icom
+from .phase.calibration import icom
 
 
 def timed(fn, repeat: int = 5) -> tuple[object, float]:

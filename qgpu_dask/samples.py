@@ -29,8 +29,8 @@ import zarr
 
 from .io.empad import STORED_ROWS
 from .io.synthetic import crystal
-from .ssb import simulate
-from .ssb.optics import Optics
+from .phase import simulate
+from .phase.optics import Optics
 
 SCAN = (16, 16)
 DET = (192, 192)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.ssb.calibration import correlation
-from qgpu_dask.ssb.optics import interaction_constant, wavelength_A
+from qgpu_dask.phase.calibration import correlation
+from qgpu_dask.phase.optics import interaction_constant, wavelength_A
 
 A = 3.905  # SrTiO3 lattice constant, A
 CELLS, POSITIONS = 4, 40

@@ -7,8 +7,8 @@ import pytest
 
 import qgpu_dask as qd
 from qgpu_dask.io.synthetic import crystal, crystal_geometry, projected_potential
-from qgpu_dask.ssb import calibration
-from qgpu_dask.ssb.optics import chi, grad_chi, interaction_constant, wavelength_A
+from qgpu_dask.phase import calibration
+from qgpu_dask.phase.optics import chi, grad_chi, interaction_constant, wavelength_A
 
 SCAN, DET = (48, 48), (40, 40)
 

@@ -9,10 +9,10 @@ import pytest
 
 import qgpu_dask as qd
 from conftest import cupy_available
-from qgpu_dask.ssb import cpu, direct, simulate
-from qgpu_dask.ssb.calibration import correlation
-from qgpu_dask.ssb.optics import chi, chi_table, interaction_constant, probe_spectrum
-from qgpu_dask.ssb.sideband import Spectrum
+from qgpu_dask.phase import cpu, direct, simulate
+from qgpu_dask.phase.calibration import correlation
+from qgpu_dask.phase.optics import chi, chi_table, interaction_constant, probe_spectrum
+from qgpu_dask.phase.sideband import Spectrum
 
 OPTICS = qd.Optics(300e3, 20.0, 1.0, det_sampling_mrad=1.0, rotation_deg=0.0, flip=False, bf_center_px=(0.0, 0.0),
                    aberrations={"C10": -50.0, "C12": 20.0, "phi12": 0.3})
@@ -240,7 +240,7 @@ def test_complex_method_sees_absorption(svc, names, coarse_scan):
 def test_cuda_normal_equations_against_the_cpu_twin(complex_method):
     import cupy
 
-    from qgpu_dask.ssb import cuda
+    from qgpu_dask.phase import cuda
 
     ky, kx = bright_field(OPTICS)
     rng = np.random.default_rng(5)
@@ -264,7 +264,7 @@ def test_cuda_normal_equations_with_many_aliases():
     passes over the pixels and fewer warps per block (its buffer is large), still the twin's equations."""
     import cupy
 
-    from qgpu_dask.ssb import cuda
+    from qgpu_dask.phase import cuda
 
     optics = qd.Optics(300e3, 40.0, 1.0, det_sampling_mrad=2.0, rotation_deg=0.0, flip=False, bf_center_px=(0.0, 0.0),
                        aberrations={"C10": -50.0, "C30": 1e4})

@@ -1,5 +1,5 @@
 """Whether the numbers of calibrate and fit_aberrations can be trusted: their quoted standard errors against the
-truth of simulated acquisitions (``qgpu_dask.ssb.simulate``).
+truth of simulated acquisitions (``qgpu_dask.phase.simulate``).
 
 Most fits run in this process on a real CPU resident with the functions the shard calls (``calibration``,
 ``sideband``, ``fit``), so that 20 of them fit in CI's time; one goes through the service and must give the
@@ -14,8 +14,8 @@ import pytest
 import qgpu_dask as qd
 from qgpu_dask.device import cupy_or_none
 from qgpu_dask.resident.dense import DenseCounts
-from qgpu_dask.ssb import calibration, fit, sideband, simulate
-from qgpu_dask.ssb.optics import wavelength_A
+from qgpu_dask.phase import calibration, fit, sideband, simulate
+from qgpu_dask.phase.optics import wavelength_A
 
 SCAN, DET, OVER, STEP, DOSE = (16, 16), (32, 32), 4, 0.5, 1e5
 SAMPLING = wavelength_A(300e3) * 1e3 / (SCAN[0] * STEP)  # the simulation's detector sampling, mrad per pixel

@@ -10,7 +10,7 @@ import qgpu_dask as qd
 from qgpu_dask.resident.compressed import MIN_RATIO, estimated_ratio
 from qgpu_dask.resident.dense import DenseCounts
 from qgpu_dask.service.layout import choose
-from qgpu_dask.ssb.calibration import moment_masks
+from qgpu_dask.phase.calibration import moment_masks
 
 MIB = 2**20
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.ssb import simulate
-from qgpu_dask.ssb.calibration import correlation
-from qgpu_dask.ssb.optics import interaction_constant
+from qgpu_dask.phase import simulate
+from qgpu_dask.phase.calibration import correlation
+from qgpu_dask.phase.optics import interaction_constant
 
 from conftest import BACKENDS, cupy_available, make_service
 from test_recovery import wait_for, worker_pid
@@ -160,8 +160,8 @@ def test_a_lost_worker_resumes_from_the_last_checkpoint(backend, crystal, tmp_pa
 
 def test_detector_axes_turned_against_the_scan():
     """Scan vectors go to detector axes by the inverse of calibration.to_scan, for any turn and flip."""
-    from qgpu_dask.ptycho.geometry import to_detector
-    from qgpu_dask.ssb.calibration import to_scan
+    from qgpu_dask.phase.iterative.geometry import to_detector
+    from qgpu_dask.phase.calibration import to_scan
 
     vectors = np.random.default_rng(2).normal(size=(2, 50))
     for rotation in (0.0, 33.0, -90.0, 180.0):
@@ -187,9 +187,9 @@ def test_cuda_batch_kernels_match_their_twins(window):
     """Irregular, repeated windows; more positions than a gather block lists at once (256)."""
     import cupy
 
-    from qgpu_dask.ptycho import cpu, cuda
-    from qgpu_dask.ptycho.geometry import Geometry
-    from qgpu_dask.ptycho.update import batch_of
+    from qgpu_dask.phase.iterative import cpu, cuda
+    from qgpu_dask.phase.iterative.geometry import Geometry
+    from qgpu_dask.phase.iterative.update import batch_of
 
     rng = np.random.default_rng(5)
     corners = rng.integers(0, 40, (400, 2))

@@ -1,6 +1,6 @@
 """Single-sideband phase through the service, on a wave-optical simulation of a known object.
 
-The simulation (``qgpu_dask.ssb.simulate``) is our own forward model; the
+The simulation (``qgpu_dask.phase.simulate``) is our own forward model; the
 abTEM comparison the issue asks for is still to come. Phases are compared
 with the object's phase band-limited to the scan grid.
 """
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.ssb import simulate
-from qgpu_dask.ssb.calibration import correlation
-from qgpu_dask.ssb.optics import interaction_constant, wavelength_A
+from qgpu_dask.phase import simulate
+from qgpu_dask.phase.calibration import correlation
+from qgpu_dask.phase.optics import interaction_constant, wavelength_A
 
 SCAN, DET, OVER, STEP = (32, 32), (64, 64), 4, 0.5
 ABERRATED = {"C10": -60.0, "C12": 20.0, "phi12": 0.5}

@@ -10,8 +10,8 @@ from conftest import cupy_available
 from qgpu_dask import Optics
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.dense import DenseCounts
-from qgpu_dask.ssb import cpu, sideband, simulate
-from qgpu_dask.ssb.optics import chi, chi_table, probe_spectrum
+from qgpu_dask.phase import cpu, sideband, simulate
+from qgpu_dask.phase.optics import chi, chi_table, probe_spectrum
 
 needs_gpu = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
 OPTICS = Optics(300e3, 25.0, 0.4, aberrations={"C10": -80.0, "C12": 30.0, "phi12": 0.4, "C21": 900.0, "phi21": 1.0, "C30": 2e5})
@@ -99,7 +99,7 @@ def test_cpu_sideband_sum_against_the_plain_sum():
 def test_cuda_sideband_sum_against_the_cpu_twin():
     import cupy
 
-    from qgpu_dask.ssb import cuda
+    from qgpu_dask.phase import cuda
 
     G, ky, kx, dqy, dqx, kmax = sideband_inputs(3)
     args = (chi(kx, ky, OPTICS), chi_table(OPTICS), dqy, dqx, kmax**2, sideband.GAMMA_FLOOR)

@@ -21,8 +21,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..resident.feed import check_count
-from ..ssb.optics import Optics
-from . import geometry, update
+from ..phase.optics import Optics
+from ..phase.iterative import geometry, update
 
 RESTARTS = 3  # restarts from a checkpoint after lost state, before giving up
 

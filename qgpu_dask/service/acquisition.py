@@ -18,9 +18,9 @@ from dask.utils import format_bytes
 from ..resident import combine_parts, finish_reduce
 from ..resident.base import AcquisitionShape
 from ..resident.masks import as_mask_stack
-from ..ssb import calibration, direct
-from ..ssb.optics import Optics
-from ..ssb.parallax import check_upsampling
+from ..phase import calibration, direct
+from ..phase.optics import Optics
+from ..phase.parallax import check_upsampling
 from .calls import QueryFuture
 from .progress import waited
 

@@ -27,14 +27,14 @@ from ..io.load import describe, inspect, read_compressed, read_dense
 from ..io.saved import describe_saved, open_resident, save_resident
 from ..io.source import Source, detect_format, open_reader
 from ..io.stream import TcpSource
-from ..ptycho import geometry, update
+from ..phase.iterative import geometry, update
 from ..resident import DenseCounts, Resident, combine_parts, feed, mask_weights
 from ..resident.base import Plan, check_dtype, check_shape
 from ..resident.compressed import CompressedCounts, estimated_ratio
 from ..resident.live import LiveCounts, check_live_representation, start_bytes
-from ..ssb import direct, fit, parallax, sideband
-from ..ssb.direct import DirectResult
-from ..ssb.optics import Optics
+from ..phase import direct, fit, parallax, sideband
+from ..phase.direct import DirectResult
+from ..phase.optics import Optics
 from .layout import Layout, check_representation, check_saved_representation, choose
 from .maskcache import MaskCache
 from .preparedcache import PreparedCache, pixels_key
@@ -479,7 +479,7 @@ class Shard:
         return spec, ky, kx
 
     async def parallax(self, names: list[str], optics: Optics, upsampling: int) -> list[np.ndarray]:
-        """Contrast-corrected tilt-corrected bright field of each resident (``ssb.parallax``), float32."""
+        """Contrast-corrected tilt-corrected bright field of each resident (``phase.parallax``), float32."""
         residents = [self.resident(n) for n in names]
 
         def compute() -> list[np.ndarray]:
@@ -493,7 +493,7 @@ class Shard:
         return await self.run_in(self.queries, compute)
 
     async def fit_aberrations(self, names: list[str], optics: Optics, c10_range_A: float) -> list[dict]:
-        """Rotation, defocus and twofold astigmatism of each resident by the coherent SSB signal (``ssb.fit``)."""
+        """Rotation, defocus and twofold astigmatism of each resident by the coherent SSB signal (``phase.fit``)."""
         residents = [self.resident(n) for n in names]
 
         def compute() -> list[dict]:
@@ -509,7 +509,7 @@ class Shard:
         return await self.run_in(self.queries, compute)
 
     async def direct_ptycho(self, names: list[str], optics: Optics, method: str, upsampling, strength: float) -> list[DirectResult]:
-        """Regularized direct ptychography of each resident (``ssb.direct``). Its equations are kept per
+        """Regularized direct ptychography of each resident (``phase.direct``). Its equations are kept per
         acquisition, optics and upsampling, for each method: a strength change only re-solves; another
         optics or upsampling drops both methods' equations."""
         residents = [self.resident(n) for n in names]
@@ -580,7 +580,7 @@ class Shard:
 
     async def ptycho_pass(self, names: list[str], run: str, probe: np.ndarray, batch: int, depth: int, step: float) -> list[update.Pass]:
         """One pass over each resident's scan positions, its object updated in place with ``probe``; the
-        probe's sums of each (``ptycho.update``)."""
+        probe's sums of each (``phase.iterative.update``)."""
         residents = [self.resident(n) for n in names]
         states = [self.reconstruction(run, n) for n in names]
 

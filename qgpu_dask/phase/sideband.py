@@ -10,7 +10,7 @@ sum |Gamma|, gives i Phi(Q); the phase image is Re IFFT(-i Psi), mean 0.
 
 The counts are real, so G(k, -Q) = conj G(k, Q) and Gamma(k, -Q) = -conj Gamma(k, Q):
 half of the scan frequencies (an rfft2) carry everything. The sum over pixels
-is one fused kernel (``ssb.cuda``, twin ``ssb.cpu``).
+is one fused kernel (``phase.cuda``, twin ``phase.cpu``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Spectrum:
 
 
 def sum_kernels(xp):
-    """The SSB kernels (sideband sum, normal equations) for ``xp``'s arrays: ``ssb.cpu`` or ``ssb.cuda``."""
+    """The SSB kernels (sideband sum, normal equations) for ``xp``'s arrays: ``phase.cpu`` or ``phase.cuda``."""
     if xp is np:
         from . import cpu
 

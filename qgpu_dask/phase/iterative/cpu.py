@@ -1,4 +1,4 @@
-"""One batch of a ptychographic pass in NumPy: the CPU twins of ``qgpu_dask.ptycho.cuda`` (kernels/ptycho.cu).
+"""One batch of a ptychographic pass in NumPy: the CPU twins of ``qgpu_dask.phase.iterative.cuda`` (kernels/ptycho.cu).
 
 A batch is positions [first, first + n) of a frame whose windows (the probe's shape, R x C) have their top-left
 object pixels at ``corners`` (n_positions, 2); ``box`` = (row0, row1, col0, col1) is the part of the object the

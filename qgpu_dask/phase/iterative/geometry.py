@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ssb.calibration import to_scan
-from ..ssb.optics import Optics, probe_spectrum
+from ..calibration import to_scan
+from ..optics import Optics, probe_spectrum
 
 
 @dataclass(frozen=True)

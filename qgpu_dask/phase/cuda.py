@@ -1,4 +1,4 @@
-"""The SSB kernels on the GPU (kernels/ssb.cu), twins of ``qgpu_dask.ssb.cpu``: the sideband sum over
+"""The SSB kernels on the GPU (kernels/ssb.cu), twins of ``qgpu_dask.phase.cpu``: the sideband sum over
 bright-field pixels and the normal equations of direct ptychography.
 
 Same contracts as the CPU twins (see their docstrings). chi and Gamma are evaluated in float32 registers
@@ -83,7 +83,7 @@ def patch_order(ky, kx) -> cupy.ndarray:
 
 
 def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
-    """The twin of ``ssb.cpu.normal_equations`` (see there): Gram and right side of each listed frequency,
+    """The twin of ``phase.cpu.normal_equations`` (see there): Gram and right side of each listed frequency,
     complex128 on the device, summed in float64 from float32 transfers. The kernel takes the pixels in
     ``patch_order`` (for speed only) and writes Y^T Y, which ``normal_gram`` turns into the two."""
     n_pix = G.shape[0]

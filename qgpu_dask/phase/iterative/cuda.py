@@ -1,4 +1,4 @@
-"""One batch of a ptychographic pass on the GPU (kernels/ptycho.cu and cuFFT), twins of ``qgpu_dask.ptycho.cpu``.
+"""One batch of a ptychographic pass on the GPU (kernels/ptycho.cu and cuFFT), twins of ``qgpu_dask.phase.iterative.cpu``.
 
 Same contracts (see its docstrings), with ``corners`` a device array. Sums run in a fixed order without atomics:
 the probe's per group of PER_GROUP positions, the groups then added in order; the object's per pixel, in
@@ -13,7 +13,7 @@ import cupy
 import cupyx.scipy.fft
 import numpy as np
 
-from .. import compile
+from ... import compile
 from .cpu import Batch
 
 THREADS = 256  # kernels/ptycho.cu object_update's tile: TILE_COLS x TILE_ROWS

@@ -2,7 +2,7 @@
 of direct ptychography (``normal_equations``, contract in its docstring).
 
 Contract of ``sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor)``, shared with
-``qgpu_dask.ssb.cuda``: it takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each
+``qgpu_dask.phase.cuda``: it takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each
 bright-field pixel's image), the pixels' k_y, k_x (1/A, scan axes) and chi there, the aberration table of
 ``optics.chi_table``, the scan frequency steps, the squared aperture radius (1/A^2) and the |Gamma| floor,
 and returns (sum_k G conj(Gamma) / |Gamma| complex128, sum_k |Gamma| float64), each (rows, half_cols),
@@ -117,7 +117,7 @@ def normal_equations_loop(G, ky, kx, weights, chi_k, table, freq, alias_q, compl
 def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
     """For the frequencies ``freq`` (flat indices into G's half spectrum, G (n_pix, rows, half_cols)), each with
     the aliases ``alias_q`` (n, D, 2) (1/A, (q_y, q_x)): the Gram T^H W T (n, C, C) and right side T^H W g
-    (n, C) of the direct-ptychography model (``ssb.direct``), complex128, with one column per alias (phase
+    (n, C) of the direct-ptychography model (``phase.direct``), complex128, with one column per alias (phase
     method: i Gamma / u^2) or two (complex method: Gamma_plus / u^2, then Gamma_minus / u^2)."""
     n_pix = G.shape[0]
     n, d = alias_q.shape[:2]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..device import to_host
+from ...device import to_host
 from .cpu import Batch
 from .geometry import Geometry
 
