@@ -50,7 +50,7 @@ from qgpu_dask.device import array_module
 from qgpu_dask.resident import DenseCounts
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.masks import mask_weights
-from qgpu_dask.service.shard import run_together
+from qgpu_dask.queries.virtual_images import run_together
 
 TARGETS = {"bound_ratio_max": 1.10, "virtual_image_over_read_max": 0.5, "moving_ms_per_acquisition_max": 0.3,
            "frame_ms_max": 2.0, "encode_GBps_min": 20.0}

@@ -8,8 +8,8 @@ annulus; the sum pattern; the centre of mass):
   its centre set to the bright-field disk centre qgpu-dask uses;
 - NumPy: h5py read of the whole dataset plus ``np.tensordot`` with uint32 masks (the virtual image), and
   the exact references of the other two;
-- qgpu-dask: ``svc.load`` once in the default layout (what representation="auto" picks, named with its
-  reason in the JSON) and once compressed (representation="compressed"), then ``acq.virtual_images``,
+- qgpu-dask: ``svc.load`` once in the default layout (what layout="auto" picks, named with its
+  reason in the JSON) and once compressed (layout="compressed"), then ``acq.virtual_images``,
   ``acq.reduce(op="sum")`` and ``acq.center_of_mass()`` on the resident acquisition, with 1 and with 2
   CPU workers.
 
@@ -282,7 +282,7 @@ def qgpu_run(info: dict, masks: dict[str, np.ndarray], n_workers: int, repeats: 
     with qd.Service.local(n_workers=n_workers, dashboard_address=":0") as svc:
         for layout, representation in (("default", "auto"), ("compressed", "compressed")):
             t0 = time.perf_counter()
-            acq = svc.load(info["path"], dataset=info["dataset"], name=layout, representation=representation)
+            acq = svc.load(info["path"], dataset=info["dataset"], name=layout, layout=representation)
             load_s = time.perf_counter() - t0
             record = acq.info()
             queries, arrays = query_times(acq, stack, repeats, info["file_bytes"])
@@ -290,7 +290,7 @@ def qgpu_run(info: dict, masks: dict[str, np.ndarray], n_workers: int, repeats: 
                                "ratio": record["raw_bytes"] / record["nbytes"], "load_s": load_s,
                                "load_gb_per_s": info["file_bytes"] / load_s / 1e9, "queries": queries, "arrays": arrays}
             if layout == "default":
-                pings, _ = timed(lambda: svc.call(acq.owner, "ping").result(), repeats, warmup=3)
+                pings, _ = timed(lambda: svc.router.call(acq.owner, "ping").result(), repeats, warmup=3)
                 noops, _ = timed(lambda: svc.submit(noop, acq).result(), repeats, warmup=3)
                 weights = mask_weights(np.stack(stack), acq.det_shape, acq.dtype)
                 worker = svc.submit(worker_kernel, acq, weights, repeats).result()

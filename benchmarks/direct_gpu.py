@@ -108,7 +108,7 @@ def main() -> None:
     results: dict = {"scan": list(size), "simulated_scan": list(scan), "det": list(det), "scan_step_A": step, "semiangle_mrad": semiangle,
                      "upsampling": u, "auto_upsampling": direct.auto_upsampling(optics), "aberration_terms": len(TERMS)}
     with tempfile.TemporaryDirectory() as tmp, qd.Service.local() as svc:
-        acq = svc.load(write_tiled(Path(tmp) / "direct.h5", counts, size), dataset="/data", name="direct", representation="dense", progress=False)
+        acq = svc.load(write_tiled(Path(tmp) / "direct.h5", counts, size), dataset="/data", name="direct", layout="dense", progress=False)
         shifted = optics.with_(bf_center_px=(det[0] // 2 + 0.5, det[1] // 2))  # other pixels, another G: compiles the kernels
         for method in direct.METHODS:
             t0 = time.perf_counter()

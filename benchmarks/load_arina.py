@@ -124,7 +124,7 @@ def main() -> int:
                 times = []
                 for r in range(args.repeats):
                     t0 = time.perf_counter()
-                    acq = svc.load(master, name=f"{representation}-{r}", scan_shape=scan, representation=representation)
+                    acq = svc.load(master, name=f"{representation}-{r}", scan_shape=scan, layout=representation)
                     times.append(time.perf_counter() - t0)
                     layout = acq.info()["layout"]
                     acq.release()

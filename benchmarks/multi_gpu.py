@@ -55,7 +55,7 @@ def scaling_run(path: Path, g: int, n: int, representation: str, mask, repeat: i
     cluster = cluster_of(g)
     with qd.Service(Client(cluster, direct_to_workers=True), cluster=cluster) as svc:
         t0 = time.perf_counter()
-        series = svc.load([path] * n, dataset="/data", name=[f"s{i}" for i in range(n)], representation=representation, progress=False)
+        series = svc.load([path] * n, dataset="/data", name=[f"s{i}" for i in range(n)], layout=representation, progress=False)
         load_s = time.perf_counter() - t0
         counts_bytes = int(np.prod(series[0].shape)) * series[0].dtype.itemsize
         images = series.virtual_images(mask)
@@ -69,7 +69,7 @@ def scaling_run(path: Path, g: int, n: int, representation: str, mask, repeat: i
             "load_s": load_s,
             "load_GBps": n * counts_bytes / 1e9 / load_s,  # of counts, whatever the resident's layout
             "resident_bytes": sum(a["nbytes"] for a in svc.state()["acquisitions"].values()),
-            "ping_p50_ms_per_shard": [median_ms(lambda o=o: svc.call(o, "ping").result(), 200) for o in owners],
+            "ping_p50_ms_per_shard": [median_ms(lambda o=o: svc.router.call(o, "ping").result(), 200) for o in owners],
         }
         if kill:
             victim = series[n - 1].owner

@@ -45,7 +45,7 @@ def round_trips(n: int) -> dict:
         actor = Actor(Shard, owner, shard_key(owner))
         actor._client, actor._future = proxied, None
         result = {
-            "noop_shard_call": latencies(lambda: svc.call(owner, "ping").result(), n),
+            "noop_shard_call": latencies(lambda: svc.router.call(owner, "ping").result(), n),
             "tiny_virtual_image": latencies(lambda: tiny.virtual_image(mask), n),
             "tiny_frame": latencies(lambda: tiny.frame(1, 2), n),
             "baseline_actor_via_scheduler_proxy": latencies(lambda: actor.ping().result(), n),
@@ -118,7 +118,7 @@ def series_scaling(scan: tuple[int, int], det: tuple[int, int], n_acq: int, repe
         mask = qd.masks.disk(det, (det[0] / 2, det[1] / 2), det[0] / 6)
         for workers in (1, 2):
             with service(workers) as svc:
-                series = svc.load([path] * n_acq, dataset="/data", name=[f"s{i}" for i in range(n_acq)], representation="dense", progress=False)
+                series = svc.load([path] * n_acq, dataset="/data", name=[f"s{i}" for i in range(n_acq)], layout="dense", progress=False)
                 first = series.virtual_images(mask)
                 out[f"{workers}_shards_ms"] = median_ms(lambda: series.virtual_images(mask), repeat, warmup=0)
                 assert (series.virtual_images(mask) == first).all()

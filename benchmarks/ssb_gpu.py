@@ -99,7 +99,7 @@ def main() -> None:
                      "semiangle_mrad": semiangle, "scan_step_A": step, "disk_radius_px": semiangle / sampling}
     with tempfile.TemporaryDirectory() as tmp, qd.Service.local() as svc:
         path = write_tiled(Path(tmp) / "ssb.h5", counts, (args.scan * args.tile, args.scan * args.tile))
-        acq = svc.load(path, dataset="/data", name="ssb", representation="dense", progress=False)
+        acq = svc.load(path, dataset="/data", name="ssb", layout="dense", progress=False)
         optics = qd.Optics(300e3, semiangle, step)
         t0 = time.perf_counter()
         cal = acq.calibrate(optics)
@@ -136,7 +136,7 @@ def series_ssb(svc: qd.Service, path: Path, n: int, cal: qd.Optics, phase: np.nd
     acquisitions = []
     for lo in range(0, n, 4):  # a load reserves the dense size while it encodes: a few at a time
         names = [f"t{i}" for i in range(lo, min(n, lo + 4))]
-        acquisitions.extend(svc.load([path] * len(names), dataset="/data", name=names, representation="compressed", progress=False))
+        acquisitions.extend(svc.load([path] * len(names), dataset="/data", name=names, layout="compressed", progress=False))
     series = qd.Series(svc, acquisitions)
     t0 = time.perf_counter()
     phases = series.ssb(cal)

@@ -6,7 +6,7 @@
     bf = acq.virtual_image(qd.masks.disk(acq.det_shape, (32, 32), 8))
 """
 
-from . import device, ptycho, samples
+from . import device, ptycho, queries, samples
 from .detector import masks
 from .formats.png import save_png
 from .io.load import inspect_file as inspect
@@ -14,6 +14,8 @@ from .io.stream import TcpSource
 from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
 from .phase.direct import DirectResult
 from .phase.optics import Optics
+from .queries.base import Query, register
 
-__all__ = ["Acquisition", "DirectResult", "Optics", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "device", "inspect", "masks", "ptycho", "samples", "save_png"]
+__all__ = ["Acquisition", "DirectResult", "Optics", "Query", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "device",
+           "inspect", "masks", "ptycho", "queries", "register", "samples", "save_png"]
 __version__ = "0.1.0"

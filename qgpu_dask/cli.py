@@ -93,7 +93,7 @@ def demo(args: argparse.Namespace) -> int:
             for a in svc.acquisitions():
                 if a.name.startswith("crystal-"):
                     a.release()
-            series = svc.load(paths, dataset="/entry/data", representation=args.representation)
+            series = svc.load(paths, dataset="/entry/data", layout=args.layout)
             print(f"loaded across {len({a.owner for a in series})} shard(s) in {time.perf_counter() - t0:.2f} s")
             held = series[0].info()
             if held["layout"] == "compressed":
@@ -173,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--frames", type=int, default=None, help="acquisitions in the series (default: one per shard, at least 2)")
     p.add_argument("--workers", type=int, default=None, help="workers of the embedded cluster")
     p.add_argument("--out", default="demo-output", help="folder for the HDF5 files and the figure demo.png")
-    p.add_argument("--representation", default="compressed", choices=("compressed", "dense", "auto"),
+    p.add_argument("--layout", default="compressed", choices=("compressed", "dense", "auto"),
                    help="how the workers hold the series (compressed: the smallest; see svc.load)")
     p.add_argument("--keep", action="store_true", help="keep the HDF5 files it wrote (removed at the end otherwise)")
     p.set_defaults(run=demo)

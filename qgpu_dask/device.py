@@ -38,6 +38,13 @@ def synchronize() -> None:
         cp.cuda.get_current_stream().synchronize()
 
 
+def use_own_stream() -> None:
+    """Thread initializer: give this thread a non-blocking CUDA stream of its own (no-op on CPU)."""
+    cp = cupy_or_none()
+    if cp is not None:
+        cp.cuda.Stream(non_blocking=True).use()
+
+
 def has_gpu() -> bool:
     """Whether this process computes on a CUDA device."""
     return cupy_or_none() is not None

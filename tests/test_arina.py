@@ -34,7 +34,7 @@ def test_arina_master_loads_every_count(svc, names, rng, tmp_path, dtype):
     for i in range(36):
         assert (acq.frame(i // 6, i % 6) == reference[i]).all()
     assert acq.checksum() == hashlib.sha256(reference.tobytes()).hexdigest()
-    dense = svc.load(master, name=names(), scan_shape=(4, 9), representation="dense")
+    dense = svc.load(master, name=names(), scan_shape=(4, 9), layout="dense")
     assert dense.shape == (4, 9, 19, 23)
     assert dense.checksum() == acq.checksum()
 

@@ -149,7 +149,7 @@ def test_load_beyond_budget_refused(svc, acq):
     with pytest.raises(ValueError, match="more than fits on any shard"):
         svc.put(big, name="too-big")
     with pytest.raises(ValueError, match=r"needs 300\.00 MiB.*256\.00 MiB budget"):
-        svc.call(acq.owner, "put", "too-big", big).result()
+        svc.router.call(acq.owner, "put", "too-big", big).result()
     assert "too-big" not in svc
     info = {s["worker"]: s for s in svc.info()["shards"]}
     assert info[acq.owner]["reserved_bytes"] == 0

@@ -129,8 +129,8 @@ def test_moving_disk_is_incremental(rng):
 
 def test_service_layouts_give_the_same_bits(svc, names, rng):
     counts = rng.poisson(0.7, (9, 11, 16, 12)).astype(np.uint16)
-    comp = svc.put(counts, name=names(), representation="compressed")
-    dense = svc.put(counts, name=names(), representation="dense")
+    comp = svc.put(counts, name=names(), layout="compressed")
+    dense = svc.put(counts, name=names(), layout="dense")
     auto = svc.put(counts, name=names())
     assert comp.info()["layout"] == "compressed" and dense.info()["layout"] == "dense"
     assert auto.info()["layout"] == ("dense" if svc.backend == "cpu" else "compressed")  # see test_layout.py
@@ -153,14 +153,14 @@ def test_service_layouts_give_the_same_bits(svc, names, rng):
 def test_service_refuses_and_survives_bad_streams(svc, names, rng):
     floats = rng.random((3, 3, 4, 4)).astype(np.float32)
     with pytest.raises(ValueError, match="unsigned integer"):
-        svc.put(floats, name=names(), representation="compressed")
-    with pytest.raises(ValueError, match="unknown representation"):
-        svc.put(floats, name=names(), representation="zip")
+        svc.put(floats, name=names(), layout="compressed")
+    with pytest.raises(ValueError, match="unknown layout"):
+        svc.put(floats, name=names(), layout="zip")
     assert svc.put(floats, name=names()).info()["layout"] == "dense"  # auto keeps floats dense
 
     counts = rng.poisson(0.5, (12, 10, 8, 8)).astype(np.uint16)
-    bad = svc.put(counts, name=names(), representation="compressed")
-    good = svc.put(counts, name=names(), representation="compressed", worker=bad.owner)
+    bad = svc.put(counts, name=names(), layout="compressed")
+    good = svc.put(counts, name=names(), layout="compressed", worker=bad.owner)
     pixel = svc.submit(corrupt, bad, "flip").result()
     mask = np.zeros(64, bool)
     mask[pixel] = True

@@ -217,7 +217,7 @@ def test_direct_ptycho_refuses_equations_larger_than_the_cache(svc, names):
 
 def test_direct_ptycho_of_a_series(svc, names, coarse_scan):
     counts, cal, _ = coarse_scan
-    series = qd.Series(svc, [svc.put(counts[0.0], name=names(), representation="dense"), svc.put(counts[0.0], name=names(), representation="compressed")])
+    series = qd.Series(svc, [svc.put(counts[0.0], name=names(), layout="dense"), svc.put(counts[0.0], name=names(), layout="compressed")])
     result = series.direct_ptycho(cal, "complex", upsampling=2, strength=0.1)
     assert result.phase.shape == result.amplitude.shape == (2, 48, 48) and result.prepared
     assert (result.phase[0] == result.phase[1]).all() and (result.amplitude[0] == result.amplitude[1]).all()  # dense, compressed

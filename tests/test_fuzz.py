@@ -38,7 +38,7 @@ def held(svc):
     acqs = {}
     for key, data in arrays.items():
         acqs[key] = svc.put(data, name=f"fuzz-{svc.backend}-{key}")
-    acqs["u16-dense"] = svc.put(arrays["u16"], name=f"fuzz-{svc.backend}-u16-dense", representation="dense")
+    acqs["u16-dense"] = svc.put(arrays["u16"], name=f"fuzz-{svc.backend}-u16-dense", layout="dense")
     arrays["u16-dense"] = arrays["u16"]
     yield acqs, arrays
     for acq in acqs.values():

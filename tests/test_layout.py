@@ -40,7 +40,7 @@ def test_choose_each_branch():
         low = choose("auto", "uint32", kind, 100 * MIB, 99 * MIB, lambda: 1.17)
         assert not low.compressed and not low.index
         assert low.reason.startswith(f"dense: estimated ratio 1.17 is below {MIN_RATIO}") and "its index does not fit" in low.reason
-    with pytest.raises(ValueError, match="unknown representation 'zip'"):
+    with pytest.raises(ValueError, match="unknown layout 'zip'"):
         choose("zip", "uint16", "cpu", MIB, MIB, never)
     with pytest.raises(ValueError, match="holds unsigned integer counts; this acquisition is int16"):
         choose("compressed", "int16", "cpu", MIB, MIB, never)
@@ -77,7 +77,7 @@ def test_dense_index_gives_the_plain_bits(rng):
 def test_service_auto_is_dense_on_cpu_with_its_reason(svc, names, rng):
     counts = rng.poisson(0.5, (8, 8, 16, 16)).astype(np.uint16)
     auto = svc.put(counts, name=names())
-    comp = svc.put(counts, name=names(), representation="compressed")
+    comp = svc.put(counts, name=names(), layout="compressed")
     assert comp.info()["layout_reason"] == "compressed: asked for"
     info = auto.info()
     if svc.backend == "cpu":
@@ -113,7 +113,7 @@ def test_service_small_budget_compresses_and_keeps_high_entropy_dense(rng):
 
 def test_a_complete_dense_live_acquisition_keeps_an_index(svc, names, rng):
     counts = rng.poisson(0.8, (4, 6, 16, 16)).astype(np.uint16)
-    acq = svc.create(names(), (4, 6), (16, 16), "uint16", representation="dense")
+    acq = svc.create(names(), (4, 6), (16, 16), "uint16", layout="dense")
     acq.append(counts[:2].reshape(-1, 16, 16))
     assert acq.info()["layout_reason"] == "dense: asked for" and acq.info()["nbytes"] == counts.nbytes
     acq.append(counts[2:].reshape(-1, 16, 16))

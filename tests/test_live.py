@@ -54,11 +54,11 @@ def expected_images(flat: np.ndarray, masks: np.ndarray, received: int) -> np.nd
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("representation", ["dense", "compressed"])
-def test_appends_in_uneven_pieces_answer_exactly_between_them(counts, backend, representation):
+@pytest.mark.parametrize("layout", ["dense", "compressed"])
+def test_appends_in_uneven_pieces_answer_exactly_between_them(counts, backend, layout):
     rng = np.random.default_rng(3)
     flat = counts.reshape(-1, *counts.shape[2:])
-    live = LiveCounts("live", counts.shape, counts.dtype, representation, module_for(backend))
+    live = LiveCounts("live", counts.shape, counts.dtype, layout, module_for(backend))
     masks = rng.random((2, *counts.shape[2:])) < 0.4
     assert (live.virtual_images(masks) == 0).all()
     received = 0
@@ -81,18 +81,18 @@ def test_appends_in_uneven_pieces_answer_exactly_between_them(counts, backend, r
         row, col = divmod(max(received - 1, 0), counts.shape[1])
         assert (live.frame(row, col) == (counts[row, col] if received else 0)).all()
     finished = live.finished()
-    assert type(finished) is (DenseCounts if representation == "dense" else CompressedCounts)
+    assert type(finished) is (DenseCounts if layout == "dense" else CompressedCounts)
     assert finished.checksum() == live.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
     assert (qd.device.to_host(finished.counts_flat()) == flat.reshape(flat.shape[0], -1)).all()
-    if representation == "compressed":
+    if layout == "compressed":
         finished.check()
         assert finished.nbytes < finished.raw_bytes / 2
 
 
-@pytest.mark.parametrize("representation", ["dense", "compressed"])
-def test_bad_appends_change_nothing(counts, representation):
+@pytest.mark.parametrize("layout", ["dense", "compressed"])
+def test_bad_appends_change_nothing(counts, layout):
     flat = counts.reshape(-1, *counts.shape[2:])
-    live = LiveCounts("live", counts.shape, counts.dtype, representation, np)
+    live = LiveCounts("live", counts.shape, counts.dtype, layout, np)
     live.append(flat[:PROBE + 10])
     before = live.virtual_images(np.ones((1, *counts.shape[2:]), bool))
     for frames, word in ((flat[:3, :8], "frames must be"), (flat[:3].astype(np.uint32), "uint32"), (flat[0], "frames must be"),
@@ -105,7 +105,7 @@ def test_bad_appends_change_nothing(counts, representation):
         live.finished()
     with pytest.raises(ValueError, match="unsigned integer"):
         LiveCounts("f", counts.shape, np.float32, "compressed", np)
-    with pytest.raises(ValueError, match="unknown representation"):
+    with pytest.raises(ValueError, match="unknown layout"):
         LiveCounts("f", counts.shape, np.uint16, "zip", np)
 
 
@@ -137,7 +137,7 @@ def listening() -> socket.socket:
 def test_a_live_acquisition_through_the_service(svc, names, counts):
     flat = counts.reshape(-1, *counts.shape[2:])
     workers = sorted(svc.client.scheduler_info()["workers"])
-    acqs = [svc.create(names("live"), counts.shape[:2], counts.shape[2:], "uint16", representation=r, worker=w)
+    acqs = [svc.create(names("live"), counts.shape[:2], counts.shape[2:], "uint16", layout=r, worker=w)
             for r, w in zip(("compressed", "dense"), workers[:2])]
     assert [a.owner for a in acqs] == workers[:2] and all(a.received == 0 for a in acqs)
     mask = np.zeros(counts.shape[2:], bool)
@@ -172,14 +172,14 @@ def test_a_live_acquisition_through_the_service(svc, names, counts):
 
 
 def test_bad_live_arguments(svc, names):
-    with pytest.raises(ValueError, match="unknown representation"):
-        svc.create(names("bad"), (4, 4), (8, 8), "uint16", representation="zip")
+    with pytest.raises(ValueError, match="unknown layout"):
+        svc.create(names("bad"), (4, 4), (8, 8), "uint16", layout="zip")
     with pytest.raises(ValueError, match="unsigned integer"):
-        svc.create(names("bad"), (4, 4), (8, 8), "float32", representation="compressed")
+        svc.create(names("bad"), (4, 4), (8, 8), "float32", layout="compressed")
     with pytest.raises(ValueError, match="scan_shape and det_shape"):
         svc.create(names("bad"), (4, 4, 2), (8, 8))
     with pytest.raises(ValueError, match="needs"):
-        svc.create(names("bad"), (4096, 4096), (256, 256), "uint32", representation="dense")
+        svc.create(names("bad"), (4096, 4096), (256, 256), "uint32", layout="dense")
     assert not [a for a in svc.acquisitions() if a.name.startswith("bad")]
     for bad in ({"frames_per_read": 0}, {"timeout_s": 0}):
         with pytest.raises(ValueError, match="at least 1 frame at a time and waits a positive time"):
@@ -205,7 +205,7 @@ def test_the_simulator_streams_a_file_to_the_owner_over_loopback(svc, names, cou
 
 def test_a_stream_that_stops_inside_a_frame_keeps_the_frames_before(svc, names, counts):
     flat = counts.reshape(-1, *counts.shape[2:])
-    acq = svc.create(names("broken"), counts.shape[:2], counts.shape[2:], "uint16", representation="dense")
+    acq = svc.create(names("broken"), counts.shape[:2], counts.shape[2:], "uint16", layout="dense")
     server = listening()
     port = server.getsockname()[1]
 
@@ -354,7 +354,7 @@ def test_one_stream_at_a_time_and_a_release_drops_it(svc, names, counts, acquisi
 
 def test_no_stream_and_a_stalled_stream_are_named(svc, names, counts):
     flat = counts.reshape(-1, *counts.shape[2:])
-    acq = svc.create(names("quiet"), counts.shape[:2], counts.shape[2:], "uint16", representation="dense")
+    acq = svc.create(names("quiet"), counts.shape[:2], counts.shape[2:], "uint16", layout="dense")
     port = free_port()
     with pytest.raises(ValueError, match=f"no frame stream at tcp://127.0.0.1:{port}"):
         svc.ingest(qd.TcpSource("127.0.0.1", port), acq, progress=False)

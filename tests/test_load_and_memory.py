@@ -19,7 +19,7 @@ DET = (16, 12)
 
 def test_mixed_queries_from_eight_threads(svc, names, rng):
     arrays = [rng.poisson(0.5 + i, (6, 7) + DET).astype(np.uint16) for i in range(4)]
-    acqs = [svc.put(a, name=names(), representation="dense" if i % 2 else "auto") for i, a in enumerate(arrays)]
+    acqs = [svc.put(a, name=names(), layout="dense" if i % 2 else "auto") for i, a in enumerate(arrays)]
     series = qd.Series(svc, acqs)
     masks = [qd.masks.disk(DET, (8, 6), r) for r in (2, 4, 6)]
     images = [[(a.astype(np.uint64) * m).sum(axis=(2, 3)) for m in masks] for a in arrays]
@@ -73,7 +73,7 @@ def test_a_load_goes_where_it_fits(svc, names):
 def test_release_returns_the_memory(svc, names):
     shards = sorted(s["worker"] for s in svc.info()["shards"])
     before = {s["worker"]: s for s in svc.info()["shards"]}[shards[1]]
-    acq = svc.put(np.ones((128, 1, 1024, 512), np.uint16), name=names(), worker=shards[1], representation="dense")
+    acq = svc.put(np.ones((128, 1, 1024, 512), np.uint16), name=names(), worker=shards[1], layout="dense")
     held = {s["worker"]: s for s in svc.info()["shards"]}[shards[1]]
     assert held["resident_bytes"] - before["resident_bytes"] == 128 * 2**20 + DenseCounts.index_bytes(acq.shape, acq.dtype)  # counts and index
     acq.release()

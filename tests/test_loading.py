@@ -21,9 +21,9 @@ def write_h5(path, data, **options) -> None:
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "int16", "float32"])
 def test_checksum_is_the_same_for_every_layout(svc, names, rng, dtype):
     data = (rng.poisson(0.7, (5, 6, 9, 7)) * (1 if dtype != "float32" else 0.5)).astype(dtype)
-    held = [svc.put(data, name=names(), representation="dense")]
+    held = [svc.put(data, name=names(), layout="dense")]
     if np.dtype(dtype).kind == "u":
-        held.append(svc.put(data, name=names(), representation="compressed"))
+        held.append(svc.put(data, name=names(), layout="compressed"))
     for acq in held:
         assert acq.checksum() == sha256(data)
 

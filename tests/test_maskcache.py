@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.service.maskcache import MaskCache, MaskNotCached, mask_digest
+from qgpu_dask.queries.virtual_images import MaskCache, MaskNotCached, mask_digest, sent
 
 
 def test_cache_stores_evicts_and_checks_digests():
@@ -37,7 +37,7 @@ def test_repeated_mask_is_sent_once_and_stays_exact(svc, names, rng):
     mask = qd.masks.disk((12, 12), (6, 6), 4)
     ref = (data.astype(np.uint32) * mask).sum(axis=(2, 3))
     assert (acq.virtual_image(mask) == ref).all()
-    assert (acq.owner, mask_digest(mask[None])) in svc.masks_sent
+    assert (acq.owner, mask_digest(mask[None])) in sent
     for _ in range(3):
         assert (acq.virtual_image(mask) == ref).all()
 
@@ -46,7 +46,7 @@ def test_shard_without_the_mask_gets_it_again(svc, names, rng):
     data = rng.integers(0, 500, (4, 5, 12, 12), dtype=np.uint16)
     acq = svc.put(data, name=names())
     mask = qd.masks.annulus((12, 12), (6, 6), 2, 5)
-    svc.masks_sent.add((acq.owner, mask_digest(mask[None])))  # the client believes the shard has it; it has not
+    sent.add((acq.owner, mask_digest(mask[None])))  # the client believes the shard has it; it has not
     assert (acq.virtual_image(mask) == (data.astype(np.uint32) * mask).sum(axis=(2, 3))).all()
 
 

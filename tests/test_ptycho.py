@@ -33,8 +33,8 @@ def crystal():
     return frames, counts
 
 
-def put_series(svc, names, counts, workers, representation="auto") -> qd.Series:
-    return qd.Series(svc, [svc.put(c, name=names("f"), worker=w, representation=representation) for c, w in zip(counts, workers)])
+def put_series(svc, names, counts, workers, layout="auto") -> qd.Series:
+    return qd.Series(svc, [svc.put(c, name=names("f"), worker=w, layout=layout) for c, w in zip(counts, workers)])
 
 
 def window_phase(result: qd.ptycho.Reconstruction, f: int) -> np.ndarray:
@@ -103,7 +103,7 @@ def test_bad_reconstruction_input(svc, names, crystal):
 
 def test_the_feed_runs_next_to_the_data(svc, names, crystal):
     _, counts = crystal
-    acq = svc.put(counts[0], name=names("f"), representation="compressed")
+    acq = svc.put(counts[0], name=names("f"), layout="compressed")
 
     def sums(resident, block):
         return np.concatenate([resident.xp.asnumpy(b.sum(axis=(1, 2))) if resident.xp is not np else b.sum(axis=(1, 2))

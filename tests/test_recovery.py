@@ -60,9 +60,9 @@ def test_worker_killed_while_queries_run(own, rng, tmp_path):
     np.save(tmp_path / "a1.npy", data["a1"])  # a file source, held dense
     acqs = {
         "a0": svc.load(tmp_path / "a0.h5", dataset="data", name="a0"),
-        "a1": svc.load(tmp_path / "a1.npy", name="a1", representation="dense"),
+        "a1": svc.load(tmp_path / "a1.npy", name="a1", layout="dense"),
         "a2": svc.put(data["a2"], name="a2"),  # from the scheduler's copy
-        "a3": svc.put(data["a3"], name="a3", representation="dense"),
+        "a3": svc.put(data["a3"], name="a3", layout="dense"),
     }
     staged = svc.put(data["a4"], name="staged")
     acqs["a4"] = svc.load(staged.save(tmp_path / "a4.qgpu"), name="a4")  # a saved resident
@@ -183,7 +183,7 @@ def test_loads_in_flight_finish_on_a_survivor(own, rng, tmp_path):
     pid = worker_pid(svc, victim)
     killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
     killer.start()
-    series = svc.load(paths, name=[f"s{i}" for i in range(12)], representation="compressed", progress=False)
+    series = svc.load(paths, name=[f"s{i}" for i in range(12)], layout="compressed", progress=False)
     killer.join()
     assert victim not in svc.state()["shards"]
     lost = next(e for e in svc.state()["events"] if e["event"] == "shard-lost")

@@ -13,8 +13,8 @@ from qgpu_dask.ptycho.reconstruct import Reconstruction
 
 def test_acquisition_series_and_service(svc, names, rng):
     counts = rng.poisson(0.5, (6, 8, 16, 16)).astype(np.uint16)
-    comp = svc.put(counts, name=names(), representation="compressed")
-    dense = svc.put(counts, name=names(), representation="dense")
+    comp = svc.put(counts, name=names(), layout="compressed")
+    dense = svc.put(counts, name=names(), layout="dense")
     text = repr(comp)
     assert text.startswith(f"Acquisition({comp.name!r}, 6x8 x 16x16 uint16, compressed ") and text.endswith(f"x), on {comp.owner})")
     ratio = float(re.search(r"\(([\d.]+)x\)", text).group(1))
@@ -35,7 +35,7 @@ def test_acquisition_series_and_service(svc, names, rng):
 
 
 def test_live_acquisition_says_what_has_arrived(svc, names):
-    live = svc.create(names(), (4, 4), (8, 8), "uint16", representation="dense")
+    live = svc.create(names(), (4, 4), (8, 8), "uint16", layout="dense")
     live.append(np.ones((6, 8, 8), np.uint16))
     assert repr(live).endswith(f"on {live.owner}, live 6/16 received)")
     live.release()

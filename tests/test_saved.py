@@ -133,14 +133,14 @@ def test_container_refuses_damage(tmp_path, rng):
 # ---------------------------------------------------------------- through the service
 
 
-@pytest.mark.parametrize("representation", ["compressed", "dense"])
-def test_save_and_reload(svc, names, rng, tmp_path, representation):
+@pytest.mark.parametrize("layout", ["compressed", "dense"])
+def test_save_and_reload(svc, names, rng, tmp_path, layout):
     data = poisson(rng)
-    acq = svc.put(data, name=names(), representation=representation)
+    acq = svc.put(data, name=names(), layout=layout)
     path = tmp_path / "run1.qgpu"
     assert acq.save(path) == str(path)
-    again = svc.load(path, name=names("again"), representation="auto")
-    assert again.info()["layout"] == representation == acq.info()["layout"]
+    again = svc.load(path, name=names("again"), layout="auto")
+    assert again.info()["layout"] == layout == acq.info()["layout"]
     assert again.nbytes == acq.nbytes
     assert again.info()["source"]["path"] == str(path)
     for mine, theirs in zip(answers(again, data), answers(acq, data)):
@@ -151,16 +151,16 @@ def test_save_and_reload(svc, names, rng, tmp_path, representation):
     assert resaved.read_bytes() == path.read_bytes()
 
     header = container.read_header(path)
-    assert header["layout"] == representation and header["shape"] == list(SHAPE) and header["dtype"] == "uint16"
-    if representation == "compressed":
+    assert header["layout"] == layout and header["shape"] == list(SHAPE) and header["dtype"] == "uint16"
+    if layout == "compressed":
         assert header["codec"] == codec.FORMAT and header["block"] >= 1
         assert {a["name"] for a in header["arrays"]} == {"run", "values", "table_start", "cum", "index", "block_base", "payload", "totals"}
     saved_bytes = sum(a["nbytes"] for a in header["arrays"])
-    assert saved_bytes == (acq.nbytes if representation == "compressed" else acq.info()["raw_bytes"])  # a dense index is built at reopen
+    assert saved_bytes == (acq.nbytes if layout == "compressed" else acq.info()["raw_bytes"])  # a dense index is built at reopen
 
-    other = "dense" if representation == "compressed" else "compressed"
-    with pytest.raises(ValueError, match=f"held {representation} and loads as it was saved"):
-        svc.load(path, name=names("wrong"), representation=other)
+    other = "dense" if layout == "compressed" else "compressed"
+    with pytest.raises(ValueError, match=f"held {layout} and loads as it was saved"):
+        svc.load(path, name=names("wrong"), layout=other)
     with pytest.raises(ValueError, match="saved resident: it holds one acquisition, not dataset '/data'"):
         svc.load(path, name=names("ds"), dataset="/data")
 
@@ -185,14 +185,14 @@ def still_usable(svc, names, rng) -> None:
     answers(svc.put(data, name=names("after")), data)
 
 
-@pytest.mark.parametrize("representation", ["compressed", "dense"])
-def test_damaged_files_refused(svc, names, rng, tmp_path, representation):
-    acq = svc.put(poisson(rng), name=names(), representation=representation)
+@pytest.mark.parametrize("layout", ["compressed", "dense"])
+def test_damaged_files_refused(svc, names, rng, tmp_path, layout):
+    acq = svc.put(poisson(rng), name=names(), layout=layout)
     path = tmp_path / "good.qgpu"
     acq.save(path)
     raw = path.read_bytes()
     entries = {a["name"]: a for a in container.read_header(path)["arrays"]}
-    target = "payload" if representation == "compressed" else "counts"
+    target = "payload" if layout == "compressed" else "counts"
 
     refused = [names("flipped"), names("v2"), names("short")]
 

@@ -237,7 +237,7 @@ def test_local_in_a_script_without_the_main_guard(tmp_path, call, line):
 def test_local_in_a_script_under_the_main_guard(tmp_path):
     script = tmp_path / "analysis.py"
     script.write_text(UNGUARDED.format(call='if __name__ == "__main__":\n    with main() as svc:\n'
-                                            '        print(int(svc.put(np.ones((2, 3, 4, 4), np.uint8), representation="dense").frame(1, 2).sum()))')
+                                            '        print(int(svc.put(np.ones((2, 3, 4, 4), np.uint8), layout="dense").frame(1, 2).sum()))')
                       .replace("import qgpu_dask as qd", "import numpy as np\nimport qgpu_dask as qd"))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

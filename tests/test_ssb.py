@@ -61,11 +61,11 @@ def test_ssb_corrects_known_aberrations_and_keeps_its_preparation(svc, names, si
 def test_ssb_on_a_turned_detector_and_a_series(svc, names, simulated):
     runs, truth = simulated
     turned = np.ascontiguousarray(np.rot90(runs["focus"], 1, axes=(2, 3)))
-    acqs = [svc.put(turned, name=names()), svc.put(runs["focus"], name=names(), representation="dense")]
+    acqs = [svc.put(turned, name=names()), svc.put(runs["focus"], name=names(), layout="dense")]
     cal = acqs[0].calibrate(qd.Optics(300e3, 20.0, STEP))
     assert abs((cal.rotation_deg + 90 + 180) % 360 - 180) <= 2.0
     assert correlation(acqs[0].ssb(cal), truth) >= 0.9
-    series = qd.Series(svc, [acqs[1], svc.put(runs["focus"], name=names(), representation="compressed")])  # dense and compressed
+    series = qd.Series(svc, [acqs[1], svc.put(runs["focus"], name=names(), layout="compressed")])  # dense and compressed
     straight = acqs[1].calibrate(qd.Optics(300e3, 20.0, STEP))
     phases = series.ssb(straight)
     assert phases.shape == (2, *SCAN) and (phases[0] == phases[1]).all() and correlation(phases[0], truth) >= 0.9
@@ -106,8 +106,8 @@ def test_parallax_of_a_known_object(svc, names, simulated):
 
 def test_every_phase_step_for_a_series(svc, names, simulated):
     runs, truth = simulated
-    one = svc.put(runs["aberrated"], name=names(), representation="dense")
-    series = qd.Series(svc, [one, svc.put(runs["aberrated"], name=names(), representation="compressed")])  # dense and compressed: the same counts
+    one = svc.put(runs["aberrated"], name=names(), layout="dense")
+    series = qd.Series(svc, [one, svc.put(runs["aberrated"], name=names(), layout="compressed")])  # dense and compressed: the same counts
     optics = qd.Optics(300e3, 20.0, STEP)
     cals = series.calibrate(optics)
     assert cals == [one.calibrate(optics)] * 2

@@ -6,8 +6,8 @@ where they live and returning the probe's sums per frame; the client adds them i
 updates the probe (``update.probe_step``), so the result does not depend on how the frames are spread.
 Every ``checkpoint_every`` iterations the objects and probe come back to the client (and to the file
 ``checkpoint``, when given); a shard lost mid-run has its acquisitions re-homed by the service, and the run
-goes on from the last checkpoint. The series is reached through its service (``routed``, ``send``,
-``routed_method``): this layer does not import it.
+goes on from the last checkpoint. The steps on the shards are queries (``queries.ptycho``) asked of the
+series handle, so each is one call per shard that follows its acquisitions after a loss.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from ..resident.feed import check_count
 from ..phase.optics import Optics
 from ..phase.iterative import geometry, update
+from ..queries.ptycho import PtychoEnd, PtychoObjects, PtychoPass, PtychoStart
 
 RESTARTS = 3  # restarts from a checkpoint after lost state, before giving up
 
@@ -85,25 +86,6 @@ def check_step(value, what: str) -> float:
     return number
 
 
-def per_frame(service, names: list[str], method: str, *args) -> list:
-    """A shard method's per-acquisition replies, one call per shard, in series order."""
-    out: list = [None] * len(names)
-    for reply, where in service.routed_method(names, method, *args).result():
-        for part, i in zip(reply, where):
-            out[i] = part
-    return out
-
-
-def start(service, names: list[str], run: str, optics: Optics, objects: list | None) -> None:
-    """Objects of ``run`` on each frame's shard: ones, or the checkpoint's."""
-
-    def send(owner, mine):
-        given = None if objects is None else [objects[names.index(n)] for n in mine]
-        return service.send(owner, "ptycho_start", mine, run, optics, given)
-
-    service.routed(names, send).result()
-
-
 def reconstruct(
     series,
     fit: Optics,
@@ -135,17 +117,17 @@ def reconstruct(
     initial = Checkpoint(0, geometry.starting_probe(fit, geo, float(totals.mean()) / (scan_shape[0] * scan_shape[1])), None)
     path = Path(checkpoint) if checkpoint is not None else None
     saved = Checkpoint.load(path, names) if path is not None and path.exists() else initial
-    service, run = series.service, uuid.uuid4().hex
+    series, run = series.plain(), uuid.uuid4().hex
     state, restarts = saved, 0
     probe, errors, done = state.probe, list(state.errors), state.iteration
     bar = tqdm(total=iterations, initial=done, desc="ptychography", unit="it", disable=not progress)
     objects = None
     try:
-        start(service, names, run, fit, state.objects)
+        series.ask(PtychoStart, run, fit, state.objects)
         while objects is None:
             try:
                 while done < iterations:
-                    passes = per_frame(service, names, "ptycho_pass", run, probe, batch, depth, object_step)
+                    passes = series.ask(PtychoPass, run, probe, batch, depth, object_step)
                     errors.append([p.error / t for p, t in zip(passes, totals)])
                     done += 1
                     if done >= probe_after:
@@ -153,21 +135,21 @@ def reconstruct(
                     bar.update(1)
                     bar.set_postfix(error=f"{np.mean(errors[-1]):.4g}")
                     if done % checkpoint_every == 0 and done < iterations:
-                        state = Checkpoint(done, probe, per_frame(service, names, "ptycho_objects", run), list(errors))
+                        state = Checkpoint(done, probe, series.ask(PtychoObjects, run), list(errors))
                         if path is not None:
                             state.save(path, names)
-                objects = per_frame(service, names, "ptycho_objects", run)
+                objects = series.ask(PtychoObjects, run)
             except KeyError:  # a shard's state is gone (its worker was lost): again from the last checkpoint
                 restarts += 1
                 if restarts > RESTARTS:
                     raise
-                start(service, names, run, fit, state.objects)
+                series.ask(PtychoStart, run, fit, state.objects)
                 probe, errors, done = state.probe, list(state.errors), state.iteration
                 bar.n = done
                 bar.refresh()
     finally:
         bar.close()
-        service.routed_method(names, "ptycho_end", run).result()
+        series.ask(PtychoEnd, run)
     if path is not None:
         Checkpoint(done, probe, objects, errors).save(path, names)
     return Reconstruction(np.stack(objects), probe, np.asarray(errors, np.float64).reshape(-1, len(names)), geo.pixel_A, geo.corners, restarts)

@@ -34,6 +34,17 @@ def compressible(dtype) -> bool:
     return np.dtype(dtype).kind == "u"
 
 
+LAYOUTS = ("dense", "compressed")  # how a resident holds its counts
+
+
+def check_layout(layout: str, dtype=None, allowed: tuple[str, ...] = LAYOUTS) -> None:
+    """ValueError unless ``layout`` is one of ``allowed`` and counts of ``dtype`` (when given) can be held so."""
+    if layout not in allowed:
+        raise ValueError(f"unknown layout {layout!r}: use one of {', '.join(allowed)}")
+    if layout == "compressed" and dtype is not None and not compressible(dtype):
+        raise ValueError(f"layout='compressed' holds unsigned integer counts; this acquisition is {np.dtype(dtype)}")
+
+
 MIN_RATIO = 1.5  # "auto" never compresses counts whose estimated ratio is below this: the saving would not pay for slower queries
 RATIO_SAMPLE_FRAMES = 1024  # frames, evenly spread, whose histograms estimate a compression ratio
 
@@ -90,7 +101,7 @@ class CompressedCounts(Resident):
         """Encode dense counts ``flat`` (n_frames, frame_len) on their device; ``flat`` is left as it was."""
         xp = module_of(flat)
         if not compressible(flat.dtype):
-            raise ValueError(f"representation='compressed' needs unsigned integer counts, got {flat.dtype}")
+            raise ValueError(f"layout='compressed' needs unsigned integer counts, got {flat.dtype}")
         block, device_model, hist = chosen_model(flat, every_symbol=False)
         streams = kernels_for(xp, "compressed").encode(flat, block, *(device_model[k] for k in MODEL_KEYS))
         stats = {"entropy_bytes": float(entropy_bound(hist, flat, xp).sum() / 8)}

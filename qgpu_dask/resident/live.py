@@ -22,33 +22,22 @@ import numpy as np
 from ..device import synchronize
 from ..formats import codec
 from .base import Resident, kernels_for
-from .compressed import MODEL_KEYS, CompressedCounts, chosen_model, compressible
+from .compressed import MODEL_KEYS, CompressedCounts, check_layout, chosen_model
 from .cpu.dense import sum_dtype
 from .dense import DenseCounts
 from .masks import MaskWeights
 
 PROBE = codec.MIN_BLOCK  # frames a compressed live acquisition holds dense before it chooses its model
-REPRESENTATIONS = ("dense", "compressed")
-
-
-def check_live_representation(representation: str, dtype) -> None:
-    """ValueError unless a live acquisition of ``dtype`` can be held as ``representation``."""
-    if representation not in REPRESENTATIONS:
-        raise ValueError(f"unknown representation {representation!r} for a live acquisition: use 'dense' or 'compressed'")
-    if representation == "compressed" and not compressible(dtype):
-        raise ValueError(f"representation='compressed' needs unsigned integer counts, got {np.dtype(dtype)}")
-
-
 def tail_frames(n_frames: int) -> int:
     """Frames a compressed live acquisition holds dense at most: the largest block a model may choose."""
     return min(n_frames, codec.MAX_BLOCK)
 
 
-def start_bytes(shape, dtype, representation: str) -> int:
+def start_bytes(shape, dtype, layout: str) -> int:
     """Device bytes a new live acquisition takes before any frame arrives: dense, all of it; compressed, the
     block being filled and the frame totals (the coded streams grow as blocks complete)."""
     n_frames, frame_len, itemsize = shape[0] * shape[1], shape[2] * shape[3], np.dtype(dtype).itemsize
-    if representation == "dense":
+    if layout == "dense":
         return n_frames * frame_len * itemsize
     return tail_frames(n_frames) * frame_len * itemsize + 8 * n_frames
 
@@ -56,13 +45,13 @@ def start_bytes(shape, dtype, representation: str) -> int:
 class LiveCounts(Resident):
     """A growing acquisition of a fixed ``shape``: ``append`` the next scan positions, query at any time."""
 
-    def __init__(self, name: str, shape, dtype, representation: str, xp: ModuleType):
+    def __init__(self, name: str, shape, dtype, layout: str, xp: ModuleType):
         super().__init__(name, shape, dtype, xp)
-        check_live_representation(representation, self.dtype)
-        self.layout = representation
+        check_layout(layout, self.dtype)
+        self.layout = layout
         self.received = 0
         self.lock = threading.RLock()
-        if representation == "dense":
+        if layout == "dense":
             self.flat = xp.zeros((self.n_frames, self.frame_len), self.dtype)
             return
         self.tail = xp.zeros((tail_frames(self.n_frames), self.frame_len), self.dtype)  # frames not coded yet

@@ -1,4 +1,4 @@
-"""The layout a new acquisition is held in, and why: what ``representation="auto"`` decides.
+"""The layout a new acquisition is held in, and why: what ``layout="auto"`` decides.
 
 "auto" holds what answers fastest within the budget: dense on CPU workers where the dense counts (and
 their index) fit the shard's free budget, compressed where they would not fit and on GPUs (whose
@@ -15,13 +15,14 @@ from typing import Callable
 import numpy as np
 from dask.utils import format_bytes
 
-from ..resident.compressed import MIN_RATIO, compressible
+from ..resident import DenseCounts, Resident
+from ..resident.compressed import LAYOUTS, MIN_RATIO, CompressedCounts, check_layout, compressible, estimated_ratio
 
-REPRESENTATIONS = ("auto", "dense", "compressed")
+CHOICES = ("auto", *LAYOUTS)  # what a load may ask for: a layout, or "auto"
 
 
 @dataclass(frozen=True)
-class Layout:
+class Choice:
     """Whether a new resident is held compressed, whether a dense one keeps its index, and why (a sentence
     starting with its layout)."""
 
@@ -30,45 +31,52 @@ class Layout:
     index: bool = True
 
 
-def check_representation(representation: str, dtype) -> None:
-    """ValueError unless ``representation`` is known and counts of ``dtype`` can be held so."""
-    if representation not in REPRESENTATIONS:
-        raise ValueError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
-    if representation == "compressed" and not compressible(dtype):
-        raise ValueError(f"representation='compressed' holds unsigned integer counts; this acquisition is {np.dtype(dtype)}")
+def planned(asked: str, shape, dtype, kind: str, free_bytes: int) -> tuple[int, Callable[[DenseCounts | None], Choice]]:
+    """(bytes to reserve, the choice for the dense counts once they are read, or None where they are coded
+    as read) of a new resident on a ``kind`` worker with ``free_bytes`` free: "auto" decides on them now,
+    estimating the ratio only where it matters."""
+    check_layout(asked, dtype, CHOICES)
+    dense_bytes = DenseCounts.held_bytes(shape, dtype)
+    raw = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    reserve = dense_bytes if asked != "compressed" and dense_bytes <= free_bytes else raw
+    return reserve, lambda dense: choose(asked, dtype, kind, dense_bytes, free_bytes, lambda: estimated_ratio(dense.flat))
 
 
-def choose(representation: str, dtype, kind: str, dense_bytes: int, free_bytes: int, ratio: Callable[[], float]) -> Layout:
+def held_as(dense: DenseCounts, choice: Choice) -> Resident:
+    """``dense`` itself (with its index where it fits), or its compressed encoding (the dense staging copy is then dropped)."""
+    if not choice.compressed:
+        return dense.indexed() if choice.index else dense
+    return CompressedCounts.encode(dense.name, dense.flat, dense.shape)
+
+
+def choose(asked: str, dtype, kind: str, dense_bytes: int, free_bytes: int, ratio: Callable[[], float]) -> Choice:
     """The layout of a new resident of ``dtype`` on a ``kind`` ("cpu" or "cuda") worker whose budget has
     ``free_bytes`` free, where dense, with its index, it takes ``dense_bytes``; ``ratio()`` estimates the
     compression ratio of its counts and is called only when the choice depends on it. A dense resident that
     does not fit with its index is held without it (its queries read the counts)."""
-    check_representation(representation, dtype)
+    check_layout(asked, dtype, CHOICES)
     fits = dense_bytes <= free_bytes
     room = "" if fits else f"; its index does not fit the {format_bytes(free_bytes)} free, so queries read the counts"
-    if representation != "auto":
-        return Layout(representation == "compressed", f"{representation}: asked for" + ("" if representation == "compressed" else room), fits)
+    if asked != "auto":
+        return Choice(asked == "compressed", f"{asked}: asked for" + ("" if asked == "compressed" else room), fits)
     if not compressible(dtype):
-        return Layout(False, f"dense: {np.dtype(dtype)} counts are held dense (compressed holds unsigned integer counts)" + room, fits)
+        return Choice(False, f"dense: {np.dtype(dtype)} counts are held dense (compressed holds unsigned integer counts)" + room, fits)
     if kind == "cpu" and fits:
-        return Layout(False, f"dense: {format_bytes(dense_bytes)} fits the CPU worker's {format_bytes(free_bytes)} free budget; "
+        return Choice(False, f"dense: {format_bytes(dense_bytes)} fits the CPU worker's {format_bytes(free_bytes)} free budget; "
                              "dense answers fastest on CPU")
     estimate = ratio()
     if estimate < MIN_RATIO:
-        return Layout(False, f"dense: estimated ratio {estimate:.2f} is below {MIN_RATIO}: compressing would save little and "
+        return Choice(False, f"dense: estimated ratio {estimate:.2f} is below {MIN_RATIO}: compressing would save little and "
                              "slow every query" + room, fits)
     if kind == "cpu":
-        return Layout(True, f"compressed: {format_bytes(dense_bytes)} dense would not fit the CPU worker's {format_bytes(free_bytes)} "
+        return Choice(True, f"compressed: {format_bytes(dense_bytes)} dense would not fit the CPU worker's {format_bytes(free_bytes)} "
                             f"free budget (estimated ratio {estimate:.1f})")
-    return Layout(True, f"compressed: on a GPU compressed queries keep pace with dense ones and the counts take about "
+    return Choice(True, f"compressed: on a GPU compressed queries keep pace with dense ones and the counts take about "
                         f"1/{estimate:.1f} of the memory (estimated ratio {estimate:.1f})")
 
 
-def check_saved_representation(representation: str, layout: str) -> None:
-    """ValueError unless a saved resident held ``layout`` may load as ``representation`` (it is never re-encoded)."""
-    if representation not in REPRESENTATIONS:
-        raise ValueError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
-    if representation not in ("auto", layout):
-        raise ValueError(
-            f"this saved resident is held {layout} and loads as it was saved: representation='auto' or {layout!r}, not {representation!r}"
-        )
+def check_saved(asked: str, layout: str) -> None:
+    """ValueError unless a saved resident held ``layout`` may load when ``asked`` for (it is never re-encoded)."""
+    check_layout(asked, allowed=CHOICES)
+    if asked not in ("auto", layout):
+        raise ValueError(f"this saved resident is held {layout} and loads as it was saved: layout='auto' or {layout!r}, not {asked!r}")

@@ -157,7 +157,7 @@ class Recovery:
         entry = self.catalog.acquisitions.get(name)
         if entry is None:
             return "released meanwhile"
-        how = {"source": entry.get("source"), "layout": entry.get("representation", "auto"), "copy": self.catalog.copies.get(name)}
+        how = {"source": entry.get("source"), "layout": entry.get("asked", "auto"), "copy": self.catalog.copies.get(name)}
         if how["source"] is None and how["copy"] is None:
             return "it has no source file and no copy to be held again from"
         entry["state"] = state

@@ -26,25 +26,21 @@ from ..device import has_gpu, parse_bytes
 from ..io.source import Source
 from ..io.stream import TcpSource
 from ..resident.base import check_dtype, check_shape
-from ..resident.live import check_live_representation, start_bytes
+from ..queries.functions import Function, ShardFunction
+from ..resident.compressed import check_layout
+from ..resident.live import start_bytes
 from .acquisition import Acquisition, Series
-from .calls import QueryFuture, call_async, shard_pool
+from .calls import QueryFuture
 from .catalog import PLUGIN_NAME, Catalog, check_copy_room
-from .maskcache import MaskNotCached, mask_digest
-from .layout import check_representation, check_saved_representation
+from .layout import CHOICES, check_saved
 from .placement import place
 from .progress import waited
+from .routing import Router
 from .shard import Shard, shard_key
 from .spawn import check_main_guard
 
 PathLike = str | os.PathLike
-MASKS_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
-REHOME_WAIT = 600.0  # seconds a query waits for an acquisition of a lost shard to be held again
 CONNECT_WAIT = 5.0  # seconds connect waits for a scheduler's port to answer
-
-
-class AcquisitionLost(RuntimeError):
-    """An acquisition's shard was lost and no surviving shard could hold it again."""
 
 
 def check_listening(address: str, what: str) -> None:
@@ -81,10 +77,8 @@ class Service:
         self.cluster = cluster
         self.closed = False
         self.budget = parse_bytes(budget)
-        self.masks_sent: set[tuple[str, str]] = set()
-        self.owners: dict[str, str] = {}  # the owner last seen of each acquisition name
-        self.pool = shard_pool(client)
-        client.sync(self.pool.start)
+        self.router = Router(client, self.check_open)
+        client.sync(self.router.pool.start)
         client.register_plugin(Catalog(), name=PLUGIN_NAME)
         self.ensure_shards()
 
@@ -141,7 +135,7 @@ class Service:
             return
         self.closed = True
         if self.client.status == "running":
-            self.client.sync(self.pool.close)
+            self.client.sync(self.router.pool.close)
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
@@ -182,99 +176,13 @@ class Service:
                 self.client.publish_dataset(future, name=shard_key(w))
             except KeyError:
                 pass  # another client published the same shard first
-        starts = [self.call(w, "start") for w in missing]
+        starts = [self.router.call(w, "start") for w in missing]
         for w, s in zip(missing, starts):
             shard = s.result()
             if self.budget is not None and shard["budget"] < self.budget:
                 memory = "GPU memory" if shard["device"]["kind"] == "cuda" else "memory limit"
                 warnings.warn(f"budget={format_bytes(self.budget)} is more than the {format_bytes(shard['budget'])} {memory} "
                               f"of worker {w}: its shard holds at most {format_bytes(shard['budget'])}", stacklevel=2)
-
-    def on_loop(self, coroutine) -> concurrent.futures.Future:
-        """Run ``coroutine`` on the client's event loop; a thread-safe future of its result."""
-        try:
-            self.check_open()
-        except RuntimeError:
-            coroutine.close()  # never awaited: no warning of it
-            raise
-        return asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
-
-    def call(self, address: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
-        """A direct call of a shard method on worker ``address``."""
-        return self.on_loop(self.send(address, method, *args, **kwargs))
-
-    async def send(self, address: str, method: str, *args, **kwargs) -> Any:
-        """Call a shard method on worker ``address`` (on the client's event loop)."""
-        return await call_async(self.pool, address, shard_key(address), method, *args, **kwargs)
-
-    async def send_virtual_images(self, address: str, names: list[str], stack: np.ndarray) -> np.ndarray:
-        """``virtual_images`` on a shard, sending the mask stack only if that shard has not got it."""
-        digest = mask_digest(stack)
-        sent = (address, digest)
-        args = (self.pool, address, shard_key(address), "virtual_images", names, digest)
-        if sent in self.masks_sent:
-            try:
-                return await call_async(*args)
-            except MaskNotCached:
-                pass
-        result = await call_async(*args, stack)
-        if len(self.masks_sent) > MASKS_REMEMBERED:
-            self.masks_sent.clear()
-        self.masks_sent.add(sent)
-        return result
-
-    def routed(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> concurrent.futures.Future:
-        """``send(owner, names of that owner)`` once per owning shard; a future of [(reply, positions in
-        ``names``)]. Names whose shard was lost, or that moved, go again to their new owner."""
-        return self.on_loop(self.routed_async(names, send))
-
-    def routed_method(self, names: list[str], method: str, *args) -> concurrent.futures.Future:
-        """:meth:`routed` of a shard method taking the names of its own acquisitions first."""
-        return self.routed(names, lambda owner, mine: self.send(owner, method, mine, *args))
-
-    async def routed_async(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> list[tuple[Any, list[int]]]:
-        todo = list(range(len(names)))
-        replies = []
-        deadline = time.monotonic() + REHOME_WAIT
-        while todo:
-            groups: dict[str, list[int]] = {}
-            for i in todo:
-                groups.setdefault(self.owners[names[i]], []).append(i)
-            outcomes = await asyncio.gather(*(send(o, [names[i] for i in idx]) for o, idx in groups.items()), return_exceptions=True)
-            todo = []
-            for (owner, idx), outcome in zip(groups.items(), outcomes):
-                if not isinstance(outcome, BaseException):
-                    replies.append((outcome, idx))
-                elif await self.rerouted([names[i] for i in idx], owner, outcome, deadline):
-                    todo += idx
-                else:
-                    raise outcome
-        return replies
-
-    async def rerouted(self, names: list[str], owner: str, error: BaseException, deadline: float) -> bool:
-        """Whether ``error`` from ``owner`` means these acquisitions' shard was lost (or they moved): then wait
-        until each is ready again, remember the new owners, and say to send again."""
-        if not isinstance(error, (OSError, KeyError)):
-            return False
-        started = time.monotonic()
-        while True:
-            entries = (await self.client.scheduler.qgpu_state())["acquisitions"]
-            if any(n not in entries for n in names):
-                return False  # released: the error stands
-            for n in names:
-                if entries[n]["state"] == "lost" and "error" in entries[n]:
-                    raise AcquisitionLost(f"acquisition {n!r} was lost with worker {owner} and could not be held again: {entries[n]['error']}")
-            if all(entries[n]["state"] in ("ready", "moving") for n in names):
-                if any(entries[n]["owner"] != owner for n in names):  # learn every new owner, not only these
-                    self.owners.update({n: e["owner"] for n, e in entries.items() if e["state"] in ("ready", "moving")})
-                    return True
-                if isinstance(error, KeyError):
-                    return False  # the shard is there and says so: a real error
-                if time.monotonic() > started + 1.0:
-                    return True  # still the owner a second later: the connection failed, not the worker
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"acquisitions {names} of worker {owner} were not held again within {REHOME_WAIT:.0f} s ({error})")
-            await asyncio.sleep(0.1)
 
     # -- loading ------------------------------------------------------------------
 
@@ -286,13 +194,13 @@ class Service:
         scan_shape: tuple[int, int] | None = None,
         worker: str | None = None,
         progress: bool = True,
-        representation: str = "auto",
+        layout: str = "auto",
     ) -> Acquisition | Series:
         """Load an HDF5 dataset, a .npy or a Zarr array, or a saved resident (or a list of them: a Series) onto the shards.
 
         Each file is read by the worker that will hold it. ``name`` defaults to
         the file stem; 3-D stacks need ``scan_shape``; ``worker`` pins the owner.
-        ``representation``: "compressed" (entropy-coded, exact), "dense", or
+        ``layout``: "compressed" (entropy-coded, exact), "dense", or
         "auto" (the owner decides, ``service.layout``: dense on CPU where it fits, compressed on GPUs or
         where dense would not fit, never below an estimated ratio of 1.5; ``acq.info()["layout_reason"]``
         says why). A saved resident
@@ -302,11 +210,11 @@ class Service:
         """
         one = isinstance(path, (str, os.PathLike))
         paths = [path] if one else list(path)
-        loads = self.start_loads(paths, dataset, name, scan_shape, worker, representation, one)
+        loads = self.start_loads(paths, dataset, name, scan_shape, worker, layout, one)
         if one:
             owner, loaded = loads.owners[0], loads.names[0]
             waited(loads.futures[0], f"loading {loaded}", loads.raw_bytes[0], "B",
-                   lambda: self.call(owner, "load_progress", loaded).result(), progress)
+                   lambda: self.router.call(owner, "load_progress", loaded).result(), progress)
             return Acquisition(self, loads.record(loads.futures[0]))
         return Series(self, [Acquisition(self, r) for r in self.gather(loads, progress, "loading")])
 
@@ -318,7 +226,7 @@ class Service:
         scan_shape: tuple[int, int] | None = None,
         worker: str | None = None,
         progress: bool = True,
-        representation: str = "auto",
+        layout: str = "auto",
     ) -> Iterator[Acquisition]:
         """Load like :meth:`load` and yield each acquisition as soon as it is resident, while later
         files are still being read (first done, first yielded).
@@ -326,7 +234,7 @@ class Service:
         If a load fails, the acquisitions not yet yielded are released and the
         error is raised; those already yielded stay.
         """
-        loads = self.start_loads(list(paths), dataset, name, scan_shape, worker, representation, False)
+        loads = self.start_loads(list(paths), dataset, name, scan_shape, worker, layout, False)
         bar = LoadProgress(loads, progress, "streaming")
         pending = set(loads.futures)
         try:
@@ -340,7 +248,7 @@ class Service:
         finally:
             bar.close()
 
-    def start_loads(self, paths: list, dataset, name, scan_shape, worker, representation: str, one: bool) -> "Loads":
+    def start_loads(self, paths: list, dataset, name, scan_shape, worker, layout: str, one: bool) -> "Loads":
         """Check names and sources, place every file by its bytes and start each load on its owner."""
         if not paths:
             raise ValueError("no paths given")
@@ -350,41 +258,18 @@ class Service:
         state = self.state()
         self.check_new_names(names, state)
         inspector = worker or next(iter(state["shards"]))
-        metas = self.call(inspector, "inspect", sources).result()
+        metas = self.router.call(inspector, "inspect", sources).result()
         for meta in metas:
             if "layout" in meta:  # a saved resident
-                check_saved_representation(representation, meta["layout"])
+                check_saved(layout, meta["layout"])
             else:
-                check_representation(representation, meta["dtype"])
+                check_layout(layout, meta["dtype"], CHOICES)
         owners = place([m["load_bytes"] for m in metas], state, pinned=worker)
         futures = [
-            self.on_loop(self.placed(n, o, m["load_bytes"], worker is not None, "load", s, representation))
+            self.router.on_loop(self.router.placed(n, o, m["load_bytes"], worker is not None, "load", s, layout))
             for o, n, s, m in zip(owners, names, sources, metas)
         ]
         return Loads(futures, names, [m["raw_bytes"] for m in metas], owners)
-
-    async def placed(self, name: str, owner: str, nbytes: int, pinned: bool, method: str, *args) -> dict:
-        """Shard method ``load`` or ``put`` of a new acquisition on ``owner``; its record with the owner.
-        If that worker dies first, the acquisition is placed again on a survivor (unless pinned) and sent there."""
-        deadline = time.monotonic() + REHOME_WAIT
-        while True:
-            try:
-                return await self.send(owner, method, name, *args) | {"owner": owner}
-            except OSError as err:
-                started = time.monotonic()
-                while True:  # until the catalog has settled what became of it
-                    state = await self.client.scheduler.qgpu_state()
-                    entry = state["acquisitions"].get(name)
-                    if entry is not None and entry["state"] == "ready":
-                        return dict(entry)  # it was held after all: the reply was lost
-                    alive = owner in state["shards"]
-                    if entry is None and (not alive or time.monotonic() > started + 1.0):
-                        break
-                    if time.monotonic() > deadline or (pinned and not alive):
-                        raise err
-                    await asyncio.sleep(0.1)
-                if not alive:
-                    owner = place([nbytes], state)[0]
 
     def release_loaded(self, futures) -> None:
         """Wait for ``futures`` (loads) and release the acquisitions they made."""
@@ -393,8 +278,8 @@ class Service:
             if f.exception() is None:
                 self[f.result()["name"]].release()
 
-    def put(self, array: np.ndarray, name: str | None = None, worker: str | None = None, representation: str = "auto") -> Acquisition:
-        """Send an in-memory 4-D array to a shard as a new acquisition (``representation`` as in :meth:`load`).
+    def put(self, array: np.ndarray, name: str | None = None, worker: str | None = None, layout: str = "auto") -> Acquisition:
+        """Send an in-memory 4-D array to a shard as a new acquisition (``layout`` as in :meth:`load`).
 
         The scheduler keeps a copy (``np.save`` bytes; 2 GiB in all) to hold it again if its worker is lost.
         An array that fits no shard's budget, or beside the copies kept, is refused before anything is sent;
@@ -403,7 +288,7 @@ class Service:
         array = np.asarray(array)
         check_shape(array.shape)
         dtype = check_dtype(array.dtype)
-        check_representation(representation, dtype)
+        check_layout(layout, dtype, CHOICES)
         name = name or f"array-{uuid.uuid4().hex[:8]}"
         self.ensure_shards()
         state = self.state()
@@ -415,18 +300,18 @@ class Service:
         np.save(copy, array, allow_pickle=False)
         self.client.sync(self.client.scheduler.qgpu_keep_copy, name=name, data=copy.getvalue())
         try:
-            record = self.on_loop(self.placed(name, owner, array.nbytes, worker is not None, "put", array, representation)).result()
+            record = self.router.on_loop(self.router.placed(name, owner, array.nbytes, worker is not None, "put", array, layout)).result()
         except BaseException:
             self.client.sync(self.client.scheduler.qgpu_forget_copy, name=name)
             raise
         return Acquisition(self, record | {"name": name})
 
     def create(self, name: str, scan_shape: tuple[int, int], det_shape: tuple[int, int], dtype="uint16",
-               representation: str = "compressed", worker: str | None = None) -> Acquisition:
+               layout: str = "compressed", worker: str | None = None) -> Acquisition:
         """A new, empty live acquisition on a chosen shard (``worker`` pins it): it grows by
         ``acq.append(frames)`` (from here or from worker-side code) or ``svc.ingest(source, acq)`` (frames
         from a detector stream, straight to the owner), and answers queries at any time, exactly, for the scan
-        positions received (``acq.received``). ``representation``: "compressed" (complete scan blocks coded
+        positions received (``acq.received``). ``layout``: "compressed" (complete scan blocks coded
         as they fill, the filling one kept dense) or "dense". Once every position has arrived it is held as
         one loaded from a file. A live acquisition has no file to be read again from: if its worker is lost
         before it is saved, it is lost."""
@@ -435,13 +320,13 @@ class Service:
             raise ValueError(f"scan_shape and det_shape are (rows, cols) each, got {scan_shape} and {det_shape}")
         check_shape(shape)
         dtype = check_dtype(dtype)
-        check_live_representation(representation, dtype)
+        check_layout(layout, dtype)
         self.ensure_shards()
         state = self.state()
         self.check_new_names([name], state)
-        nbytes = start_bytes(shape, dtype, representation)
+        nbytes = start_bytes(shape, dtype, layout)
         owner = place([nbytes], state, pinned=worker)[0]
-        record = self.on_loop(self.placed(name, owner, nbytes, worker is not None, "create", shape, str(dtype), representation)).result()
+        record = self.router.on_loop(self.router.placed(name, owner, nbytes, worker is not None, "create", shape, str(dtype), layout)).result()
         return Acquisition(self, record | {"name": name})
 
     def ingest(self, source: TcpSource, acq: Acquisition, wait: bool = True, progress: bool = True):
@@ -449,7 +334,7 @@ class Service:
         it as they come; the frames go from the stream to the owner, not through this client. Returns the
         owner's {"frames", "received"} (with ``wait=False`` a future of it, while queries go on). If the stream
         stops inside a frame or breaks, the error is raised and the positions that arrived are kept."""
-        future = acq.query("ingest", source)
+        future = acq.call("ingest", source)
         if not wait:
             return future
         with tqdm(total=acq.n_frames, desc=f"ingest {acq.name}", unit="frame", disable=not progress) as bar:
@@ -517,23 +402,16 @@ class Service:
         ``Series``, ``fn(part, *args, **kwargs)`` runs once on each shard holding some of it, ``part`` a
         ``ShardSeries`` (its residents in series order, ``part.positions`` their places, ``part.feed``);
         the result is [(positions, fn's result)] per shard, by first position."""
+        if isinstance(acq, Acquisition):
+            return acq.ask(Function, fn, args, kwargs, wait=False)
         if isinstance(acq, Series):
-            names = acq.names
-
-            def send(owner, mine):
-                return self.send(owner, "run_series", mine, [names.index(n) for n in mine], fn, args, kwargs)
-
-            def assemble(replies, positions):
-                return sorted(((where, reply[0]) for reply, where in zip(replies, positions)), key=lambda pair: pair[0][0])
-
-            return QueryFuture(self.routed(names, send), assemble)
-        acq = acq if isinstance(acq, Acquisition) else self[acq]
-        return acq.query("run", fn, args, kwargs)
+            return acq.ask(ShardFunction, fn, args, kwargs, wait=False)
+        return self[acq].ask(Function, fn, args, kwargs, wait=False)
 
     def info(self) -> "ServiceInfo":
         """Shards (worker, device, resident bytes, budget) and acquisitions with their owners."""
         state = self.state()
-        replies = [self.call(w, "info") for w in state["shards"]]
+        replies = [self.router.call(w, "info") for w in state["shards"]]
         shards = [r.result() for r in replies]
         return ServiceInfo(shards=shards, acquisitions=list(state["acquisitions"].values()), events=state["events"])
 

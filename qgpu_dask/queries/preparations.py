@@ -20,22 +20,23 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .base import Context, Kept
+
 
 def pixels_key(indices: np.ndarray) -> str:
     """A digest of a bright-field pixel selection."""
     return hashlib.blake2b(np.ascontiguousarray(indices, np.int64).tobytes(), digest_size=16).hexdigest()
 
 
-class PreparedCache:
-    """Preparations (anything with ``nbytes``) by (acquisition, key), at most ``limit`` bytes in all."""
+class PreparedCache(Kept):
+    """Preparations (anything with ``nbytes``) by (acquisition, key), at most half the shard's budget in all."""
 
-    def __init__(self, limit: int):
-        self.limit = limit
+    def __init__(self, ctx: Context):
+        self.limit = ctx.budget // 2
         self.entries: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.lock = threading.Lock()
 
-    @property
-    def nbytes(self) -> int:
+    def spare_bytes(self) -> int:
         with self.lock:
             return self.held()
 

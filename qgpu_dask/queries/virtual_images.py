@@ -1,0 +1,171 @@
+"""Virtual images: per scan position, the exact sum of counts over each mask's detector pixels.
+
+Masks are sent once: interactive use repeats masks (the same BF disk on every acquisition, a viewer
+asking again). A client sends a mask stack with its digest the first time a
+shard sees it and only the digest afterwards; the shard keeps the stack and,
+per resident, the prepared plan (weights checked, accumulator chosen, weights
+on the device). A shard that has dropped a stack answers ``MaskNotCached`` and
+the client sends it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+
+from ..device import cupy_or_none
+from ..resident import Resident, mask_weights
+from ..resident.base import Plan
+from ..resident.masks import as_mask_stack
+from .base import Context, Kept, Query, register
+
+STACK_BYTES = 256 * 2**20
+PLANS = 512
+SENT_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
+SIDE_STREAMS = 8
+
+
+class MaskNotCached(KeyError):
+    """The shard does not hold the mask stack of this digest (evicted, or a restarted worker)."""
+
+
+def mask_digest(stack: np.ndarray) -> str:
+    """A digest of a mask stack's dtype, shape and values."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{stack.dtype.str}{stack.shape}".encode())
+    h.update(np.ascontiguousarray(stack).view(np.uint8).data)
+    return h.hexdigest()
+
+
+class MaskCache(Kept):
+    """Mask stacks by digest (bounded in bytes, host memory) and plans by (acquisition, digest) (bounded in
+    count; their weights are small beside the residents and are not counted against the budget)."""
+
+    def __init__(self, ctx: Context | None = None, stack_bytes: int = STACK_BYTES, plans: int = PLANS):
+        self.stack_bytes = stack_bytes
+        self.max_plans = plans
+        self.stacks: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.plans: OrderedDict[tuple[str, str], Callable] = OrderedDict()
+        self.lock = threading.Lock()  # the event loop and the query thread both use the cache
+
+    def stack(self, digest: str, stack: np.ndarray | None) -> np.ndarray:
+        """The stack of ``digest``: stored if given (checked against the digest), else looked up."""
+        if stack is not None:
+            stack = np.asarray(stack)
+            if mask_digest(stack) != digest:
+                raise ValueError("mask stack does not match its digest")
+        with self.lock:
+            if stack is not None:
+                self.stacks[digest] = stack
+                while sum(s.nbytes for s in self.stacks.values()) > self.stack_bytes and len(self.stacks) > 1:
+                    self.stacks.popitem(last=False)
+            if digest not in self.stacks:
+                raise MaskNotCached(digest)
+            self.stacks.move_to_end(digest)
+            return self.stacks[digest]
+
+    def plan(self, name: str, digest: str, make: Callable[[], Callable]) -> Callable:
+        """The plan of acquisition ``name`` for ``digest``, made with ``make()`` the first time."""
+        key = (name, digest)
+        with self.lock:
+            plan = self.plans.get(key)
+            if plan is not None:
+                self.plans.move_to_end(key)
+                return plan
+        plan = make()
+        with self.lock:
+            self.plans[key] = plan
+            while len(self.plans) > self.max_plans:
+                self.plans.popitem(last=False)
+        return plan
+
+    def forget(self, name: str) -> None:
+        """Drop the plans of an acquisition (released, or its name about to be reused)."""
+        with self.lock:
+            for key in [k for k in self.plans if k[0] == name]:
+                del self.plans[key]
+
+
+side = threading.local()
+
+
+def run_together(plans: list[Plan]) -> list[np.ndarray]:
+    """Answer several residents' plans at once: each starts on one of a few CUDA streams of this thread,
+    so their kernels overlap (one resident's query rarely fills a GPU), then every result is collected."""
+    cp = cupy_or_none()
+    if cp is None or len(plans) < 2:
+        return [plan() for plan in plans]
+    if not hasattr(side, "streams"):
+        side.streams = [cp.cuda.Stream(non_blocking=True) for _ in range(SIDE_STREAMS)]
+    pending = []
+    for i, plan in enumerate(plans):
+        stream = side.streams[i % SIDE_STREAMS]
+        with stream:
+            pending.append((stream, plan.launch()))
+    results = []
+    for stream, finish in pending:
+        stream.synchronize()
+        with stream:
+            results.append(finish())
+    return results
+
+
+sent: set[tuple[str, str]] = set()  # (shard address, digest) of the stacks this client has sent
+
+
+@register
+class VirtualImages(Query):
+    """(n_acquisitions, n_masks, scan_rows, scan_cols) exact virtual images, every mask in one pass over
+    each resident; ``one``: one 2-D mask, the masks axis dropped (default: when ``masks`` is one 2-D
+    array)."""
+
+    name = "virtual_images"
+    inline = True
+    keeps = {"masks": MaskCache}
+
+    def __init__(self, series, masks, one: bool | None = None):
+        self.stack = as_mask_stack(masks, series.same("det_shape"))
+        series.same("scan_shape")
+        self.one = (np.ndim(masks) == 2 and not isinstance(masks, (list, tuple))) if one is None else one
+        self.digest = mask_digest(self.stack)
+
+    async def send(self, call, owner: str, names: list[str]) -> np.ndarray:
+        """The digest alone where this shard has been sent the stack (the stack again if it has dropped it)."""
+        key = (owner, self.digest)
+        if key in sent:
+            try:
+                return await call(owner, names, self.digest)
+            except MaskNotCached:
+                pass
+        result = await call(owner, names, self.digest, self.stack)
+        if len(sent) > SENT_REMEMBERED:
+            sent.clear()
+        sent.add(key)
+        return result
+
+    @staticmethod
+    def run(ctx: Context, residents: list[Resident], digest: str, masks: np.ndarray | None = None) -> np.ndarray:
+        """(len(residents), n_masks, scan_rows, scan_cols), from the plans kept per resident and stack."""
+        cache: MaskCache = ctx.kept["masks"]
+        stack = cache.stack(digest, masks)
+        weights: dict[tuple, Any] = {}
+
+        def make(r: Resident) -> Callable:
+            key = (r.det_shape, r.dtype)
+            if key not in weights:
+                weights[key] = mask_weights(stack, r.det_shape, r.dtype)
+            return r.plan_virtual_images(weights[key])
+
+        return np.stack(run_together([cache.plan(r.name, digest, lambda r=r: make(r)) for r in residents]))
+
+    def merge(self, replies: list[np.ndarray], positions: list[list[int]]) -> np.ndarray:
+        out = None
+        for reply, where in zip(replies, positions):
+            if out is None:
+                out = np.empty((sum(map(len, positions)),) + reply.shape[1:], dtype=reply.dtype)
+            out[where] = reply
+        return out[:, 0] if self.one else out

@@ -1,0 +1,140 @@
+"""Routing: calls from one client to the shards that own the acquisitions, one call per owning shard, sent
+again to the new owner when a shard was lost or an acquisition moved; loads placed again when their
+worker dies first. Calls go straight to the workers (``calls``), never through the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from typing import Any, Awaitable, Callable
+
+from distributed import Client
+
+from ..queries.base import Query, UnknownQuery, built_in, wire_name
+from .calls import QueryFuture, call_async, shard_pool
+from .placement import place
+from .shard import shard_key
+
+REHOME_WAIT = 600.0  # seconds a query waits for an acquisition of a lost shard to be held again
+
+
+class AcquisitionLost(RuntimeError):
+    """An acquisition's shard was lost and no surviving shard could hold it again."""
+
+
+class Router:
+    """One client's calls to the shards: the owner last seen of each acquisition, and the connections."""
+
+    def __init__(self, client: Client, check_open: Callable[[], None]):
+        self.client = client
+        self.check_open = check_open
+        self.owners: dict[str, str] = {}  # the owner last seen of each acquisition name
+        self.pool = shard_pool(client)
+
+    def on_loop(self, coroutine) -> concurrent.futures.Future:
+        """Run ``coroutine`` on the client's event loop; a thread-safe future of its result."""
+        try:
+            self.check_open()
+        except RuntimeError:
+            coroutine.close()  # never awaited: no warning of it
+            raise
+        return asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
+
+    def call(self, address: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
+        """A direct call of a shard method on worker ``address``."""
+        return self.on_loop(self.send(address, method, *args, **kwargs))
+
+    async def send(self, address: str, method: str, *args, **kwargs) -> Any:
+        """Call a shard method on worker ``address`` (on the client's event loop)."""
+        return await call_async(self.pool, address, shard_key(address), method, *args, **kwargs)
+
+    def ask(self, query: Query, names: list[str]) -> QueryFuture:
+        """``query`` on the acquisitions ``names``: one ``Shard.ask`` per owning shard (a user's query type is
+        sent to a shard the first time it is asked there), assembled by ``query.merge``."""
+        kind = type(query)
+        name = wire_name(kind)
+
+        async def call(owner: str, mine: list[str], *args) -> Any:
+            try:
+                return await self.send(owner, "ask", name, mine, *args)
+            except UnknownQuery:
+                if built_in(kind):
+                    raise
+            await self.send(owner, "learn", kind)
+            return await self.send(owner, "ask", name, mine, *args)
+
+        future = self.routed(names, lambda owner, mine: query.send(call, owner, mine))
+        return QueryFuture(future, query.merge)
+
+    def routed(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> concurrent.futures.Future:
+        """``send(owner, names of that owner)`` once per owning shard; a future of [(reply, positions in
+        ``names``)]. Names whose shard was lost, or that moved, go again to their new owner."""
+        return self.on_loop(self.routed_async(names, send))
+
+    async def routed_async(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> list[tuple[Any, list[int]]]:
+        todo = list(range(len(names)))
+        replies = []
+        deadline = time.monotonic() + REHOME_WAIT
+        while todo:
+            groups: dict[str, list[int]] = {}
+            for i in todo:
+                groups.setdefault(self.owners[names[i]], []).append(i)
+            outcomes = await asyncio.gather(*(send(o, [names[i] for i in idx]) for o, idx in groups.items()), return_exceptions=True)
+            todo = []
+            for (owner, idx), outcome in zip(groups.items(), outcomes):
+                if not isinstance(outcome, BaseException):
+                    replies.append((outcome, idx))
+                elif await self.rerouted([names[i] for i in idx], owner, outcome, deadline):
+                    todo += idx
+                else:
+                    raise outcome
+        return replies
+
+    async def rerouted(self, names: list[str], owner: str, error: BaseException, deadline: float) -> bool:
+        """Whether ``error`` from ``owner`` means these acquisitions' shard was lost (or they moved): then wait
+        until each is ready again, remember the new owners, and say to send again."""
+        if not isinstance(error, (OSError, KeyError)):
+            return False
+        started = time.monotonic()
+        while True:
+            entries = (await self.client.scheduler.qgpu_state())["acquisitions"]
+            if any(n not in entries for n in names):
+                return False  # released: the error stands
+            for n in names:
+                if entries[n]["state"] == "lost" and "error" in entries[n]:
+                    raise AcquisitionLost(f"acquisition {n!r} was lost with worker {owner} and could not be held again: {entries[n]['error']}")
+            if all(entries[n]["state"] in ("ready", "moving") for n in names):
+                if any(entries[n]["owner"] != owner for n in names):  # learn every new owner, not only these
+                    self.owners.update({n: e["owner"] for n, e in entries.items() if e["state"] in ("ready", "moving")})
+                    return True
+                if isinstance(error, KeyError):
+                    return False  # the shard is there and says so: a real error
+                if time.monotonic() > started + 1.0:
+                    return True  # still the owner a second later: the connection failed, not the worker
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"acquisitions {names} of worker {owner} were not held again within {REHOME_WAIT:.0f} s ({error})")
+            await asyncio.sleep(0.1)
+
+    async def placed(self, name: str, owner: str, nbytes: int, pinned: bool, method: str, *args) -> dict:
+        """Shard method ``load`` or ``put`` of a new acquisition on ``owner``; its record with the owner.
+        If that worker dies first, the acquisition is placed again on a survivor (unless pinned) and sent there."""
+        deadline = time.monotonic() + REHOME_WAIT
+        while True:
+            try:
+                return await self.send(owner, method, name, *args) | {"owner": owner}
+            except OSError as err:
+                started = time.monotonic()
+                while True:  # until the catalog has settled what became of it
+                    state = await self.client.scheduler.qgpu_state()
+                    entry = state["acquisitions"].get(name)
+                    if entry is not None and entry["state"] == "ready":
+                        return dict(entry)  # it was held after all: the reply was lost
+                    alive = owner in state["shards"]
+                    if entry is None and (not alive or time.monotonic() > started + 1.0):
+                        break
+                    if time.monotonic() > deadline or (pinned and not alive):
+                        raise err
+                    await asyncio.sleep(0.1)
+                if not alive:
+                    owner = place([nbytes], state)[0]
