@@ -37,7 +37,8 @@ import numpy as np
 
 from ..device import synchronize
 from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
-from .source import Source, open_reader
+from .registry import open_reader
+from .source import Source
 
 FORMAT = "qgpu-frames-1"
 COMPRESSIONS = ("none", "bitshuffle-lz4")
