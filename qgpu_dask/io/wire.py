@@ -23,7 +23,7 @@ COMPRESSIONS = ("none", "bitshuffle-lz4")
 MESSAGE_FRAMES = 4096  # the most frames a message of chunks may carry
 
 
-def header_line(scan_shape, det_shape, dtype, compression: str = "none") -> bytes:
+def header_line(scan_shape: tuple[int, int], det_shape: tuple[int, int], dtype, compression: str = "none") -> bytes:
     """The header line a sender writes first."""
     return (json.dumps({"format": FORMAT, "scan_shape": list(scan_shape), "det_shape": list(det_shape), "dtype": str(np.dtype(dtype)),
                         "compression": compression}) + "\n").encode()
