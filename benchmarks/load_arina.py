@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record
 
 import qgpu_dask as qd
-from qgpu_dask.io.arina import ArinaReader
+from qgpu_dask.io.readers.arina import ArinaReader
 
 FRAMES_PER_FILE = 10000
 

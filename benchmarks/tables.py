@@ -133,7 +133,7 @@ DENSE = ["qgpu_dask/resident/dense.py", "qgpu_dask/resident/cpu/dense.py", "qgpu
 COMPRESSED = ["qgpu_dask/resident/compressed.py", "qgpu_dask/resident/cpu/compressed.py", "qgpu_dask/resident/cuda/compressed.py",
               "kernels/compressed.cu", "qgpu_dask/formats"]
 SERVICE = ["qgpu_dask/service", "qgpu_dask/resident/base.py"]
-LOADS = ["qgpu_dask/io/load.py", "qgpu_dask/io/hdf5.py", "qgpu_dask/io/npy.py", "qgpu_dask/resident/staging.py"]
+LOADS = ["qgpu_dask/io/load.py", "qgpu_dask/io/readers/hdf5.py", "qgpu_dask/io/readers/npy.py", "qgpu_dask/resident/staging.py"]
 SSB = ["qgpu_dask/phase/calibration.py", "qgpu_dask/phase/cpu.py", "qgpu_dask/phase/cuda.py", "qgpu_dask/phase/fit.py", "qgpu_dask/phase/optics.py",
        "qgpu_dask/phase/sideband.py", "kernels/ssb.cu"]
 
@@ -143,7 +143,7 @@ MEASURES: dict[str, list[str]] = {
     "gpu_dense": ["qgpu_dask/resident/cuda/dense.py", "kernels/dense.cu"],
     "service_overhead": SERVICE + DENSE + LOADS,
     "compressed": COMPRESSED + ["qgpu_dask/resident/dense.py", "qgpu_dask/resident/masks.py"],
-    "load_arina": ["qgpu_dask/io/arina.py", "qgpu_dask/io/stored_chunks.py", "qgpu_dask/io/load.py", "qgpu_dask/resident/staging.py"]
+    "load_arina": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py", "qgpu_dask/io/load.py", "qgpu_dask/resident/staging.py"]
     + COMPRESSED + SERVICE,
     "reliability": SERVICE + DENSE + COMPRESSED + LOADS,
     "ssb_vs_ptychography40": SSB,
@@ -151,8 +151,8 @@ MEASURES: dict[str, list[str]] = {
     "ssb_gpu": SSB + DENSE + COMPRESSED,
     "direct_gpu": SSB + ["qgpu_dask/phase/direct.py"],
     "ptycho_gpu": ["qgpu_dask/phase/iterative", "kernels/ptycho.cu", "qgpu_dask/resident/feed.py"] + COMPRESSED,
-    "live_gpu": ["qgpu_dask/resident/live.py", "qgpu_dask/io/stream.py", "qgpu_dask/io/source.py", "qgpu_dask/io/frames.py",
-                 "kernels/bitshuffle_lz4.cu", "qgpu_dask/cli.py"] + COMPRESSED + SERVICE,
+    "live_gpu": ["qgpu_dask/resident/live.py", "qgpu_dask/io/stream.py", "qgpu_dask/io/wire.py", "qgpu_dask/io/simulator.py",
+                 "qgpu_dask/io/source.py", "qgpu_dask/io/registry.py", "qgpu_dask/io/readers/base.py", "kernels/bitshuffle_lz4.cu", "qgpu_dask/cli.py"] + COMPRESSED + SERVICE,
     "tensor_rates": [],
     "cpu_vs_libertem": SERVICE + DENSE + COMPRESSED + LOADS,
 }

@@ -16,7 +16,7 @@ import numpy as np
 from . import masks
 from .figure import figure
 from .io.source import Source
-from .io.stream import serve
+from .io.simulator import serve
 from .io.synthetic import crystal, crystal_geometry
 from .service import Service
 from .phase.calibration import icom

@@ -27,7 +27,7 @@ import hdf5plugin
 import numpy as np
 import zarr
 
-from .io.empad import STORED_ROWS
+from .io.readers.empad import STORED_ROWS
 from .io.synthetic import crystal
 from .phase import simulate
 from .phase.optics import Optics

@@ -78,7 +78,7 @@ def test_inspect_reports_without_loading(rng, tmp_path):
 
 
 def test_reader_blocks_and_read_into_agree(rng, tmp_path):
-    from qgpu_dask.io.arina import ArinaReader
+    from qgpu_dask.io.readers.arina import ArinaReader
 
     frames = rng.poisson(0.6, (30, 11, 9)).astype(np.uint16)
     master = write_arina(tmp_path, frames, per_file=7)
@@ -126,7 +126,7 @@ def write_interleaved(folder, frames: np.ndarray) -> object:
 
 
 def test_frames_stored_apart_read_one_by_one(rng, tmp_path):
-    from qgpu_dask.io.arina import ArinaReader
+    from qgpu_dask.io.readers.arina import ArinaReader
 
     frames = rng.poisson(2.0, (24, 16, 16)).astype(np.uint16)
     master = write_interleaved(tmp_path, frames)
@@ -143,7 +143,7 @@ def test_frames_stored_apart_read_one_by_one(rng, tmp_path):
 
 
 def test_file_ending_inside_a_chunk_names_the_frame(rng, tmp_path):
-    from qgpu_dask.io.arina import ArinaReader
+    from qgpu_dask.io.readers.arina import ArinaReader
 
     frames = rng.poisson(2.0, (16, 16, 16)).astype(np.uint16)
     master = write_arina(tmp_path, frames, per_file=16)
@@ -165,7 +165,7 @@ def test_file_ending_inside_a_chunk_names_the_frame(rng, tmp_path):
 def test_device_load_through_pinned_buffers(rng, tmp_path):
     import cupy as cp
 
-    from qgpu_dask.io.arina import ArinaReader
+    from qgpu_dask.io.readers.arina import ArinaReader
     from qgpu_dask.io.load import read_dense
 
     frames = rng.poisson(0.8, (70, 12, 10)).astype(np.uint16)

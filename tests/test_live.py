@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.io import stream
+from qgpu_dask.io.simulator import serve
 from qgpu_dask.io.source import Source
+from qgpu_dask.io.wire import header_line
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.dense import DenseCounts
 from qgpu_dask.resident.live import PROBE, LiveCounts
@@ -190,7 +191,7 @@ def test_the_simulator_streams_a_file_to_the_owner_over_loopback(svc, names, cou
     acq = svc.create(names("ingest"), counts.shape[:2], counts.shape[2:], "uint16")
     server = listening()
     port = server.getsockname()[1]
-    sender = threading.Thread(target=stream.serve, args=(Source(str(acquisition_file), "data"), server, 20000.0))
+    sender = threading.Thread(target=serve, args=(Source(str(acquisition_file), "data"), server, 20000.0))
     sender.start()
     try:
         result = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read=100), acq, progress=False)
@@ -212,7 +213,7 @@ def test_a_stream_that_stops_inside_a_frame_keeps_the_frames_before(svc, names, 
     def broken():
         conn, _ = server.accept()
         with conn:
-            conn.sendall(stream.header_line(counts.shape[:2], counts.shape[2:], counts.dtype))
+            conn.sendall(header_line(counts.shape[:2], counts.shape[2:], counts.dtype))
             conn.sendall(flat[:300].tobytes() + flat[300].tobytes()[:51])
 
     sender = threading.Thread(target=broken)
@@ -237,7 +238,7 @@ def test_a_stream_of_other_frames_is_refused(svc, names, counts):
     def other():
         conn, _ = server.accept()
         with conn:
-            conn.sendall(stream.header_line(counts.shape[:2], (9, 12), "uint16"))
+            conn.sendall(header_line(counts.shape[:2], (9, 12), "uint16"))
 
     sender = threading.Thread(target=other)
     sender.start()
@@ -364,7 +365,7 @@ def test_no_stream_and_a_stalled_stream_are_named(svc, names, counts):
     def stalls():
         conn, _ = server.accept()
         with conn:
-            conn.sendall(stream.header_line(counts.shape[:2], counts.shape[2:], counts.dtype))
+            conn.sendall(header_line(counts.shape[:2], counts.shape[2:], counts.dtype))
             conn.sendall(flat[:40].tobytes() + flat[40].tobytes()[:7])
             done.wait(30)  # quiet, but open
 
@@ -392,7 +393,7 @@ def test_a_reader_that_stops_early_does_not_wait_for_a_quiet_sender(counts):
     def pauses():
         conn, _ = server.accept()
         with conn:
-            conn.sendall(stream.header_line(counts.shape[:2], counts.shape[2:], counts.dtype) + flat[:10].tobytes())
+            conn.sendall(header_line(counts.shape[:2], counts.shape[2:], counts.dtype) + flat[:10].tobytes())
             done.wait(30)  # quiet, but open
 
     sender = threading.Thread(target=pauses)
@@ -417,7 +418,7 @@ def test_a_detector_sends_its_bitshuffle_lz4_chunks(svc, names, counts, arina_ma
     flat = counts.reshape(-1, *counts.shape[2:])
     server = listening()
     source = Source(str(arina_master), scan_shape=counts.shape[:2])
-    sender = threading.Thread(target=stream.serve, args=(source, server), kwargs={"compressed": True})
+    sender = threading.Thread(target=serve, args=(source, server), kwargs={"compressed": True})
     sender.start()
     got = np.concatenate(list(qd.TcpSource("127.0.0.1", server.getsockname()[1], frames_per_read=100).frames(counts.shape[2:], np.uint16)))
     sender.join(30)
@@ -446,7 +447,7 @@ def test_chunks_stored_out_of_order_go_out_in_scan_order(tmp_path):
         f["/entry/instrument/detector/description"] = "Dectris Arina (test layout)"
     server = listening()
     source = Source(str(tmp_path / "scan_master.h5"), scan_shape=(10, 20))
-    sender = threading.Thread(target=stream.serve, args=(source, server), kwargs={"compressed": True})
+    sender = threading.Thread(target=serve, args=(source, server), kwargs={"compressed": True})
     sender.start()
     got = np.concatenate(list(qd.TcpSource("127.0.0.1", server.getsockname()[1]).frames(flat.shape[1:], np.uint16)))
     sender.join(30)
@@ -468,7 +469,7 @@ def test_malformed_and_cut_chunk_streams(counts, acquisition_file):
         def send():
             conn, _ = server.accept()
             with conn:
-                conn.sendall(stream.header_line(counts.shape[:2], counts.shape[2:], counts.dtype, "bitshuffle-lz4") + body)
+                conn.sendall(header_line(counts.shape[:2], counts.shape[2:], counts.dtype, "bitshuffle-lz4") + body)
 
         sender = threading.Thread(target=send)
         sender.start()
@@ -480,7 +481,7 @@ def test_malformed_and_cut_chunk_streams(counts, acquisition_file):
         sender.join(30)
         server.close()
     with listening() as server, pytest.raises(ValueError, match="replays an Arina/Eiger master"):
-        stream.serve(Source(str(acquisition_file), "data"), server, compressed=True)
+        serve(Source(str(acquisition_file), "data"), server, compressed=True)
 
 
 def message(chunks: list[bytes]) -> bytes:

@@ -40,7 +40,8 @@ def test_checksum_of_a_loaded_file(svc, names, rng, tmp_path):
 def test_compressed_load_codes_block_by_block(rng, tmp_path):
     # 40 x 30 frames in reads of 7 frames: many reads per codec block, and a short last block.
     from qgpu_dask.io.load import read_compressed
-    from qgpu_dask.io.source import Source, open_reader
+    from qgpu_dask.io.registry import open_reader
+    from qgpu_dask.io.source import Source
 
     data = rng.poisson(0.6, (40, 30, 6, 5)).astype(np.uint16)
     write_h5(tmp_path / "a.h5", data)

@@ -11,10 +11,11 @@ import pytest
 import zarr
 
 import qgpu_dask as qd
-from qgpu_dask.io.empad import FRAME_BYTES, EmpadReader
-from qgpu_dask.io.gzip_stack import GzipStackReader
-from qgpu_dask.io.hdf5 import HDF5Reader
-from qgpu_dask.io.source import Source, detect_format, open_reader
+from qgpu_dask.io.readers.empad import FRAME_BYTES, EmpadReader
+from qgpu_dask.io.readers.gzip_stack import GzipStackReader
+from qgpu_dask.io.readers.hdf5 import HDF5Reader
+from qgpu_dask.io.registry import detect_format, open_reader
+from qgpu_dask.io.source import Source
 
 SCAN = (5, 7)
 GZIP_SCAN = (6, 7)
@@ -61,7 +62,7 @@ def write_gzip(path, data: np.ndarray, shuffle: bool = False, four_d: bool = Fal
 def test_empad_reader_alone(tmp_path, rng):
     path = tmp_path / "scan_x7_y5.raw"
     frames = write_empad(path, rng, 35)
-    assert detect_format(path) == "empad"
+    assert detect_format(path).name == "empad"
     reader = open_reader(Source(str(path)))
     try:
         assert isinstance(reader, EmpadReader)

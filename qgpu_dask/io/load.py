@@ -13,8 +13,10 @@ from ..resident.base import Resident, check_dtype
 from ..resident.dense import DenseCounts
 from ..resident.live import LiveCounts
 from ..resident.staging import PinnedStaging
-from .saved import describe_saved
-from .source import BLOCK_BYTES, Reader, ScanShapeNeeded, Source, detect_format, frames_per_block, open_reader
+from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ScanShapeNeeded, frames_per_block
+from .registry import open_reader
+from .saved import describe_saved, is_saved
+from .source import Source
 
 
 def describe(reader: Reader) -> dict:
@@ -27,7 +29,7 @@ def describe(reader: Reader) -> dict:
 
 def inspect(source: Source) -> dict:
     """:func:`describe` of a source, opened and closed again; a saved resident is described from its header."""
-    if detect_format(Path(source.path).expanduser()) == "qgpu":
+    if is_saved(source):
         return describe_saved(source)
     reader = open_reader(source)
     try:
@@ -43,7 +45,7 @@ def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
     source = Source(str(Path(path).expanduser().resolve()), dataset, tuple(scan_shape) if scan_shape else None)
     where = Path(source.path)
     on_disk = sum(p.stat().st_size for p in where.rglob("*") if p.is_file()) if where.is_dir() else where.stat().st_size
-    if detect_format(where) == "qgpu":
+    if is_saved(source):
         meta = describe_saved(source)
         return {"format": f"saved resident ({meta['layout']})", "shape": meta["shape"], "dtype": meta["dtype"],
                 "compression": codec.FORMAT if meta["layout"] == "compressed" else "none",
@@ -69,7 +71,7 @@ def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_by
     """A DenseCounts filled from ``reader`` in blocks, ``progress(frames read so far)`` after each; a failed
     read names the first frame it did not get."""
     resident = DenseCounts.empty(name, reader.shape, check_dtype(reader.dtype), xp)
-    if hasattr(reader, "blocks_into"):  # the reader decodes into host memory, or pinned buffers bound for the device
+    if isinstance(reader, DecodesInto):  # the reader decodes into host memory, or pinned buffers bound for the device
         if resident.xp is np:
             frames = resident.flat.reshape(resident.n_frames, *resident.det_shape)
             for start, block in reader.blocks_into(lambda start, n: frames[start : start + n], block_bytes):

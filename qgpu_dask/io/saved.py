@@ -37,6 +37,12 @@ def save_resident(resident: Resident, path: str | os.PathLike) -> int:
     return container.write(path, meta, {k: to_host(v) for k, v in arrays.items()})
 
 
+def is_saved(source: Source) -> bool:
+    """Whether ``source`` is a saved resident, opened whole (:func:`open_resident`), rather than a file a
+    reader streams (``io.registry.open_reader``): the one place loads and inspections choose between them."""
+    return container.is_container(Path(source.path).expanduser())
+
+
 def describe_saved(source: Source) -> dict:
     """Shape, dtype, raw bytes, layout and the device bytes a load reserves, from a saved resident's header."""
     meta = container.read_header(Path(source.path).expanduser())

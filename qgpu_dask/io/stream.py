@@ -1,18 +1,9 @@
 """Frame streams: frames as a detector sends them while it scans, over a network, to the worker that holds
 the live acquisition (``svc.ingest``), never through the client.
 
-The wire format ``qgpu-frames-1`` (plain TCP): the sender writes one header line, UTF-8 JSON ending in
-``\\n``, ``{"format": "qgpu-frames-1", "scan_shape": [rows, cols], "det_shape": [rows, cols], "dtype":
-"uint16", "compression": "none"}``, then the frames, scan positions in C order, and closes the connection
-after the last one. With ``"compression": "none"`` (the default when absent) a frame is ``det_rows *
-det_cols`` counts of that dtype, little-endian, C order, frames back to back; with ``"bitshuffle-lz4"`` the
-frames come as HDF5 bitshuffle-LZ4 chunks (filter 32008, one a frame, as DECTRIS detectors write and send
-them: about 9 times fewer bytes on the wire at low dose) in messages of 1 to MESSAGE_FRAMES frames: a
-uint32 little-endian frame count n, n uint32 little-endian chunk byte counts, then the n chunks back to
-back (so neither end handles frames one at a time); they are decoded on the receiving worker's GPU (or
-cores). A stream that ends inside a frame is an error (the complete frames
-before it are kept). ``serve`` replays an acquisition file this way at a given frame rate (``qgpu-dask
-simulate``; ``compressed`` sends an Arina/Eiger master's stored chunks as they are).
+The stream comes in the wire format ``qgpu-frames-1`` (``io.wire``); chunks of bitshuffle-LZ4 frames are
+decoded on the receiving worker's GPU (or cores). The detector simulator that replays a file this way is
+``io.simulator`` (``qgpu-dask simulate``).
 
 A real detector plugs in as another source with the same method, ``frames(det_shape, dtype, xp)``
 yielding (n, det_rows, det_cols) arrays of ``xp``: for a DECTRIS detector, a ZeroMQ pull socket on its
@@ -22,7 +13,6 @@ stream interface, gathering the bitshuffle-LZ4 chunks of its image messages (CBO
 
 from __future__ import annotations
 
-import itertools
 import json
 import queue
 import socket
@@ -37,13 +27,10 @@ import numpy as np
 
 from ..device import synchronize
 from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
-from .source import Source, open_reader
+from .wire import COMPRESSIONS, FORMAT, MESSAGE_FRAMES
 
-FORMAT = "qgpu-frames-1"
-COMPRESSIONS = ("none", "bitshuffle-lz4")
 HEADER_LIMIT = 1 << 16  # the longest header line a source reads
 READ_BYTES = 1 << 24  # bytes a stream of chunks is read into
-MESSAGE_FRAMES = 4096  # the most frames a message of chunks may carry
 LATENCY_S = 0.05  # a read hands on the whole frames it has after this long, full or not (a slow detector is seen live)
 AHEAD = 2  # reads waiting for the appends while the next one is read
 
@@ -336,84 +323,3 @@ def check_header(header: dict, det_shape: tuple[int, int], dtype: np.dtype, wher
     if theirs != (tuple(det_shape), str(dtype)):
         raise ValueError(f"the stream from {where} sends {theirs[0]} {theirs[1]} frames, the acquisition holds "
                          f"{tuple(det_shape)} {dtype}")
-
-
-def header_line(scan_shape, det_shape, dtype, compression: str = "none") -> bytes:
-    return (json.dumps({"format": FORMAT, "scan_shape": list(scan_shape), "det_shape": list(det_shape), "dtype": str(np.dtype(dtype)),
-                        "compression": compression}) + "\n").encode()
-
-
-PACE = 64  # frames sent at a time, one message of chunks (the rate is kept per message)
-READ = 1024  # frames read from the file at a time
-
-
-def serve(source: Source, listener: socket.socket, rate_hz: float | None = None, compressed: bool = False,
-          ready: Callable[[], None] | None = None) -> tuple[int, float]:
-    """Replay ``source`` (any file ``svc.load`` reads) as a ``qgpu-frames-1`` stream to the first client that
-    connects to ``listener`` (listening, left open), at about ``rate_hz`` frames per second (None: as fast as
-    it goes); returns the frames sent and the seconds from the client's connection to the last of them (the
-    rate a detector kept, not counting the wait for a client). ``compressed`` sends the stored bitshuffle-LZ4 chunks of an
-    Arina/Eiger master as they are. ``ready()`` is called once the file's first frames are read, before the
-    client is taken (a detector's start does not wait for files)."""
-    reader = open_reader(source)
-    try:
-        if compressed and getattr(reader, "compression", None) != "bitshuffle-lz4":
-            raise ValueError(f"{source.path!r}: a compressed stream replays an Arina/Eiger master stored bitshuffle-LZ4, one chunk "
-                             f"per frame; this file is {getattr(reader, 'kind', 'another format')}")
-        messages = chunk_messages(reader) if compressed else raw_messages(reader)
-        first = next(messages, None)
-        if ready is not None:
-            ready()
-        conn, _ = listener.accept()
-        with conn:
-            conn.sendall(header_line(reader.shape[:2], reader.shape[2:], reader.dtype, "bitshuffle-lz4" if compressed else "none"))
-            sent, start = 0, time.perf_counter()
-            for n, pieces in itertools.chain([first] if first else [], messages):
-                send_all(conn, pieces)
-                sent += n
-                if rate_hz:
-                    time.sleep(max(0.0, start + sent / rate_hz - time.perf_counter()))
-            return sent, time.perf_counter() - start
-    finally:
-        reader.close()
-
-
-def raw_messages(reader) -> Iterator[tuple[int, list[memoryview]]]:
-    """The reader's frames as the stream sends them, PACE at a time: (frames, their bytes)."""
-    for _, frames in reader.blocks():
-        frames = np.ascontiguousarray(frames, frames.dtype.newbyteorder("<"))
-        for lo in range(0, len(frames), PACE):
-            part = frames[lo : lo + PACE]
-            yield len(part), [memoryview(part).cast("B")]
-
-
-def chunk_messages(reader) -> Iterator[tuple[int, list[memoryview]]]:
-    """An Arina/Eiger master's stored chunks as the stream sends them, PACE frames a message, READ frames
-    read at a time: (frames, the message's pieces: views of what was read, nothing copied). Every data
-    file's chunk index is taken first (a detector does not pause between files)."""
-    for stack in reader.stacks:
-        stack.stored.open()
-    for stack in reader.stacks:
-        for lo in range(0, stack.frames, READ):
-            data, starts, ends, masks = stack.stored.read(lo, min(lo + READ, stack.frames))
-            if (masks & 1).any():
-                raise ValueError(f"{stack.where}: frame {lo + int(np.flatnonzero(masks & 1)[0])} is stored without its filter: "
-                                 f"it cannot be sent as a bitshuffle-LZ4 chunk")
-            for a in range(0, len(starts), PACE):
-                b = min(a + PACE, len(starts))
-                head = np.concatenate([[b - a], ends[a:b] - starts[a:b]]).astype("<u4")
-                runs = [a, *(np.flatnonzero(starts[a + 1 : b] != ends[a : b - 1]) + a + 1).tolist(), b]  # chunks back to back
-                body = [memoryview(data[starts[i] : ends[j - 1]]) for i, j in zip(runs[:-1], runs[1:])]
-                yield b - a, [memoryview(head).cast("B"), *body]
-
-
-def send_all(conn: socket.socket, pieces: list[memoryview]) -> None:
-    """Send ``pieces`` one after another in as few system calls as the kernel allows (gathered, not joined)."""
-    first = 0
-    while first < len(pieces):
-        n = conn.sendmsg(pieces[first : first + 1024])  # IOV_MAX
-        while first < len(pieces) and n >= len(pieces[first]):
-            n -= len(pieces[first])
-            first += 1
-        if n:
-            pieces[first] = pieces[first][n:]

@@ -23,8 +23,9 @@ from distributed import get_worker
 
 from ..device import array_module, cupy_or_none, default_budget, device_info, memory_bytes, synchronize, use_own_stream
 from ..io.load import describe, inspect, read_compressed, read_dense
-from ..io.saved import describe_saved, open_resident, save_resident
-from ..io.source import Source, detect_format, open_reader
+from ..io.registry import open_reader
+from ..io.saved import describe_saved, is_saved, open_resident, save_resident
+from ..io.source import Source
 from ..io.stream import TcpSource
 from ..queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup, wire_name
 from ..resident import DenseCounts, Resident
@@ -134,7 +135,7 @@ class Shard:
 
     async def load(self, name: str, source: Source, layout: str = "auto") -> dict:
         """Read ``source`` into a new resident named ``name`` (the file is opened once; a saved resident is reopened as saved)."""
-        if await self.on(self.loads, detect_format, Path(source.path).expanduser()) == "qgpu":
+        if await self.on(self.loads, is_saved, source):
             return await self.load_saved(name, source, layout)
         reader = await self.on(self.loads, open_reader, source)
         try:

@@ -3,7 +3,7 @@
 HDF5 inflates a dataset's chunks one after another on the reading thread.
 When every frame is its own deflate chunk (optionally byte-shuffled first),
 this reader takes the stored bytes straight from the file
-(``io.stored_chunks``, one read per block) and inflates them with zlib in a
+(``stored_chunks``, one read per block) and inflates them with zlib in a
 thread pool (zlib releases the GIL), so several cores
 work; the next block inflates while the last one is being copied.
 """
@@ -13,13 +13,15 @@ from __future__ import annotations
 import os
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Iterator
 
 import h5py
 import numpy as np
 
-from .hdf5 import HDF5Reader
-from .source import BLOCK_BYTES, frames_per_block
+from ..source import Source
+from .base import BLOCK_BYTES, Format, frames_per_block
+from .hdf5 import HDF5Reader, choose_dataset, is_hdf5
 from .stored_chunks import StoredChunks
 
 DEFLATE = h5py.h5z.FILTER_DEFLATE
@@ -46,6 +48,19 @@ def frame_filters(dataset: h5py.Dataset) -> tuple[int, ...] | None:
 def is_gzip_stack(dataset: h5py.Dataset) -> bool:
     """Whether :class:`GzipStackReader` can read ``dataset`` (one gzip chunk per frame)."""
     return frame_filters(dataset) is not None
+
+
+def holds_stack(path: Path, dataset: str | None) -> bool:
+    """Whether the HDF5 file at ``path`` has ``dataset`` (or its only 3-D/4-D dataset) stored one gzip chunk
+    per frame; a dataset HDF5Reader would refuse is left to it, to name what is wrong."""
+    if not is_hdf5(path):
+        return False
+    with h5py.File(path, "r") as f:
+        try:
+            name = choose_dataset(f, dataset, path)
+        except (KeyError, ValueError):
+            return False
+        return is_gzip_stack(f[name])
 
 
 def finished(start: int, block: np.ndarray, tasks: list[Future]) -> tuple[int, np.ndarray]:
@@ -131,3 +146,15 @@ class GzipStackReader:
     def close(self) -> None:
         self.stored.close()
         self.reader.close()
+
+
+def open_stack(path: Path, source: Source) -> GzipStackReader:
+    reader = HDF5Reader(path, source.dataset, source.scan_shape)
+    try:
+        return GzipStackReader(reader)
+    except BaseException:
+        reader.close()
+        raise
+
+
+FORMAT = Format("gzip_stack", holds_stack, open_stack)

@@ -3,7 +3,7 @@
 A master holds ``/entry/data/data_000001``, ``data_000002``, ... (external
 links to the data files), each a (frames, rows, cols) stack chunked one frame
 per chunk with the Bitshuffle filter (HDF5 filter 32008) and LZ4. The reader
-reads the stored chunks straight from the data files (``io.stored_chunks``: no
+reads the stored chunks straight from the data files (``stored_chunks``: no
 HDF5 filter, one read per block of frames) and decompresses a block of them at
 once with our own decoder in parallel threads, which gives hdf5plugin's bytes
 exactly; stacks stored otherwise are read through HDF5 as they are.
@@ -20,10 +20,10 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers the Bitshuffle filter for stacks read through HDF5)
 import numpy as np
 
-from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
-from .frames import native_order
-from .hdf5 import filter_pipeline
-from .source import BLOCK_BYTES, ScanShapeNeeded, as_4d, frames_per_block
+from ...formats.bitshuffle_lz4 import ChunkError, decompress_stored
+from ..source import Source
+from .base import BLOCK_BYTES, Format, ScanShapeNeeded, as_4d, frames_per_block, native_order
+from .hdf5 import filter_pipeline, is_hdf5
 from .stored_chunks import StoredChunks
 
 BITSHUFFLE = 32008
@@ -31,8 +31,11 @@ LZ4 = 2  # the last Bitshuffle filter option: 2 = LZ4 (3 = zstd is left to HDF5 
 DATA_GROUP = "/entry/data"
 
 
-def is_master(path: Path) -> bool:
-    """Whether an HDF5 file has the Arina/Eiger master layout (``/entry/data/data_000001``)."""
+def is_master(path: Path, dataset: str | None = None) -> bool:
+    """Whether ``path`` is an HDF5 file with the Arina/Eiger master layout (``/entry/data/data_000001``) and
+    ``dataset`` asks for its frames (None or ``/entry/data``; another dataset is read as plain HDF5)."""
+    if dataset not in (None, DATA_GROUP) or not is_hdf5(path):
+        return False
     with h5py.File(path, "r") as f:
         group = f.get(DATA_GROUP)
         return isinstance(group, h5py.Group) and "data_000001" in group
@@ -164,3 +167,10 @@ class ArinaReader:
         for stack in self.stacks:
             stack.stored.close()
         self.file.close()
+
+
+def open_master(path: Path, source: Source) -> ArinaReader:
+    return ArinaReader(path, source.scan_shape)
+
+
+FORMAT = Format("arina", is_master, open_master)

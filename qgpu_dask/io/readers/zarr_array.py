@@ -9,8 +9,15 @@ from typing import Iterator
 import numpy as np
 import zarr
 
-from .frames import array_blocks, native_order
-from .source import BLOCK_BYTES, as_4d
+from ..source import Source
+from .base import BLOCK_BYTES, Format, array_blocks, as_4d, native_order
+
+METADATA = ("zarr.json", ".zarray", ".zgroup")  # v3, v2 array, v2 group
+
+
+def is_store(path: Path, dataset: str | None = None) -> bool:
+    """Whether ``path`` is a directory holding Zarr metadata."""
+    return path.is_dir() and any((path / name).exists() for name in METADATA)
 
 
 def stack_arrays(group: zarr.Group) -> list[str]:
@@ -51,3 +58,10 @@ class ZarrReader:
 
     def close(self) -> None:
         self.array = None
+
+
+def open_store(path: Path, source: Source) -> ZarrReader:
+    return ZarrReader(path, source.dataset, source.scan_shape)
+
+
+FORMAT = Format("zarr", is_store, open_store)

@@ -14,7 +14,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .source import BLOCK_BYTES, frames_per_block
+from ..source import Source
+from .base import BLOCK_BYTES, Format, frames_per_block
 
 STORED_ROWS = 130  # rows per frame in the file: 128 of counts, then 2 of metadata
 DET_SHAPE = (128, 128)
@@ -43,6 +44,16 @@ def frames_in(path: Path, scan_shape: tuple[int, int] | None = None) -> int:
             f"({STORED_ROWS} x {DET_SHAPE[1]} float32): {size // FRAME_BYTES} whole frames found{needed} (truncated?)"
         )
     return size // FRAME_BYTES
+
+
+def is_empad(path: Path, dataset: str | None = None) -> bool:
+    """Whether ``path`` is an EMPAD .raw file: bare float32 frames with no magic, so a file named ``.raw``
+    (the registry asks once no format with a signature matched) whose size is a positive multiple of the
+    frame; a .raw file of any other size is refused here, naming its size and the frame size."""
+    if not path.is_file() or path.suffix.lower() != ".raw":
+        return False
+    frames_in(path)
+    return True
 
 
 class EmpadReader:
@@ -77,3 +88,10 @@ class EmpadReader:
 
     def close(self) -> None:
         self.frames = None
+
+
+def open_raw(path: Path, source: Source) -> EmpadReader:
+    return EmpadReader(path, source.scan_shape)
+
+
+FORMAT = Format("empad", is_empad, open_raw)

@@ -7,8 +7,18 @@ from typing import Iterator
 
 import numpy as np
 
-from .frames import array_blocks, native_order
-from .source import BLOCK_BYTES, as_4d
+from ..source import Source
+from .base import BLOCK_BYTES, Format, array_blocks, as_4d, native_order
+
+MAGIC = b"\x93NUMPY"
+
+
+def is_npy(path: Path, dataset: str | None = None) -> bool:
+    """Whether ``path`` is a file starting with the NumPy magic."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(len(MAGIC)) == MAGIC
 
 
 class NpyReader:
@@ -30,3 +40,10 @@ class NpyReader:
 
     def close(self) -> None:
         self.array = None
+
+
+def open_array(path: Path, source: Source) -> NpyReader:
+    return NpyReader(path, source.scan_shape)
+
+
+FORMAT = Format("npy", is_npy, open_array)

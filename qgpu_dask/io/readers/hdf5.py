@@ -9,8 +9,25 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers Bitshuffle/LZ4 and other filters with HDF5)
 import numpy as np
 
-from .frames import array_blocks, native_order
-from .source import BLOCK_BYTES, as_4d
+from ..source import Source
+from .base import BLOCK_BYTES, Format, array_blocks, as_4d, native_order
+
+SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5(path: Path, dataset: str | None = None) -> bool:
+    """Whether ``path`` is a file with the HDF5 signature: at 0, or after a user block at 512, 1024, 2048, ..."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        head, offset = f.read(8), 0
+        while len(head) == 8:
+            if head == SIGNATURE:
+                return True
+            offset = 512 if offset == 0 else offset * 2
+            f.seek(offset)
+            head = f.read(8)
+    return False
 
 
 def filter_pipeline(dataset: h5py.Dataset) -> list[tuple[int, str]]:
@@ -30,6 +47,20 @@ def list_datasets(f: h5py.File) -> list[str]:
     return found
 
 
+def choose_dataset(f: h5py.File, dataset: str | None, path: Path) -> str:
+    """``dataset`` if the file has that dataset, or the path of its only 3-D/4-D one when None; ValueError or
+    KeyError listing the datasets otherwise."""
+    names = list_datasets(f)
+    if dataset is None:
+        candidates = [n for n in names if f[n].ndim in (3, 4)]
+        if len(candidates) != 1:
+            raise ValueError(f"{str(path)!r}: give dataset= (3-D/4-D datasets found: {candidates or 'none'})")
+        dataset = candidates[0]
+    if dataset not in f or not isinstance(f[dataset], h5py.Dataset):
+        raise KeyError(f"{str(path)!r} has no dataset {dataset!r} (datasets: {', '.join(names) or 'none'})")
+    return dataset
+
+
 class HDF5Reader:
     """One dataset of an HDF5 file as a 4-D acquisition."""
 
@@ -39,14 +70,7 @@ class HDF5Reader:
         self.path = path
         self.file = h5py.File(path, "r")
         try:
-            names = list_datasets(self.file)
-            if dataset is None:
-                candidates = [n for n in names if self.file[n].ndim in (3, 4)]
-                if len(candidates) != 1:
-                    raise ValueError(f"{str(path)!r}: give dataset= (3-D/4-D datasets found: {candidates or 'none'})")
-                dataset = candidates[0]
-            if dataset not in self.file or not isinstance(self.file[dataset], h5py.Dataset):
-                raise KeyError(f"{str(path)!r} has no dataset {dataset!r} (datasets: {', '.join(names) or 'none'})")
+            dataset = choose_dataset(self.file, dataset, path)
             self.dataset = self.file[dataset]
             self.dtype = native_order(self.dataset.dtype)
             self.shape = as_4d(self.dataset.shape, scan_shape, f"dataset {dataset!r} of {str(path)!r}")
@@ -63,3 +87,10 @@ class HDF5Reader:
 
     def close(self) -> None:
         self.file.close()
+
+
+def open_dataset(path: Path, source: Source) -> HDF5Reader:
+    return HDF5Reader(path, source.dataset, source.scan_shape)
+
+
+FORMAT = Format("hdf5", is_hdf5, open_dataset)

@@ -1,0 +1,50 @@
+"""The readers' formats, asked in turn which one a file is (from its content, never its name alone), and
+``open_reader``, which opens a source with the reader of its format.
+
+A new reader is one module of ``io.readers`` that declares its ``FORMAT`` and one line in ``READERS``. The
+order is the order formats are asked in: the layouts of HDF5 files (an Arina/Eiger master, a stack of one
+gzip chunk per frame) before plain HDF5, and EMPAD .raw files, which have no signature, last.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..formats.container import is_container
+from .readers import arina, empad, gzip_stack, hdf5, npy, zarr_array
+from .readers.base import Format, Reader
+from .source import Source
+
+READERS: tuple[Format, ...] = (
+    arina.FORMAT,
+    gzip_stack.FORMAT,
+    hdf5.FORMAT,
+    npy.FORMAT,
+    zarr_array.FORMAT,
+    empad.FORMAT,
+)
+
+
+def detect_format(path: Path, dataset: str | None = None) -> Format:
+    """The format of the content at ``path`` (``dataset``: the one asked for, which picks among the layouts
+    of an HDF5 file); ValueError naming what was found when no reader's format matches."""
+    if not path.exists():
+        raise FileNotFoundError(f"no such file or directory: {str(path)!r}")
+    if is_container(path):
+        raise ValueError(f"{str(path)!r} is a saved resident: it is opened whole (io.saved.open_resident), not read frame by frame")
+    for found in READERS:
+        if found.detect(path, dataset):
+            return found
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a directory but not a Zarr store (no zarr.json or .zarray)")
+    with open(path, "rb") as f:
+        first = f.read(8)
+    raise ValueError(
+        f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {first!r})"
+    )
+
+
+def open_reader(source: Source) -> Reader:
+    """Open ``source`` with the reader of its format; the shape and dtype are checked there."""
+    path = Path(source.path).expanduser()
+    return detect_format(path, source.dataset).open(path, source)
