@@ -13,7 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from . import masks
+from .detector import masks
 from .figure import figure
 from .io.source import Source
 from .io.simulator import serve
