@@ -33,7 +33,7 @@ from ..resident.base import check_dtype, check_shape
 from ..resident.compressed import check_layout
 from ..resident.live import LiveCounts, start_bytes
 from .budget import Budget
-from .layout import Choice, check_saved, held_as, planned
+from .layout import check_saved, held_as, planned
 
 
 def shard_key(address: str) -> str:
@@ -96,9 +96,6 @@ class Shard:
         except KeyError:
             raise KeyError(f"acquisition {name!r} is not resident on {self.address} (released, or never loaded)") from None
 
-    def planned(self, asked: str, shape, dtype) -> tuple[int, Callable[[DenseCounts | None], Choice]]:
-        return planned(asked, shape, dtype, self.device.kind, self.budget.free_bytes())
-
     async def on(self, pool: ThreadPoolExecutor, fn: Callable, *args) -> Any:
         """``fn(*args)`` on one of this shard's threads."""
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
@@ -140,7 +137,7 @@ class Shard:
         reader = await self.on(self.loads, open_reader, source)
         try:
             meta = describe(reader)
-            reserve, choice = self.planned(layout, meta["shape"], meta["dtype"])
+            reserve, choice = planned(layout, meta["shape"], meta["dtype"], self.device.kind, self.budget.free_bytes())
             frame_bytes = meta["raw_bytes"] // (meta["shape"][0] * meta["shape"][1])
 
             def seen(frames: int) -> None:
@@ -195,7 +192,7 @@ class Shard:
         array = np.asarray(array)
         shape = check_shape(array.shape)
         dtype = check_dtype(array.dtype)
-        reserve, choice = self.planned(layout, shape, dtype)
+        reserve, choice = planned(layout, shape, dtype, self.device.kind, self.budget.free_bytes())
 
         def place() -> tuple[Resident, str]:
             dense = DenseCounts.empty(name, shape, dtype)
