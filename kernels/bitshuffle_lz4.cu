@@ -14,24 +14,59 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
-// decode_chunk's error codes (formats/bitshuffle_lz4.py)
-#define OK 0
-#define HEADER_SHORT 1
-#define TOTAL_SIZE 2
-#define BLOCK_SIZE 3
-#define SIZE_FIELD_CUT 4
-#define BLOCK_PAST_END 5
-#define LENGTH_CUT 6
-#define LITERALS_PAST_INPUT 7
-#define LITERALS_PAST_OUTPUT 8
-#define OFFSET_CUT 9
-#define OFFSET_ZERO 10
-#define OFFSET_BEFORE_START 11
-#define MATCH_PAST_OUTPUT 12
-#define WRONG_LENGTH 13
-#define TRAILING_MISSING 14
-#define EXTRA_BYTES 15
-#define HEADER_BYTES 12
+// decode_chunk's error codes and the header's size, written only in qgpu_dask/formats/bitshuffle_lz4.py
+// and passed by qgpu_dask/formats/bitshuffle_lz4_cuda.py as -D options (qgpu_dask/compile.py defines).
+#ifndef OK
+#error "OK comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef HEADER_SHORT
+#error "HEADER_SHORT comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef TOTAL_SIZE
+#error "TOTAL_SIZE comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef BLOCK_SIZE
+#error "BLOCK_SIZE comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef SIZE_FIELD_CUT
+#error "SIZE_FIELD_CUT comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef BLOCK_PAST_END
+#error "BLOCK_PAST_END comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef LENGTH_CUT
+#error "LENGTH_CUT comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef LITERALS_PAST_INPUT
+#error "LITERALS_PAST_INPUT comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef LITERALS_PAST_OUTPUT
+#error "LITERALS_PAST_OUTPUT comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef OFFSET_CUT
+#error "OFFSET_CUT comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef OFFSET_ZERO
+#error "OFFSET_ZERO comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef OFFSET_BEFORE_START
+#error "OFFSET_BEFORE_START comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef MATCH_PAST_OUTPUT
+#error "MATCH_PAST_OUTPUT comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef WRONG_LENGTH
+#error "WRONG_LENGTH comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef TRAILING_MISSING
+#error "TRAILING_MISSING comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef EXTRA_BYTES
+#error "EXTRA_BYTES comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
+#ifndef HEADER_BYTES
+#error "HEADER_BYTES comes from qgpu_dask/formats/bitshuffle_lz4.py"
+#endif
 
 struct Error {
     i64 code, block, a, b, c;

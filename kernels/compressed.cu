@@ -15,42 +15,90 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
-#define PROB_BITS 12
-#define SLOT_MASK 4095u
-#define STATE_LOW 65536u
-#define HIST_BINS 256
-#define RUN_SLOT 64
-#define TOKEN_SLOTS 130
-#define FORM_SHIFT 29
-#define OFFSET_MASK ((1u << FORM_SHIFT) - 1u)
-#define EMPTY 0
-#define CONSTANT 1
-#define SPARSE 2
-#define ANS 3
-#define RAW 4
-
-// Errors, as ERRORS in the CPU twin (negated there).
-#define E_LENGTH 1
-#define E_TRUNCATED 2
-#define E_STATE 3
-#define E_POSITION 4
-#define E_VALUE 5
-#define E_SPARSE 6
-#define E_FORM 7
+// Constants shared with Python, written only there and passed by
+// qgpu_dask/resident/cuda/compressed.py as -D options (qgpu_dask/compile.py defines):
+// the codec's (formats/codec.py), the decoders' error codes (resident/cpu/compressed.py,
+// negated there), the LUT size and the error word's layout (resident/cuda/compressed.py).
+#ifndef PROB_BITS
+#error "PROB_BITS comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef STATE_LOW
+#error "STATE_LOW comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef HIST_BINS
+#error "HIST_BINS comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef RUN_SLOT
+#error "RUN_SLOT comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef TOKEN_SLOTS
+#error "TOKEN_SLOTS comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef FORM_SHIFT
+#error "FORM_SHIFT comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef OFFSET_MASK
+#error "OFFSET_MASK comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef EMPTY
+#error "EMPTY comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef CONSTANT
+#error "CONSTANT comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef SPARSE
+#error "SPARSE comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef ANS
+#error "ANS comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef RAW
+#error "RAW comes from qgpu_dask/formats/codec.py"
+#endif
+#ifndef SLOT_MASK
+#error "SLOT_MASK comes from qgpu_dask/resident/cpu/compressed.py"
+#endif
+#ifndef E_LENGTH
+#error "E_LENGTH comes from qgpu_dask/resident/cpu/compressed.py"
+#endif
+#ifndef E_TRUNCATED
+#error "E_TRUNCATED comes from qgpu_dask/resident/cpu/compressed.py"
+#endif
+#ifndef E_STATE
+#error "E_STATE comes from qgpu_dask/resident/cpu/compressed.py"
+#endif
+#ifndef E_POSITION
+#error "E_POSITION comes from qgpu_dask/resident/cpu/compressed.py"
+#endif
+#ifndef E_VALUE
+#error "E_VALUE comes from qgpu_dask/resident/cpu/compressed.py"
+#endif
+#ifndef E_SPARSE
+#error "E_SPARSE comes from qgpu_dask/resident/cpu/compressed.py"
+#endif
+#ifndef E_FORM
+#error "E_FORM comes from qgpu_dask/resident/cpu/compressed.py"
+#endif
+#ifndef LUT_SIZE
+#error "LUT_SIZE comes from qgpu_dask/resident/cuda/compressed.py"
+#endif
+#ifndef ERROR_CODE_BITS
+#error "ERROR_CODE_BITS comes from qgpu_dask/resident/cuda/compressed.py"
+#endif
 
 struct Model {
     const u8* run;
     const u8* values;
     const u32* table_start;
     const u16* cum;
-    const u8* lut;  // per pixel: 64 starting symbols of the value table, then 64 of the run table
+    const u8* lut;  // per pixel: LUT_SIZE starting symbols of the value table, then LUT_SIZE of the run table
     int chunks;
     int itemsize;
     u32 maxval;
 };
 
-#define LUT_SHIFT 6  // slot >> LUT_SHIFT picks a LUT entry: 64 per table
-#define LUT_SIZE 64
+#define LUT_SHIFT 6  // slot >> LUT_SHIFT picks a LUT entry: LUT_SIZE per table
+static_assert(LUT_SIZE << LUT_SHIFT == 1 << PROB_BITS, "a table's LUT_SIZE entries cover its 1 << PROB_BITS slots");
 
 struct Streams {
     const u32* index;
@@ -451,9 +499,9 @@ __device__ int decode_stream(const Streams& st, const Model& m, const PixelTable
     return 0;
 }
 
-// First error by stream: err holds (stream << 8) | code, ~0 when none.
+// First error by stream: err holds (stream << ERROR_CODE_BITS) | code, ~0 when none.
 __device__ __forceinline__ void report(u64* err, int b, int p, int frame_len, int code) {
-    atomicMin(err, (((u64)b * frame_len + p) << 8) | (u64)code);
+    atomicMin(err, (((u64)b * frame_len + p) << ERROR_CODE_BITS) | (u64)code);
 }
 
 __device__ __forceinline__ void atomic_add(u32* a, u32 v) { atomicAdd(a, v); }

@@ -30,6 +30,28 @@ typedef long long i64;
 #define QGPU_LOAD 0
 #endif
 
+// Block sizes and the blocks per SM the launch bounds promise, written only in
+// qgpu_dask/resident/cuda/dense.py (which sizes the grids by them) and passed
+// from there as -D options (qgpu_dask/compile.py defines).
+#ifndef MASK_THREADS
+#error "MASK_THREADS comes from qgpu_dask/resident/cuda/dense.py"
+#endif
+#ifndef MASK_BLOCKS_PER_SM
+#error "MASK_BLOCKS_PER_SM comes from qgpu_dask/resident/cuda/dense.py"
+#endif
+#ifndef ROI_THREADS
+#error "ROI_THREADS comes from qgpu_dask/resident/cuda/dense.py"
+#endif
+#ifndef ROI_BLOCKS_PER_SM
+#error "ROI_BLOCKS_PER_SM comes from qgpu_dask/resident/cuda/dense.py"
+#endif
+#ifndef READ_THREADS
+#error "READ_THREADS comes from qgpu_dask/resident/cuda/dense.py"
+#endif
+#ifndef READ_BLOCKS_PER_SM
+#error "READ_BLOCKS_PER_SM comes from qgpu_dask/resident/cuda/dense.py"
+#endif
+
 // ---------------------------------------------------------------- helpers
 
 // Arithmetic type of an output (accumulator) type: int64 accumulates in
@@ -184,11 +206,10 @@ __device__ __forceinline__ void stage_weights(unsigned char* dst, const unsigned
 // multiple of 16 / sizeof(T) (the host widens the span with zero weights);
 // otherwise one element per lane per step.
 
-constexpr int MASK_THREADS = 512;
 constexpr int MASK_UNROLL = 4;
 
 template <class T, class W, class I, class Acc, int NM, bool VECTOR>
-__global__ void __launch_bounds__(MASK_THREADS, 2)
+__global__ void __launch_bounds__(MASK_THREADS, MASK_BLOCKS_PER_SM)
 mask_sums(const T* __restrict__ data, long long n_frames, long long frame_len, long long start,
           long long len, const W* __restrict__ weights, Acc* __restrict__ out) {
     typedef typename Arith<Acc>::type A;
@@ -264,7 +285,6 @@ mask_sums(const T* __restrict__ data, long long n_frames, long long frame_len, l
 // in with Op; results go to partial[chunk, pixel] and the host reduces the
 // partials exactly. The host never makes more chunks than selected frames.
 
-constexpr int ROI_THREADS = 256;
 constexpr int ROI_UNROLL = 4;
 
 struct SumOp {
@@ -295,7 +315,7 @@ struct Pixels {
 };
 
 template <class T, class I, class Acc, class Op, bool VECTOR>
-__global__ void __launch_bounds__(ROI_THREADS, 4)
+__global__ void __launch_bounds__(ROI_THREADS, ROI_BLOCKS_PER_SM)
 roi_reduce(const T* __restrict__ data, long long frame_len, const long long* __restrict__ idx,
            long long n_sel, long long n_chunks, Acc* __restrict__ partial) {
     typedef Pixels<T, VECTOR> Px;
@@ -339,7 +359,6 @@ roi_reduce(const T* __restrict__ data, long long frame_len, const long long* __r
 // vector is summed in a type that cannot overflow for it, then widened.
 // Requires a 16-byte aligned base; n_vec 16-byte vectors, then `tail` elements.
 
-constexpr int READ_THREADS = 512;
 constexpr int READ_UNROLL = 4;
 
 template <class T>
@@ -355,7 +374,7 @@ __device__ __forceinline__ typename SumOf<T>::type vec_sum(const Vec16<T>& x) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(READ_THREADS, 2)
+__global__ void __launch_bounds__(READ_THREADS, READ_BLOCKS_PER_SM)
 read_sum(const T* __restrict__ data, long long n_vec, long long tail,
          typename SumOf<T>::type* __restrict__ partial) {
     typedef typename SumOf<T>::type S;

@@ -88,8 +88,18 @@ __global__ void probe_sums(const float2* __restrict__ object, i64 cols, const fl
     denominator[blockIdx.y * w + j] = bottom;
 }
 
-#define TILE_COLS 32
-#define TILE_ROWS 8  // a block's tile of object pixels: one thread each, TILE_COLS x TILE_ROWS threads
+// A block's tile of object pixels (one thread each, TILE_COLS x TILE_ROWS threads) and, further down, the columns
+// per block of `columns` (TILE_C, one warp each), written only in qgpu_dask/phase/iterative/cuda.py (which
+// launches the blocks) and passed from there as -D options (qgpu_dask/compile.py defines).
+#ifndef TILE_ROWS
+#error "TILE_ROWS comes from qgpu_dask/phase/iterative/cuda.py"
+#endif
+#ifndef TILE_COLS
+#error "TILE_COLS comes from qgpu_dask/phase/iterative/cuda.py"
+#endif
+#ifndef TILE_C
+#error "TILE_C comes from qgpu_dask/phase/iterative/cuda.py"
+#endif
 
 // The object's update, gathered: every pixel of the box (rows row0.., cols col0..; a grid of tiles) adds, over the
 // batch's windows holding it in position order, top = sum conj(P) updated and lit = sum |P|^2, then
@@ -158,8 +168,6 @@ __global__ void object_update(float2* __restrict__ object, i64 cols, i64 row0, i
 // projection, inverse FFTs along columns), rows_inverse (inverse FFTs along rows, the probe's sums). Each FFT is
 // a mixed-radix Stockham FFT (radices 2, 3, 4, 5, 8; natural order in and out) of one row or column by one warp
 // in shared memory, its stages unrolled at compile time: a kernel is made for each window (Line<N, radices...>).
-
-#define TILE_C 8  // columns per block of `columns`: one warp each
 
 // Where point i of a line sits in shared memory: one pad after every 16 points, so the butterflies' strided
 // stores fall in different banks. A line of n points takes padded(n).

@@ -131,7 +131,11 @@ __device__ __forceinline__ void mma_f64(double (&d)[4], double a0, double a1, do
                  : "d"(a0), "d"(a1), "d"(b));
 }
 
-constexpr int COLUMN_STRIDE = 36;   // doubles per column of a warp's buffer: 32 pixels, padded so fragment loads meet no bank conflict
+// Doubles per column of a warp's buffer (32 pixels, padded so fragment loads meet no bank conflict), written only in
+// qgpu_dask/phase/cuda.py (which sizes the shared memory by it) and passed from there as a -D option.
+#ifndef COLUMN_STRIDE
+#error "COLUMN_STRIDE comes from qgpu_dask/phase/cuda.py"
+#endif
 constexpr int BLOCKS_PER_PASS = 8;  // 16 x 8 blocks of Y^T Y a warp keeps in registers during one pass over the pixels
 
 struct Block {

@@ -1,4 +1,8 @@
-"""CUDA sources of kernels/ compiled at run time (CuPy RawModule, NVRTC), one template instantiation at a time."""
+"""CUDA sources of kernels/ compiled at run time (CuPy RawModule, NVRTC), one template instantiation at a time.
+
+Constants a kernel shares with Python are written once, in Python, and reach the source as ``-D`` options
+(``defines``); the source ``#error``s on a missing one. tests/test_kernel_constants.py holds the two sides to it.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,15 @@ def kernel_dir() -> Path:
         if (candidate / "dense.cu").is_file():
             return candidate
     raise FileNotFoundError(f"kernels/dense.cu not found near {here}")
+
+
+def defines(**constants: int | str) -> tuple[str, ...]:
+    """``-DNAME=value`` options handing Python's constants to a kernel source: an int as its decimal digits,
+    a str as written (``f"{STATE_LOW}u"`` for an unsigned literal)."""
+    for name, value in constants.items():
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise TypeError(f"kernel constant {name} must be an int or a str, got {type(value).__name__}")
+    return tuple(f"-D{name}={value}" for name, value in constants.items())
 
 
 @functools.cache

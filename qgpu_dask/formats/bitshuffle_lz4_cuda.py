@@ -9,10 +9,30 @@ import cupy
 import numpy as np
 
 from .. import compile
+from . import bitshuffle_lz4
 from .bitshuffle_lz4 import HEADER_BYTES, ChunkError, message, target
 
 CTYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int"}
 THREADS = 32  # one warp a chunk
+DEFINES = compile.defines(  # the constants kernels/bitshuffle_lz4.cu takes from Python
+    OK=bitshuffle_lz4.OK,
+    HEADER_SHORT=bitshuffle_lz4.HEADER_SHORT,
+    TOTAL_SIZE=bitshuffle_lz4.TOTAL_SIZE,
+    BLOCK_SIZE=bitshuffle_lz4.BLOCK_SIZE,
+    SIZE_FIELD_CUT=bitshuffle_lz4.SIZE_FIELD_CUT,
+    BLOCK_PAST_END=bitshuffle_lz4.BLOCK_PAST_END,
+    LENGTH_CUT=bitshuffle_lz4.LENGTH_CUT,
+    LITERALS_PAST_INPUT=bitshuffle_lz4.LITERALS_PAST_INPUT,
+    LITERALS_PAST_OUTPUT=bitshuffle_lz4.LITERALS_PAST_OUTPUT,
+    OFFSET_CUT=bitshuffle_lz4.OFFSET_CUT,
+    OFFSET_ZERO=bitshuffle_lz4.OFFSET_ZERO,
+    OFFSET_BEFORE_START=bitshuffle_lz4.OFFSET_BEFORE_START,
+    MATCH_PAST_OUTPUT=bitshuffle_lz4.MATCH_PAST_OUTPUT,
+    WRONG_LENGTH=bitshuffle_lz4.WRONG_LENGTH,
+    TRAILING_MISSING=bitshuffle_lz4.TRAILING_MISSING,
+    EXTRA_BYTES=bitshuffle_lz4.EXTRA_BYTES,
+    HEADER_BYTES=bitshuffle_lz4.HEADER_BYTES,
+)
 
 
 def scratch_bytes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, frame_bytes: int) -> int:
@@ -58,7 +78,7 @@ def outcomes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, out: cupy.n
     limit = compile.limits(cupy.cuda.Device().id)[1]
     if scratch > limit:
         raise ValueError(f"bitshuffle blocks of {scratch} bytes do not fit a GPU block's {limit} bytes of shared memory")
-    kernel = compile.kernel("bitshuffle_lz4.cu", f"decode<{CTYPES[size]}>")
+    kernel = compile.kernel("bitshuffle_lz4.cu", f"decode<{CTYPES[size]}>", DEFINES)
     kernel((n,), (THREADS,), (cupy.asarray(data), cupy.asarray(starts), cupy.asarray(ends), np.int64(n), target(out.reshape(n, -1)),
                               np.int64(count), np.int64(scratch), errors), shared_mem=scratch)
     return errors

@@ -17,6 +17,12 @@ from .. import compile
 
 THREADS = 256
 BLOCKS_PER_SM = 16  # slices of the pixels are added until about this many blocks fill each multiprocessor
+COLUMN_STRIDE = 36  # doubles per column of a normal_equations warp's buffer: 32 pixels, padded so fragment loads meet no bank conflict
+DEFINES = compile.defines(COLUMN_STRIDE=COLUMN_STRIDE)  # the constants kernels/ssb.cu takes from Python
+
+
+def kernel(name_expr: str) -> cupy.RawKernel:
+    return compile.kernel("ssb.cu", name_expr, DEFINES)
 
 
 def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:
@@ -54,7 +60,7 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     parts = cupy.zeros((3, slices, nq), np.float64)
     degree, poly = monomials(np.asarray(table))
     name = f"sideband_sum<{degree}>"
-    compile.kernel("ssb.cu", name)(
+    kernel(name)(
         (blocks, slices), (THREADS,),
         (G, np.int64(n_pix), np.int32(rows), np.int32(half), cupy.asarray(ky, np.float64), cupy.asarray(kx, np.float64),
          cupy.asarray(chi_k, np.float32), poly_argument(poly), np.float64(dqy), np.float64(dqx), np.float64(kmax2),
@@ -65,7 +71,6 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
 
 
 NORMAL_WARPS = 4  # frequencies per block of normal_equations, fewer where a warp's buffer is large
-COLUMN_STRIDE = 36  # as in kernels/ssb.cu
 PATCH = (8, 4)  # pixel pitches per patch of normal_equations' pixel order: 32 pixels, one warp's
 
 
@@ -109,7 +114,7 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
                          f"{optin} a block may have: use a smaller upsampling")
     yy = cupy.empty((n, width, width), np.float64)
     name = f"normal_equations<{degree}, {d}, {'true' if complex_method else 'false'}>"
-    compile.kernel("ssb.cu", name)(
+    kernel(name)(
         (math.ceil(n / warps),), (32 * warps,),
         (G, np.int64(G[0].size), order, np.int64(n_pix), cupy.asarray(freq, np.int64), np.int64(n), ky, kx,
          cupy.stack([ky, kx], axis=1).astype(np.float32), cupy.asarray(chi_k, np.float32)[order],
@@ -118,5 +123,5 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
         shared_mem=warps * per_warp,
     )
     total = n * cols * (cols + 1)
-    compile.kernel("ssb.cu", f"normal_gram<{cols}>")((math.ceil(total / THREADS),), (THREADS,), (yy, np.int64(n), gram, rhs))
+    kernel(f"normal_gram<{cols}>")((math.ceil(total / THREADS),), (THREADS,), (yy, np.int64(n), gram, rhs))
     return gram, rhs

@@ -16,18 +16,19 @@ import numpy as np
 from ... import compile
 from .cpu import Batch
 
-THREADS = 256  # kernels/ptycho.cu object_update's tile: TILE_COLS x TILE_ROWS
-TILE = (8, 32)  # kernels/ptycho.cu TILE_ROWS, TILE_COLS
+TILE_ROWS, TILE_COLS = 8, 32  # a block's tile of object pixels in object_update, one thread each
+THREADS = TILE_ROWS * TILE_COLS  # threads per block
 PER_GROUP = 32  # positions per partial sum of the probe's (probe_sums)
 FUSED_GROUP = 8  # the same in rows_inverse, which runs one warp per row and group
-TILE_C = 8  # kernels/ptycho.cu TILE_C: columns per block of `columns`
+TILE_C = 8  # columns per block of `columns`, one warp each
 ROW_WARPS = 8  # rows per block of rows_forward and rows_inverse
 RADICES = (8, 4, 2, 3, 5)  # kernels/ptycho.cu butterfly; a line takes as many 8s, then 4s, as it can
 MAX_FFT = 512  # the longest row or column the fused kernels take (shared memory)
+DEFINES = compile.defines(TILE_ROWS=TILE_ROWS, TILE_COLS=TILE_COLS, TILE_C=TILE_C)  # the constants kernels/ptycho.cu takes from Python
 
 
 def kernel(name: str) -> cupy.RawKernel:
-    return compile.kernel("ptycho.cu", name)
+    return compile.kernel("ptycho.cu", name, DEFINES)
 
 
 def line(n: int) -> str | None:
@@ -139,6 +140,6 @@ def add_group_sums(top, bottom, numerator, denominator) -> None:
 def object_update(obj, probe, updated, corners, batch: Batch, step: float, floor: float) -> None:
     R, C = probe.shape
     row0, row1, col0, col1 = batch.box
-    kernel("object_update")((math.ceil((col1 - col0) / TILE[1]), math.ceil((row1 - row0) / TILE[0])), (THREADS,),
+    kernel("object_update")((math.ceil((col1 - col0) / TILE_COLS), math.ceil((row1 - row0) / TILE_ROWS)), (THREADS,),
                             (obj, np.int64(obj.shape[1]), np.int64(row0), np.int64(row1), np.int64(col0), np.int64(col1), probe, updated,
                              np.int32(R), np.int32(C), corners, np.int64(batch.first), np.int64(batch.n), np.float32(step), np.float32(floor)))

@@ -41,14 +41,16 @@ from ...formats.codec import (
 )
 
 SLOT_MASK = PROB_SCALE - 1
+# Decoding errors: the Numba decoders return -code, the CUDA ones (kernels/compressed.cu) report code.
+E_LENGTH, E_TRUNCATED, E_STATE, E_POSITION, E_VALUE, E_SPARSE, E_FORM = 1, 2, 3, 4, 5, 6, 7
 ERRORS = {
-    -1: "a stream's length does not fit its form",
-    -2: "a stream is truncated (its coder reads past its end)",
-    -3: "a stream's coder does not end in its initial state (corrupted bytes)",
-    -4: "a stream decodes past its block of scan positions",
-    -5: "a stream decodes a count beyond the data type",
-    -6: "a sparse stream's positions are not increasing",
-    -7: "a stream has an unknown form",
+    -E_LENGTH: "a stream's length does not fit its form",
+    -E_TRUNCATED: "a stream is truncated (its coder reads past its end)",
+    -E_STATE: "a stream's coder does not end in its initial state (corrupted bytes)",
+    -E_POSITION: "a stream decodes past its block of scan positions",
+    -E_VALUE: "a stream decodes a count beyond the data type",
+    -E_SPARSE: "a sparse stream's positions are not increasing",
+    -E_FORM: "a stream has an unknown form",
 }
 jit = numba.njit(cache=True, nogil=True)
 pjit = numba.njit(cache=True, nogil=True, parallel=True)
@@ -450,16 +452,16 @@ def next_token(x, w, payload, start, last, t, cum, lut, at):
 def truncated_or(code, w, n_words):
     """An error met after a read past the stream's end is reported as that truncation, as a decoder that
     stopped there would."""
-    return -2 if w > n_words else code
+    return -E_TRUNCATED if w > n_words else code
 
 
 @jit
 def finished(x, w, n_words, cnt):
     """``cnt``, or the error of a stream that was read past its end or does not end in the initial state."""
     if w > n_words:
-        return -2
+        return -E_TRUNCATED
     if x != STATE_LOW or w != n_words:
-        return -3
+        return -E_STATE
     return cnt
 
 
@@ -468,17 +470,17 @@ def escaped(nv, base, x, w, payload, start, n_words, chunks, maxval):
     """(count, state, next word) of an escape symbol: ``base + nv`` plus the excess in its raw chunks; a
     negative count is an ERRORS code."""
     if w > n_words:
-        return -2, x, w
+        return -E_TRUNCATED, x, w
     excess = np.int64(0)
     for c in range(chunks):
         excess |= (x & 0xFFFF) << (16 * c)
         if w >= n_words:
-            return -2, x, w
+            return -E_TRUNCATED, x, w
         x = ((x >> 16) << 16) | word_at(payload, start + 2 * w)
         w += 1
     v = base + nv + excess
     if v > maxval:
-        return -5, x, w
+        return -E_VALUE, x, w
     return v, x, w
 
 
@@ -487,7 +489,7 @@ def decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, 
     """Every count of a value-mode rANS stream into val[0:n]; n, or a negative ERRORS code."""
     x = get_le(payload, start, 4)
     if x < STATE_LOW:
-        return -3
+        return -E_STATE
     w = 2
     last = n_words - 1
     for i in range(n):
@@ -506,10 +508,10 @@ def decode_value_pair(payload, start0, n_words0, start1, n_words1, n, nv0, vt0, 
     n or a negative ERRORS code; after an error the other's result is 0 and its counts incomplete."""
     x0 = get_le(payload, start0, 4)
     if x0 < STATE_LOW:
-        return -3, 0
+        return -E_STATE, 0
     x1 = get_le(payload, start1, 4)
     if x1 < STATE_LOW:
-        return 0, -3
+        return 0, -E_STATE
     w0 = 2
     w1 = 2
     last0 = n_words0 - 1
@@ -536,7 +538,7 @@ def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, po
     ``top`` is the run table's commonest symbol (``top_c`` = its T[s], ``top_f`` its frequency)."""
     x = get_le(payload, start, 4)
     if x < STATE_LOW:
-        return -3
+        return -E_STATE
     rt = vt + nv + 2
     w = 2
     last = n_words - 1
@@ -551,12 +553,12 @@ def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, po
                 x = top_f * (x >> PROB_BITS) + d
                 if x < STATE_LOW:
                     if w >= n_words:
-                        return -2
+                        return -E_TRUNCATED
                     x = (x << 16) | word_at(payload, start + 2 * w)
                     w += 1
                 i += run
                 if i >= n:
-                    return truncated_or(-4, w, n_words)
+                    return truncated_or(-E_POSITION, w, n_words)
                 slot = x & SLOT_MASK
                 d = slot - top_c
         if d >= 0 and d < top_f:
@@ -568,19 +570,19 @@ def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, po
             x = (np.int64(cum[rt + r + 1]) - c) * (x >> PROB_BITS) + slot - c
         if x < STATE_LOW:  # rare after a likely run symbol: a branch costs less than a read each time
             if w >= n_words:
-                return -2
+                return -E_TRUNCATED
             x = (x << 16) | word_at(payload, start + 2 * w)
             w += 1
         if r == run:
             i += run
             if i >= n:
-                return truncated_or(-4, w, n_words)
+                return truncated_or(-E_POSITION, w, n_words)
             continue
         if r == run + 1:
             break
         i += r
         if i >= n:
-            return truncated_or(-4, w, n_words)
+            return truncated_or(-E_POSITION, w, n_words)
         s, x, w = next_token(x, w, payload, start, last, vt, cum, lut, at)
         if s == nv:
             s, x, w = escaped(nv, 1, x, w, payload, start, n_words, chunks, maxval)
@@ -601,41 +603,41 @@ def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsi
     (pos, val). A negative count is an ERRORS code. Table set ``k`` holds the pixel's tables (``load_tables``)."""
     length = end - start
     if length < 0:
-        return -1, False
+        return -E_LENGTH, False
     if form == EMPTY:
-        return (0 if length == 0 else -1), False
+        return (0 if length == 0 else -E_LENGTH), False
     if form == CONSTANT:
         if length != 4:
-            return -1, False
+            return -E_LENGTH, False
         v = get_le(payload, start, 4)
         if v == 0 or v > maxval:
-            return -5, True
+            return -E_VALUE, True
         val[:n] = v
         return n, True
     if form == RAW:
         if length != even(n * itemsize):
-            return -1, True
+            return -E_LENGTH, True
         for i in range(n):
             val[i] = get_le(payload, start + itemsize * i, itemsize)
         return n, True
     if form == SPARSE:
         nnz = length // (2 + itemsize)
         if length != even(nnz * (2 + itemsize)) or nnz > n:
-            return -1, False
+            return -E_LENGTH, False
         last = -1
         for j in range(nnz):
             i = word_at(payload, start + 2 * j)
             if i <= last or i >= n:
-                return -6, False
+                return -E_SPARSE, False
             last = i
             pos[j] = i
             val[j] = get_le(payload, start + 2 * nnz + itemsize * j, itemsize)
         return nnz, False
     if form != ANS:
-        return -7, False
+        return -E_FORM, False
     n_words = length // 2
     if length % 2 or n_words < 2:
-        return -1, False
+        return -E_LENGTH, False
     at = k * LUT_BYTES
     if run == 0:
         return decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, lut, at), True
@@ -665,7 +667,7 @@ def decode_at(index, block_base, payload, b, p, n_frames, block, run, values, ta
     start, end, form = stream_bounds(index, block_base, b, p)
     n = min(block, n_frames - b * block)
     if start < 0 or end > payload.shape[0]:
-        return -1, False
+        return -E_LENGTH, False
     r, nv, vt = np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p])
     if form == ANS:
         load_tables(cum, p, r, nv, vt, lut, held, k)

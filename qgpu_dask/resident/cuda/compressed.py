@@ -15,6 +15,7 @@ import cupy
 import cupyx
 import numpy as np
 
+from ...formats import codec
 from ...formats.codec import HIST_BINS, TOKEN_SLOTS, pack_index
 from ..cpu import compressed as twin
 from ..cpu.compressed import ERRORS
@@ -29,13 +30,38 @@ MASK_THREADS = 128  # pixels per mask_sums block: each thread decodes one stream
 MASK_GROUP = 4  # masks accumulated in one pass over the streams (one template instantiation each)
 MASK_SMEM = 64 * 1024  # shared accumulator bytes per mask_sums block
 NO_ERROR = 2**64 - 1
-LUT_SIZE = 64  # kernels/compressed.cu LUT_SIZE: starting symbols per table
+ERROR_CODE_BITS = 8  # a kernel's error word: (stream << ERROR_CODE_BITS) | code, NO_ERROR when none
+LUT_SIZE = 64  # starting symbols per table of a pixel's lookup tables
 CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
 DECODED_TYPES = {**CTYPES, np.dtype(np.float32): "float"}  # what decoded counts may be written as
+DEFINES = compile.defines(  # the constants kernels/compressed.cu takes from Python
+    PROB_BITS=codec.PROB_BITS,
+    STATE_LOW=f"{codec.STATE_LOW}u",
+    HIST_BINS=codec.HIST_BINS,
+    RUN_SLOT=codec.RUN_SLOT,
+    TOKEN_SLOTS=codec.TOKEN_SLOTS,
+    FORM_SHIFT=codec.FORM_SHIFT,
+    OFFSET_MASK=f"{codec.OFFSET_MASK}u",
+    EMPTY=codec.EMPTY,
+    CONSTANT=codec.CONSTANT,
+    SPARSE=codec.SPARSE,
+    ANS=codec.ANS,
+    RAW=codec.RAW,
+    SLOT_MASK=f"{twin.SLOT_MASK}u",
+    E_LENGTH=twin.E_LENGTH,
+    E_TRUNCATED=twin.E_TRUNCATED,
+    E_STATE=twin.E_STATE,
+    E_POSITION=twin.E_POSITION,
+    E_VALUE=twin.E_VALUE,
+    E_SPARSE=twin.E_SPARSE,
+    E_FORM=twin.E_FORM,
+    LUT_SIZE=LUT_SIZE,
+    ERROR_CODE_BITS=ERROR_CODE_BITS,
+)
 
 
 def kernel(name_expr: str) -> cupy.RawKernel:
-    return compile.kernel("compressed.cu", name_expr)
+    return compile.kernel("compressed.cu", name_expr, DEFINES)
 
 
 def counts_type(flat: cupy.ndarray) -> str:
@@ -176,7 +202,7 @@ def raise_error(err: cupy.ndarray, frame_len: int) -> None:
 
 def check_word(value: int, frame_len: int) -> None:
     if value != NO_ERROR:
-        stream, code = value >> 8, value & 0xFF
+        stream, code = value >> ERROR_CODE_BITS, value & ((1 << ERROR_CODE_BITS) - 1)
         b, p = divmod(stream, frame_len)
         raise ValueError(f"malformed compressed stream (scan block {b}, detector pixel {p}): {ERRORS.get(-code, 'unknown error')}")
 

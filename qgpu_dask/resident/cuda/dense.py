@@ -55,12 +55,22 @@ DATA_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.int
 INT_ACC = tuple(np.dtype(t) for t in (np.uint32, np.uint64, np.int64))
 F64 = np.dtype(np.float64)
 
-MASK_THREADS = 512  # kernels/dense.cu MASK_THREADS, launch bounds (512, 2)
+# Block sizes and blocks per SM, the kernels' launch bounds (threads, minimum blocks per SM).
+MASK_THREADS = 512
+MASK_BLOCKS_PER_SM = 2
 MASK_MAX_GROUP = 8  # masks sharing one pass over the data (one template instantiation each)
-ROI_THREADS = 256  # ROI_THREADS, launch bounds (256, 4): 4 blocks per SM always fit
-ROI_BLOCKS_PER_SM = 4
+ROI_THREADS = 256
+ROI_BLOCKS_PER_SM = 4  # 4 blocks per SM always fit
 READ_THREADS = 512
 READ_BLOCKS_PER_SM = 2
+DEFINES = compile.defines(  # the constants kernels/dense.cu takes from Python (with QGPU_LOAD, set per compile)
+    MASK_THREADS=MASK_THREADS,
+    MASK_BLOCKS_PER_SM=MASK_BLOCKS_PER_SM,
+    ROI_THREADS=ROI_THREADS,
+    ROI_BLOCKS_PER_SM=ROI_BLOCKS_PER_SM,
+    READ_THREADS=READ_THREADS,
+    READ_BLOCKS_PER_SM=READ_BLOCKS_PER_SM,
+)
 
 
 # ---------------------------------------------------------------- compilation
@@ -68,7 +78,7 @@ READ_BLOCKS_PER_SM = 2
 
 def kernel(name_expr: str) -> cupy.RawKernel:
     """The compiled kernel ``name_expr`` of dense.cu for the current device, in the chosen load flavour."""
-    return compile.kernel("dense.cu", name_expr, (f"-DQGPU_LOAD={int(LOAD_VARIANT)}",))
+    return compile.kernel("dense.cu", name_expr, (*DEFINES, f"-DQGPU_LOAD={int(LOAD_VARIANT)}"))
 
 
 def ctype(dtype) -> str:
@@ -214,7 +224,7 @@ def prepare_mask_sums(data: cupy.ndarray, span_start: int, weights: cupy.ndarray
             ln = min(seg_len, length - lo)
             w = cupy.asarray(np.ascontiguousarray(padded[g0 : g0 + nm, lo : lo + ln]))  # fresh, so 16-byte aligned
             smem = nm * ln * wtype.itemsize
-            blocks_per_sm = max(1, min(2, per_sm // (smem + kern.shared_size_bytes + 1024)))
+            blocks_per_sm = max(1, min(MASK_BLOCKS_PER_SM, per_sm // (smem + kern.shared_size_bytes + 1024)))
             grid = max(1, min(sms * blocks_per_sm, -(-n_frames // (MASK_THREADS // 32))))
             launches.append((kern, grid, smem, g0, nm, s if n_seg > 1 else -1, a0 + lo, ln, w))
         if n_seg > 1:
