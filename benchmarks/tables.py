@@ -132,7 +132,7 @@ DENSE = ["qgpu_dask/resident/dense.py", "qgpu_dask/resident/cpu/dense.py", "qgpu
          "qgpu_dask/resident/masks.py"]
 COMPRESSED = ["qgpu_dask/resident/compressed.py", "qgpu_dask/resident/cpu/compressed.py", "qgpu_dask/resident/cuda/compressed.py",
               "kernels/compressed.cu", "qgpu_dask/formats"]
-SERVICE = ["qgpu_dask/service", "qgpu_dask/resident/base.py"]
+SERVICE = ["qgpu_dask/service", "qgpu_dask/queries", "qgpu_dask/resident/base.py"]
 LOADS = ["qgpu_dask/io/load.py", "qgpu_dask/io/readers/hdf5.py", "qgpu_dask/io/readers/npy.py", "qgpu_dask/resident/staging.py"]
 SSB = ["qgpu_dask/phase/calibration.py", "qgpu_dask/phase/cpu.py", "qgpu_dask/phase/cuda.py", "qgpu_dask/phase/fit.py", "qgpu_dask/phase/optics.py",
        "qgpu_dask/phase/sideband.py", "kernels/ssb.cu"]

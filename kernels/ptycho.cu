@@ -1,5 +1,5 @@
-// One batch of a ptychographic pass on one frame's object: the twin of qgpu_dask/ptycho/cpu.py, compiled at run
-// time by qgpu_dask/ptycho/cuda.py. The two FFTs between these kernels are cuFFT's.
+// One batch of a ptychographic pass on one frame's object: the twin of qgpu_dask/phase/iterative/cpu.py, compiled at run
+// time by qgpu_dask/phase/iterative/cuda.py. The two FFTs between these kernels are cuFFT's.
 //
 // The object is (rows, cols) complex64; a batch is positions [first, first + n) of the frame, whose windows of
 // R x C pixels have their top-left pixels at corners (n_positions, 2) int64. psi, far and updated are (n, R, C)

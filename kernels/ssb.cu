@@ -1,7 +1,7 @@
 // The single-sideband sum over bright-field pixels, fused: Gamma evaluated in registers, exact zeros skipped.
 //
-// The twin of qgpu_dask/ssb/cpu.py; compiled at run time by qgpu_dask/ssb/cuda.py, which instantiates
-// sideband_sum<N> by the degree N of chi's polynomial (qgpu_dask/ssb/optics.py chi_table).
+// The twin of qgpu_dask/phase/cpu.py; compiled at run time by qgpu_dask/phase/cuda.py, which instantiates
+// sideband_sum<N> by the degree N of chi's polynomial (qgpu_dask/phase/optics.py chi_table).
 //
 // G is (n_pix, rows, half_cols) complex64: the rfft2 over the scan of every bright-field pixel's image.
 // For each scan frequency Q of that half spectrum and each pixel k (1/A, scan axes) inside the aperture:
@@ -12,8 +12,8 @@
 
 typedef long long i64;
 
-// chi as a polynomial of degree N in k_x and k_y, from the polar table of qgpu_dask/ssb/optics.py (chi_table,
-// expanded by qgpu_dask/ssb/cuda.py monomials). Passed by value: the coefficients stay in the kernel's parameter
+// chi as a polynomial of degree N in k_x and k_y, from the polar table of qgpu_dask/phase/optics.py (chi_table,
+// expanded by qgpu_dask/phase/cuda.py monomials). Passed by value: the coefficients stay in the kernel's parameter
 // bank, read by the multiply-adds themselves.
 template <int N>
 struct Poly {
@@ -158,7 +158,7 @@ __host__ __device__ constexpr int block_count(int tiles) {
     return count;
 }
 
-// The products of regularized direct ptychography's normal equations (qgpu_dask/ssb/direct.py) for frequencies
+// The products of regularized direct ptychography's normal equations (qgpu_dask/phase/direct.py) for frequencies
 // with D aliases each: for the n frequencies freq[f] of the half spectrum (flat, nq of them), with the aliases' q
 // at alias_q[f, m] (1/A, (q_y, q_x)), X = [T, g] scaled by sqrt(W) per pixel, with one column of T per alias
 // (phase: i (Gamma_plus - Gamma_minus) / u^2) or two (complex: Gamma_plus / u^2, then Gamma_minus / u^2), and
@@ -170,7 +170,7 @@ __host__ __device__ constexpr int block_count(int tiles) {
 // tensor cores, one m16n8k4 product per 16 x 8 block on or above the diagonal (Y's 16 x 4 fragment of a row
 // block holds the same values as its two 4 x 8 column tiles: one load per tile); four-row steps with no term
 // are skipped. More blocks than BLOCKS_PER_PASS (many aliases) take several passes over the pixels.
-// Twin: normal_equations in qgpu_dask/ssb/cpu.py (with normal_gram).
+// Twin: normal_equations in qgpu_dask/phase/cpu.py (with normal_gram).
 template <int N, int D, bool COMPLEX>
 __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64* __restrict__ pixel, i64 n_pix,
                                  const i64* __restrict__ freq, i64 n, const double* __restrict__ ky, const double* __restrict__ kx,

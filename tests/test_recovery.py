@@ -76,6 +76,17 @@ def test_worker_killed_while_queries_run(own, rng, tmp_path):
     victim = acqs["a0"].owner
     on_victim = sorted(n for n, a in acqs.items() if a.owner == victim)
 
+    class Totals(qd.Query):  # a user's query type, as a notebook writes it: every shard learns it once
+        name = "totals"
+
+        @staticmethod
+        def run(ctx, residents):
+            return [int(r.reduce_parts(None, "sum")[0].sum()) for r in residents]
+
+    qd.register(Totals)
+    totals = [int(d.sum()) for d in data.values()]
+    assert series.ask(Totals) == totals
+
     wrong, errors, slowest, done = [], [], [0.0], threading.Event()
 
     def client_thread(seed: int) -> None:
@@ -128,6 +139,7 @@ def test_worker_killed_while_queries_run(own, rng, tmp_path):
     for name, acq in acqs.items():
         assert (acq.virtual_image(mask) == reference[name]).all()
     assert (series.virtual_images(mask) == series_reference).all()
+    assert series.ask(Totals) == totals  # the restarted worker's new shard is sent the type too
     info = svc.info()
     assert len(info["shards"]) == 3 and "rehomed" in repr(info)
 
