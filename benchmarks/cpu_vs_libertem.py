@@ -54,6 +54,7 @@ from timing import timed
 import qgpu_dask as qd
 from qgpu_dask.io.synthetic import crystal, crystal_geometry
 from qgpu_dask.phase import calibration
+from qgpu_dask.service.shard import Shard
 
 SHAPES = {"full": ((64, 64), (128, 128)), "small": ((8, 8), (32, 32))}
 DATASET = "/data"
@@ -290,7 +291,7 @@ def qgpu_run(info: dict, masks: dict[str, np.ndarray], n_workers: int, repeats: 
                                "ratio": record["raw_bytes"] / record["nbytes"], "load_s": load_s,
                                "load_gb_per_s": info["file_bytes"] / load_s / 1e9, "queries": queries, "arrays": arrays}
             if layout == "default":
-                pings, _ = timed(lambda: svc.router.call(acq.owner, "ping").result(), repeats, warmup=3)
+                pings, _ = timed(lambda: svc.router.call(acq.owner, Shard.ping).result(), repeats, warmup=3)
                 noops, _ = timed(lambda: svc.submit(noop, acq).result(), repeats, warmup=3)
                 weights = mask_weights(np.stack(stack), acq.det_shape, acq.dtype)
                 worker = svc.submit(worker_kernel, acq, weights, repeats).result()

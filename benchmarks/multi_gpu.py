@@ -25,6 +25,7 @@ from distributed import Client, LocalCluster
 
 import qgpu_dask as qd
 from qgpu_dask.device import cupy_or_none
+from qgpu_dask.service.shard import Shard
 
 import record
 from reliability import kill_and_recover
@@ -69,7 +70,7 @@ def scaling_run(path: Path, g: int, n: int, representation: str, mask, repeat: i
             "load_s": load_s,
             "load_GBps": n * counts_bytes / 1e9 / load_s,  # of counts, whatever the resident's layout
             "resident_bytes": sum(a["nbytes"] for a in svc.state()["acquisitions"].values()),
-            "ping_p50_ms_per_shard": [median_ms(lambda o=o: svc.router.call(o, "ping").result(), 200) for o in owners],
+            "ping_p50_ms_per_shard": [median_ms(lambda o=o: svc.router.call(o, Shard.ping).result(), 200) for o in owners],
         }
         if kill:
             victim = series[n - 1].owner

@@ -23,8 +23,7 @@ from distributed.actor import Actor
 
 import qgpu_dask as qd
 from qgpu_dask.device import has_gpu
-from qgpu_dask.service.shard import shard_key
-from qgpu_dask.service.shard import Shard
+from qgpu_dask.service.shard import Shard, shard_key
 
 import record
 from timing import latencies, median_ms, write_counts
@@ -45,7 +44,7 @@ def round_trips(n: int) -> dict:
         actor = Actor(Shard, owner, shard_key(owner))
         actor._client, actor._future = proxied, None
         result = {
-            "noop_shard_call": latencies(lambda: svc.router.call(owner, "ping").result(), n),
+            "noop_shard_call": latencies(lambda: svc.router.call(owner, Shard.ping).result(), n),
             "tiny_virtual_image": latencies(lambda: tiny.virtual_image(mask), n),
             "tiny_frame": latencies(lambda: tiny.frame(1, 2), n),
             "baseline_actor_via_scheduler_proxy": latencies(lambda: actor.ping().result(), n),

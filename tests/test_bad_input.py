@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
+from qgpu_dask.service.shard import Shard
 
 DET = (8, 10)
 
@@ -149,7 +150,7 @@ def test_load_beyond_budget_refused(svc, acq):
     with pytest.raises(ValueError, match="more than fits on any shard"):
         svc.put(big, name="too-big")
     with pytest.raises(ValueError, match=r"needs 300\.00 MiB.*256\.00 MiB budget"):
-        svc.router.call(acq.owner, "put", "too-big", big).result()
+        svc.router.call(acq.owner, Shard.put, "too-big", big).result()
     assert "too-big" not in svc
     info = {s["worker"]: s for s in svc.info()["shards"]}
     assert info[acq.owner]["reserved_bytes"] == 0

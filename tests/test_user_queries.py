@@ -19,7 +19,7 @@ def peak_query(offset: int = 0) -> type[qd.Query]:
     class PeakImage(qd.Query):
         """(n, scan_rows, scan_cols) the largest count within ``mask`` of each pattern, native dtype."""
 
-        name = "peak_image"
+        name = "peak_image_test"
 
         def __init__(self, series, mask):
             mask = np.asarray(mask, bool)
@@ -46,7 +46,7 @@ def calls_query() -> type[qd.Query]:
     class Calls(qd.Query):
         """Per acquisition: (the process that ran it, how many residents that call got)."""
 
-        name = "calls"
+        name = "calls_test"
 
         @staticmethod
         def run(ctx, residents):
@@ -62,7 +62,7 @@ def test_a_user_query_is_exact_on_a_series_and_an_acquisition(svc, names, rng):
     expected = np.stack([d[..., mask].max(axis=-1) for d in data])
     PeakImage = peak_query()
     assert (series.ask(PeakImage, mask) == expected).all()
-    assert (series.ask("peak_image", mask) == expected).all()  # by its registered name too
+    assert (series.ask("peak_image_test", mask) == expected).all()  # by its registered name too
     assert (series[2].ask(PeakImage, mask) == expected[2]).all()  # an acquisition gets its own image
     future = series.ask(PeakImage, mask, wait=False)
     assert (future.result() == expected).all()

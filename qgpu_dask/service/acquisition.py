@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 from dask.utils import format_bytes
@@ -28,6 +28,7 @@ from ..queries.virtual_images import VirtualImages
 from ..resident.base import AcquisitionShape
 from .calls import QueryFuture
 from .progress import waited
+from .shard import Shard
 
 if TYPE_CHECKING:
     from .service import Service
@@ -198,7 +199,7 @@ class Acquisition(AcquisitionShape, Series):
         """An acquisition's own part of a series' result (``Query.single``; a composite's first part)."""
         return result[0] if query is None else query.single(result)
 
-    def call(self, method: str, *args) -> Any:
+    def call(self, method: Callable, *args) -> QueryFuture:
         """Shard method ``method(name, *args)`` of one acquisition on its owner, followed when it moves."""
         future = self.service.router.routed([self.name], lambda owner, names: self.service.router.send(owner, method, names[0], *args))
         return QueryFuture(future, lambda replies, positions: replies[0])
@@ -220,17 +221,17 @@ class Acquisition(AcquisitionShape, Series):
     @property
     def received(self) -> int:
         """Scan positions held so far: of a live acquisition (``svc.create``) those appended or ingested, else all."""
-        return self.call("received").result()
+        return self.call(Shard.received).result()
 
     def append(self, frames) -> int:
         """Add ``frames`` (n, det_rows, det_cols) of this acquisition's dtype, the next n scan positions in C
         order, to a live acquisition (``svc.create``); returns the positions received. A wrong shape or dtype
         or frames past the scan raise ValueError (``LiveCounts.append``, on the owner) and add nothing."""
-        return self.call("append", np.ascontiguousarray(frames)).result()
+        return self.call(Shard.append, np.ascontiguousarray(frames)).result()
 
     def release(self) -> None:
         """Free this acquisition's memory on its shard and forget its name."""
-        self.call("release").result()
+        self.call(Shard.release).result()
 
     def save(self, path: str | os.PathLike) -> str:
         """Write this acquisition as it is held (compressed streams as they are) to ``path``; returns the absolute path.
@@ -239,7 +240,7 @@ class Acquisition(AcquisitionShape, Series):
         it sees; :meth:`Service.load` reopens it without re-encoding.
         """
         path = os.path.abspath(os.fspath(path))
-        waited(self.call("save", path), f"saving {self.name}", 1, "acquisition")
+        waited(self.call(Shard.save, path), f"saving {self.name}", 1, "acquisition")
         return path
 
     def info(self) -> dict:

@@ -81,7 +81,7 @@ class Recovery:
             try:
                 await future
                 await client.publish_dataset(future, name=key, override=True)
-                reply = await self.scheduler.rpc(address).actor_execute(actor=key, function="start", args=[], kwargs={})
+                reply = await self.scheduler.rpc(address).actor_execute(actor=key, function=Shard.start.__name__, args=[], kwargs={})
                 if reply["status"] != "OK":
                     raise plain(reply["exception"])
             except Exception as err:
@@ -164,7 +164,7 @@ class Recovery:
         entry["target"] = target
         try:
             reply = await self.scheduler.rpc(target).actor_execute(
-                actor=self.catalog.shards[target]["key"], function="restore", args=[name, how], kwargs={}
+                actor=self.catalog.shards[target]["key"], function=Shard.restore.__name__, args=[name, how], kwargs={}
             )
             error = None if reply["status"] == "OK" else plain(reply["exception"])
         except Exception as err:
@@ -203,6 +203,6 @@ class Recovery:
                 self.catalog.log("move-failed", name=name, target=low, error=error)
                 return
             try:
-                await self.scheduler.rpc(high).actor_execute(actor=shard_key(high), function="discard", args=[name], kwargs={})
+                await self.scheduler.rpc(high).actor_execute(actor=shard_key(high), function=Shard.discard.__name__, args=[name], kwargs={})
             except Exception:
                 pass  # its worker is gone too: nothing left to free

@@ -14,7 +14,7 @@ from distributed import Client
 from ..queries.base import Query, UnknownQuery, built_in, wire_name
 from .calls import QueryFuture, call_async, shard_pool
 from .placement import place
-from .shard import shard_key
+from .shard import Shard, shard_key
 
 REHOME_WAIT = 600.0  # seconds a query waits for an acquisition of a lost shard to be held again
 
@@ -41,13 +41,13 @@ class Router:
             raise
         return asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
 
-    def call(self, address: str, method: str, *args, **kwargs) -> concurrent.futures.Future:
-        """A direct call of a shard method on worker ``address``."""
+    def call(self, address: str, method: Callable, *args, **kwargs) -> concurrent.futures.Future:
+        """A direct call of shard method ``method`` (``Shard.info``, ...) on worker ``address``."""
         return self.on_loop(self.send(address, method, *args, **kwargs))
 
-    async def send(self, address: str, method: str, *args, **kwargs) -> Any:
-        """Call a shard method on worker ``address`` (on the client's event loop)."""
-        return await call_async(self.pool, address, shard_key(address), method, *args, **kwargs)
+    async def send(self, address: str, method: Callable, *args, **kwargs) -> Any:
+        """Call shard method ``method`` on worker ``address`` (on the client's event loop)."""
+        return await call_async(self.pool, address, shard_key(address), method.__name__, *args, **kwargs)
 
     def ask(self, query: Query, names: list[str]) -> QueryFuture:
         """``query`` on the acquisitions ``names``: one ``Shard.ask`` per owning shard (a user's query type is
@@ -57,12 +57,12 @@ class Router:
 
         async def call(owner: str, mine: list[str], *args) -> Any:
             try:
-                return await self.send(owner, "ask", name, mine, *args)
+                return await self.send(owner, Shard.ask, name, mine, *args)
             except UnknownQuery:
                 if built_in(kind):
                     raise
-            await self.send(owner, "learn", kind)
-            return await self.send(owner, "ask", name, mine, *args)
+            await self.send(owner, Shard.learn, kind)
+            return await self.send(owner, Shard.ask, name, mine, *args)
 
         future = self.routed(names, lambda owner, mine: query.send(call, owner, mine))
         return QueryFuture(future, query.merge)
@@ -116,7 +116,7 @@ class Router:
                 raise TimeoutError(f"acquisitions {names} of worker {owner} were not held again within {REHOME_WAIT:.0f} s ({error})")
             await asyncio.sleep(0.1)
 
-    async def placed(self, name: str, owner: str, nbytes: int, pinned: bool, method: str, *args) -> dict:
+    async def placed(self, name: str, owner: str, nbytes: int, pinned: bool, method: Callable, *args) -> dict:
         """Shard method ``load`` or ``put`` of a new acquisition on ``owner``; its record with the owner.
         If that worker dies first, the acquisition is placed again on a survivor (unless pinned) and sent there."""
         deadline = time.monotonic() + REHOME_WAIT

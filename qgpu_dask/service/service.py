@@ -175,7 +175,7 @@ class Service:
                 self.client.publish_dataset(future, name=shard_key(w))
             except KeyError:
                 pass  # another client published the same shard first
-        starts = [self.router.call(w, "start") for w in missing]
+        starts = [self.router.call(w, Shard.start) for w in missing]
         for w, s in zip(missing, starts):
             shard = s.result()
             if self.budget is not None and shard["budget"] < self.budget:
@@ -213,7 +213,7 @@ class Service:
         if one:
             owner, loaded = loads.owners[0], loads.names[0]
             waited(loads.futures[0], f"loading {loaded}", loads.raw_bytes[0], "B",
-                   lambda: self.router.call(owner, "load_progress", loaded).result(), progress)
+                   lambda: self.router.call(owner, Shard.load_progress, loaded).result(), progress)
             return Acquisition(self, loads.record(loads.futures[0]))
         return Series(self, [Acquisition(self, r) for r in self.gather(loads, progress, "loading")])
 
@@ -257,7 +257,7 @@ class Service:
         state = self.state()
         self.check_new_names(names, state)
         inspector = worker or next(iter(state["shards"]))
-        metas = self.router.call(inspector, "inspect", sources).result()
+        metas = self.router.call(inspector, Shard.inspect, sources).result()
         for meta in metas:
             if "layout" in meta:  # a saved resident
                 check_saved(layout, meta["layout"])
@@ -265,7 +265,7 @@ class Service:
                 check_layout(layout, meta["dtype"], CHOICES)
         owners = place([m["load_bytes"] for m in metas], state, pinned=worker)
         futures = [
-            self.router.on_loop(self.router.placed(n, o, m["load_bytes"], worker is not None, "load", s, layout))
+            self.router.on_loop(self.router.placed(n, o, m["load_bytes"], worker is not None, Shard.load, s, layout))
             for o, n, s, m in zip(owners, names, sources, metas)
         ]
         return Loads(futures, names, [m["raw_bytes"] for m in metas], owners)
@@ -299,7 +299,7 @@ class Service:
         np.save(copy, array, allow_pickle=False)
         self.client.sync(self.client.scheduler.qgpu_keep_copy, name=name, data=copy.getvalue())
         try:
-            record = self.router.on_loop(self.router.placed(name, owner, array.nbytes, worker is not None, "put", array, layout)).result()
+            record = self.router.on_loop(self.router.placed(name, owner, array.nbytes, worker is not None, Shard.put, array, layout)).result()
         except BaseException:
             self.client.sync(self.client.scheduler.qgpu_forget_copy, name=name)
             raise
@@ -325,7 +325,7 @@ class Service:
         self.check_new_names([name], state)
         nbytes = start_bytes(shape, dtype, layout)
         owner = place([nbytes], state, pinned=worker)[0]
-        record = self.router.on_loop(self.router.placed(name, owner, nbytes, worker is not None, "create", shape, str(dtype), layout)).result()
+        record = self.router.on_loop(self.router.placed(name, owner, nbytes, worker is not None, Shard.create, shape, str(dtype), layout)).result()
         return Acquisition(self, record | {"name": name})
 
     def ingest(self, source: TcpSource, acq: Acquisition, wait: bool = True, progress: bool = True):
@@ -333,7 +333,7 @@ class Service:
         it as they come; the frames go from the stream to the owner, not through this client. Returns the
         owner's {"frames", "received"} (with ``wait=False`` a future of it, while queries go on). If the stream
         stops inside a frame or breaks, the error is raised and the positions that arrived are kept."""
-        future = acq.call("ingest", source)
+        future = acq.call(Shard.ingest, source)
         if not wait:
             return future
         with tqdm(total=acq.n_frames, desc=f"ingest {acq.name}", unit="frame", disable=not progress) as bar:
@@ -410,7 +410,7 @@ class Service:
     def info(self) -> "ServiceInfo":
         """Shards (worker, device, resident bytes, budget) and acquisitions with their owners."""
         state = self.state()
-        replies = [self.router.call(w, "info") for w in state["shards"]]
+        replies = [self.router.call(w, Shard.info) for w in state["shards"]]
         shards = [r.result() for r in replies]
         return ServiceInfo(shards=shards, acquisitions=list(state["acquisitions"].values()), events=state["events"])
 
