@@ -61,7 +61,7 @@ class Router:
             except UnknownQuery:
                 if built_in(kind):
                     raise
-            await self.send(owner, Shard.learn, kind)
+            await self.send(owner, Shard.learn, name, kind)
             return await self.send(owner, Shard.ask, name, mine, *args)
 
         future = self.routed(names, lambda owner, mine: query.send(call, owner, mine))

@@ -27,7 +27,7 @@ from ..io.registry import open_reader
 from ..io.saved import describe_saved, is_saved, open_resident, save_resident
 from ..io.source import Source
 from ..io.stream import TcpSource
-from ..queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup, wire_name
+from ..queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup
 from ..resident import DenseCounts, Resident
 from ..resident.base import check_dtype, check_shape
 from ..resident.compressed import check_layout
@@ -120,9 +120,9 @@ class Shard:
                 await self.settle(n)
         return reply
 
-    async def learn(self, query: type[Query]) -> None:
-        """Know a user's query type (sent pickled by the client that asked for it) by its wire name."""
-        self.learned[wire_name(query)] = query
+    async def learn(self, name: str, query: type[Query]) -> None:
+        """Know a user's query type, sent pickled by the client that asked for it, by the client's wire name."""
+        self.learned[name] = query
 
     # -- loading -----------------------------------------------------------
 
