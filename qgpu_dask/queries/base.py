@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar
 
 import cloudpickle
-import numpy as np
 
 from ..resident import Resident
 
@@ -121,11 +120,6 @@ def ordered(replies: list, positions: list[list[int]]) -> list:
         for part, i in zip(reply, where):
             out[i] = part
     return out
-
-
-def stacked(parts: list) -> np.ndarray:
-    """Parts (arrays) stacked along a new first axis."""
-    return np.stack(parts)
 
 
 class UnknownQuery(KeyError):

@@ -35,17 +35,15 @@ class Function(Query):
 
 
 @register
-class ShardFunction(Query):
+class ShardFunction(Function):
     """``fn(part, *args, **kwargs)`` once per shard holding some of the series; the result is
     [(positions, fn's result)] per shard, by first position."""
 
     name = "shard_function"
-    settles = True
 
     def __init__(self, series, fn: Callable, args: tuple = (), kwargs: dict | None = None):
-        check_function(fn)
+        super().__init__(series, fn, args, kwargs)
         self.names = list(series.names)
-        self.args = (fn, tuple(args), dict(kwargs or {}))
 
     async def send(self, call, owner: str, names: list[str]) -> Any:
         fn, args, kwargs = self.args

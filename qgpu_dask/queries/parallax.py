@@ -9,7 +9,7 @@ from ..device import synchronize, to_host
 from ..phase import parallax, sideband
 from ..phase.optics import Optics
 from ..resident import Resident
-from .base import Context, Query, register, stacked
+from .base import Context, Query, register
 from .sideband import check_optics
 
 
@@ -37,4 +37,4 @@ class Parallax(Query):
         return images
 
     def assemble(self, parts: list) -> np.ndarray:
-        return stacked(parts)
+        return np.stack(parts)

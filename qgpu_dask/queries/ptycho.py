@@ -40,12 +40,9 @@ KEEPS = {"ptycho": Reconstructions}
 
 
 class PtychoQuery(Query):
-    """A step of reconstruction ``run``: the run's id first, then the step's own arguments."""
+    """A step of reconstruction ``run``: the run's id first, then the step's own arguments (sent as given)."""
 
     keeps = KEEPS
-
-    def __init__(self, series, run: str, *args):
-        self.args = (run, *args)
 
 
 @register

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..resident import Resident, combine_parts, finish_reduce
 from ..resident.base import REDUCE_OPS
-from .base import Context, Query, ordered, register, stacked
+from .base import Context, Query, ordered, register
 
 
 @register
@@ -61,7 +61,7 @@ class Frame(Query):
         return [r.frame(row, col) for r in residents]
 
     def assemble(self, parts: list) -> np.ndarray:
-        return stacked(parts)
+        return np.stack(parts)
 
 
 @register

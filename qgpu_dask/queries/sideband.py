@@ -11,7 +11,7 @@ from ..device import synchronize, to_host
 from ..phase import sideband
 from ..phase.optics import Optics
 from ..resident import Resident
-from .base import Context, Query, register, stacked
+from .base import Context, Query, register
 from .preparations import PreparedCache, pixels_key
 
 KEEPS = {"ssb_cache": PreparedCache}  # G and the direct equations: info()["ssb_cache_bytes"]
@@ -52,4 +52,4 @@ class SSB(Query):
         return images
 
     def assemble(self, parts: list) -> np.ndarray:
-        return stacked(parts)
+        return np.stack(parts)

@@ -77,8 +77,8 @@ class Series(Sequence):
         shows a progress bar once it has run a second."""
         kind = lookup(query) if isinstance(query, str) else query
         asked = kind(self.plain(), *args, **kwargs)
-        future = self.service.router.ask(asked, self.names)
-        future = QueryFuture(future.future, lambda replies, positions: self.shaped(asked, asked.merge(replies, positions)))
+        future = QueryFuture(self.service.router.ask(asked, self.names),
+                             lambda replies, positions: self.shaped(asked, asked.merge(replies, positions)))
         if not wait:
             return future
         if kind.long:

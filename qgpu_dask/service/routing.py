@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable
 from distributed import Client
 
 from ..queries.base import Query, UnknownQuery, built_in, wire_name
-from .calls import QueryFuture, call_async, shard_pool
+from .calls import call_async, shard_pool
 from .placement import place
 from .shard import Shard, shard_key
 
@@ -49,9 +49,9 @@ class Router:
         """Call shard method ``method`` on worker ``address`` (on the client's event loop)."""
         return await call_async(self.pool, address, shard_key(address), method.__name__, *args, **kwargs)
 
-    def ask(self, query: Query, names: list[str]) -> QueryFuture:
+    def ask(self, query: Query, names: list[str]) -> concurrent.futures.Future:
         """``query`` on the acquisitions ``names``: one ``Shard.ask`` per owning shard (a user's query type is
-        sent to a shard the first time it is asked there), assembled by ``query.merge``."""
+        sent to a shard the first time it is asked there); a future of [(reply, positions)], as ``routed``."""
         kind = type(query)
         name = wire_name(kind)
 
@@ -64,8 +64,7 @@ class Router:
             await self.send(owner, Shard.learn, name, kind)
             return await self.send(owner, Shard.ask, name, mine, *args)
 
-        future = self.routed(names, lambda owner, mine: query.send(call, owner, mine))
-        return QueryFuture(future, query.merge)
+        return self.routed(names, lambda owner, mine: query.send(call, owner, mine))
 
     def routed(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> concurrent.futures.Future:
         """``send(owner, names of that owner)`` once per owning shard; a future of [(reply, positions in

@@ -109,7 +109,6 @@ class Shard:
         query = self.learned.get(name) or (lookup(name) if "@" not in name else None)
         if query is None:
             raise UnknownQuery(name)
-        self.ctx.keep(query)
         on = names if query.on_names else [self.resident(n) for n in names]
         if query.inline and query.reads(on, *args) <= INLINE_BYTES:
             reply = query.run(self.ctx, on, *args)
@@ -122,6 +121,7 @@ class Shard:
 
     async def learn(self, name: str, query: type[Query]) -> None:
         """Know a user's query type, sent pickled by the client that asked for it, by the client's wire name."""
+        self.ctx.keep(query)
         self.learned[name] = query
 
     # -- loading -----------------------------------------------------------
