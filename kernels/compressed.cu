@@ -655,3 +655,79 @@ __global__ void check(STREAM_PARAMS, i64 n_frames, int block, int table_stride, 
     int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
     if (code) report(err, b, p, st.frame_len, code);
 }
+
+// ---------------------------------------------------------------- series
+
+// One acquisition of a series as the series kernels take it: DESC_FIELDS u64 per acquisition, in the order
+// of qgpu_dask/resident/cuda/compressed.py's SeriesTable (pointers as integers).
+#ifndef DESC_FIELDS
+#error "DESC_FIELDS comes from qgpu_dask/resident/cuda/compressed.py"
+#endif
+enum { D_INDEX, D_BASE, D_PAYLOAD, D_PAYLOAD_BYTES, D_RUN, D_VALUES, D_TABLE_START, D_CUM, D_LUT, D_TOTALS, D_BLOCK, D_CODING, D_MAXVAL,
+       D_COUNT };
+static_assert(D_COUNT <= DESC_FIELDS, "the descriptor holds every field");
+
+struct Member {
+    Streams st;
+    Model model;
+    const u64* totals;
+    int block;
+};
+
+__device__ __forceinline__ Member member_of(const u64* desc, int a, int frame_len) {
+    const u64* d = desc + (i64)a * DESC_FIELDS;
+    u64 coding = d[D_CODING];
+    Member m;
+    m.st = Streams{reinterpret_cast<const u32*>(d[D_INDEX]), reinterpret_cast<const u64*>(d[D_BASE]),
+                   reinterpret_cast<const u8*>(d[D_PAYLOAD]), (i64)d[D_PAYLOAD_BYTES], frame_len};
+    m.model = Model{reinterpret_cast<const u8*>(d[D_RUN]), reinterpret_cast<const u8*>(d[D_VALUES]),
+                    reinterpret_cast<const u32*>(d[D_TABLE_START]), reinterpret_cast<const u16*>(d[D_CUM]),
+                    reinterpret_cast<const u8*>(d[D_LUT]), (int)(coding & 0xFF), (int)((coding >> 8) & 0xFF), (u32)d[D_MAXVAL]};
+    m.totals = reinterpret_cast<const u64*>(d[D_TOTALS]);
+    m.block = (int)d[D_BLOCK];
+    return m;
+}
+
+// Sums of weights[m, k] * count[f, pixels[k]] for every acquisition of a series in one launch: work item
+// blockIdx.x is (acquisition item_acq[i], scan block item_block[i]) and blockIdx.y a chunk of that
+// acquisition's pixels: spans[2a] .. spans[2a] + spans[2a + 1] of pixels and of every row of weights
+// (pix_len entries a row; acquisitions of one decomposition share theirs). The chunk-0 block of each item
+// also adds offsets[m] * the frame totals (the complement), when offsets is given. out is (n_acq,
+// n_masks_all, n_frames), zeroed or holding a previous result; masks m0 .. m0 + NM of it are added to.
+template <class W, int NM>
+__global__ void series_mask_sums(const u64* desc, const int* item_acq, const int* item_block, int frame_len, i64 n_frames,
+                                 const i64* spans, const i64* pixels, i64 pix_len, int table_stride, const W* weights, const W* offsets,
+                                 int n_masks_all, int m0, W* out, u64* err) {
+    extern __shared__ unsigned long long smem_words[];
+    int a = item_acq[blockIdx.x], b = item_block[blockIdx.x];
+    Member mb = member_of(desc, a, frame_len);
+    i64 first = spans[2 * a], n_pix = spans[2 * a + 1];
+    int block = mb.block;
+    W* acc = reinterpret_cast<W*>(smem_words);
+    i64 lo = (i64)b * block;
+    int n = (int)min((i64)block, n_frames - lo);
+    bool complement = offsets != nullptr && blockIdx.y == 0;
+    for (int j = threadIdx.x; j < NM * block; j += blockDim.x) {
+        int m = j / block, i = j % block;
+        acc[j] = complement && i < n ? offsets[m0 + m] * (W)mb.totals[lo + i] : W(0);
+    }
+    __syncthreads();
+    i64 k = (i64)blockIdx.y * blockDim.x + threadIdx.x;
+    if (k < n_pix) {
+        i64 at = first + k;
+        int p = (int)pixels[at];
+        PixelTables tb = thread_tables(mb.model, p, acc + NM * block, table_stride);
+        MaskEmit<W, NM> emit{acc, block, {}};
+#pragma unroll
+        for (int m = 0; m < NM; ++m) emit.w[m] = weights[(i64)(m0 + m) * pix_len + at];
+        int code = decode_stream(mb.st, mb.model, tb, b, p, n, emit);
+        if (code) atomicMin(err, (((u64)blockIdx.x * frame_len + p) << ERROR_CODE_BITS) | (u64)code);
+    }
+    __syncthreads();
+    W* mine = out + (i64)a * n_masks_all * n_frames + (i64)m0 * n_frames + lo;
+    for (int j = threadIdx.x; j < NM * n; j += blockDim.x) {
+        int m = j / n, i = j % n;
+        W v = acc[m * block + i];
+        if (v != W(0)) atomic_add(&mine[(i64)m * n_frames + i], v);
+    }
+}

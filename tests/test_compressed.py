@@ -198,7 +198,7 @@ def test_large_masks_decode_their_complement(rng):
     everything = np.ones((20, 20), dtype=np.int64) * 3
     most = rng.random((20, 20)) < 0.9
     for mask, at_most in ((everything, 0), (most, (~most).sum()), (np.where(most, 2, -1), (~most).sum())):
-        resident.last = None  # a new acquisition: no previous answer to build on
+        resident.series().forget_last()  # a new acquisition: no previous answer to build on
         run = resident.prepare_mask_sums(mask_weights(mask, (20, 20), counts.dtype))
         assert run.decoded_pixels == at_most
         assert (run().reshape(-1, 12, 13) == dense.virtual_images(mask)).all()

@@ -24,11 +24,13 @@ def test_cache_stores_evicts_and_checks_digests():
         cache.stack(digests[1], stacks[2])
 
     made = []
-    plan = cache.plan("a", digests[3], lambda: made.append(1) or (lambda: "image"))
-    assert plan() == "image" and cache.plan("a", digests[3], lambda: made.append(1)) is plan and made == [1]
-    cache.forget("a")
-    cache.plan("a", digests[3], lambda: made.append(2) or (lambda: "image"))
-    assert made == [1, 2]
+    plan = cache.plan(["a"], digests[3], lambda: made.append(1) or (lambda: "image"))
+    assert plan() == "image" and cache.plan(["a"], digests[3], lambda: made.append(1)) is plan and made == [1]
+    series = cache.plan(["b", "a"], digests[3], lambda: made.append(3) or (lambda: "images"))
+    cache.forget("a")  # every plan holding "a" goes, its series' too
+    cache.plan(["a"], digests[3], lambda: made.append(2) or (lambda: "image"))
+    assert cache.plan(["b", "a"], digests[3], lambda: made.append(4)) is not series
+    assert made == [1, 3, 2, 4]
 
 
 def test_repeated_mask_is_sent_once_and_stays_exact(svc, names, rng):

@@ -20,11 +20,14 @@ import numpy as np
 from ..device import cupy_or_none
 from ..resident import Resident, mask_weights
 from ..resident.base import Plan
-from ..resident.masks import as_mask_stack
+from ..resident.compressed import CompressedCounts
+from ..resident.masks import MaskWeights, as_mask_stack
+from ..resident.series import SeriesSums, compact
 from .base import Context, Kept, Query, register
 
 STACK_BYTES = 256 * 2**20
 PLANS = 512
+SERIES_ENGINES = 16  # series whose engines (tables, last results) a shard keeps
 SENT_REMEMBERED = 4096  # (shard, mask digest) pairs a client remembers having sent
 SIDE_STREAMS = 8
 
@@ -42,14 +45,17 @@ def mask_digest(stack: np.ndarray) -> str:
 
 
 class MaskCache(Kept):
-    """Mask stacks by digest (bounded in bytes, host memory) and plans by (acquisition, digest) (bounded in
-    count; their weights are small beside the residents and are not counted against the budget)."""
+    """Mask stacks by digest (bounded in bytes, host memory), plans by (acquisitions, digest) (bounded in
+    count; their weights are small beside the residents and are not counted against the budget) and the
+    series engines of the compressed acquisitions asked together (``SeriesSums``: their streams' table and
+    last result)."""
 
     def __init__(self, ctx: Context | None = None, stack_bytes: int = STACK_BYTES, plans: int = PLANS):
         self.stack_bytes = stack_bytes
         self.max_plans = plans
         self.stacks: OrderedDict[str, np.ndarray] = OrderedDict()
-        self.plans: OrderedDict[tuple[str, str], Callable] = OrderedDict()
+        self.plans: OrderedDict[tuple[tuple[str, ...], str], Callable] = OrderedDict()
+        self.engines: OrderedDict[tuple[str, ...], SeriesSums] = OrderedDict()
         self.lock = threading.Lock()  # the event loop and the query thread both use the cache
 
     def stack(self, digest: str, stack: np.ndarray | None) -> np.ndarray:
@@ -68,29 +74,61 @@ class MaskCache(Kept):
             self.stacks.move_to_end(digest)
             return self.stacks[digest]
 
-    def plan(self, name: str, digest: str, make: Callable[[], Callable]) -> Callable:
-        """The plan of acquisition ``name`` for ``digest``, made with ``make()`` the first time."""
-        key = (name, digest)
+    def plan(self, names: list[str], digest: str, make: Callable[[], Callable]) -> Callable:
+        """The plan of the acquisitions ``names`` (one, or a series answered together) for ``digest``, made with
+        ``make()`` the first time."""
+        return self.kept(self.plans, (tuple(names), digest), make, self.max_plans)
+
+    def series(self, names: list[str], make: Callable[[], SeriesSums]) -> SeriesSums:
+        """The series engine of the acquisitions ``names``, made with ``make()`` the first time."""
+        return self.kept(self.engines, tuple(names), make, SERIES_ENGINES)
+
+    def kept(self, table: OrderedDict, key, make: Callable, most: int):
         with self.lock:
-            plan = self.plans.get(key)
-            if plan is not None:
-                self.plans.move_to_end(key)
-                return plan
-        plan = make()
+            hit = table.get(key)
+            if hit is not None:
+                table.move_to_end(key)
+                return hit
+        made = make()
         with self.lock:
-            self.plans[key] = plan
-            while len(self.plans) > self.max_plans:
-                self.plans.popitem(last=False)
-        return plan
+            table[key] = made
+            while len(table) > most:
+                table.popitem(last=False)
+        return made
 
     def forget(self, name: str) -> None:
-        """Drop the plans of an acquisition (released, or its name about to be reused)."""
+        """Drop the plans and series engines holding an acquisition (released, or its name about to be reused)."""
         with self.lock:
-            for key in [k for k in self.plans if k[0] == name]:
+            for key in [k for k in self.plans if name in k[0]]:
                 del self.plans[key]
+            for key in [k for k in self.engines if name in k]:
+                del self.engines[key]
 
 
 side = threading.local()
+
+
+def series_plan(series: SeriesSums, weights: MaskWeights, scan_shape: tuple[int, int]) -> Plan:
+    """A series' plan as a shard runs it: (n_acq, n_masks, rows, cols) on the host, compacted on the device first."""
+    run = series.plan(weights)
+    shape = (len(series.names), weights.n_masks, *scan_shape)
+
+    def launch() -> Callable:
+        finish = run.launch()
+        return lambda: compact(finish())
+
+    return Plan(Launchable(run, launch), shape)
+
+
+class Launchable:
+    """A run with a ``launch`` of its own (what ``Plan`` starts)."""
+
+    def __init__(self, run: Callable, launch: Callable):
+        self.run = run
+        self.launch = launch
+
+    def __call__(self):
+        return self.launch()()
 
 
 def run_together(plans: list[Plan]) -> list[np.ndarray]:
@@ -148,24 +186,53 @@ class VirtualImages(Query):
         return result
 
     @staticmethod
-    def run(ctx: Context, residents: list[Resident], digest: str, masks: np.ndarray | None = None) -> np.ndarray:
-        """(len(residents), n_masks, scan_rows, scan_cols), from the plans kept per resident and stack."""
+    def run(ctx: Context, residents: list[Resident], digest: str, masks: np.ndarray | None = None) -> dict:
+        """{"acc": the sums' dtype, "parts": [(places among ``residents``, images (k, n_masks, rows, cols))]}: the
+        compressed residents of each count dtype answered together by the series engine (one plan and one
+        launch for all of them; their images in the narrowest dtype that holds them), the others each by
+        their own kept plan."""
         cache: MaskCache = ctx.kept["masks"]
         stack = cache.stack(digest, masks)
         weights: dict[tuple, Any] = {}
 
-        def make(r: Resident) -> Callable:
+        def prepared(r: Resident) -> Any:
             key = (r.det_shape, r.dtype)
             if key not in weights:
                 weights[key] = mask_weights(stack, r.det_shape, r.dtype)
-            return r.plan_virtual_images(weights[key])
+            return weights[key]
 
-        return np.stack(run_together([cache.plan(r.name, digest, lambda r=r: make(r)) for r in residents]))
+        together: dict[np.dtype, list[int]] = {}
+        alone = []
+        for i, r in enumerate(residents):
+            if isinstance(r, CompressedCounts):
+                together.setdefault(r.dtype, []).append(i)
+            else:
+                alone.append(i)
+        places, plans = [], []
+        for places_of in together.values():
+            members = [residents[i] for i in places_of]
+            series = cache.series([r.name for r in members], lambda members=members: SeriesSums(members))
+            plan = cache.plan(series.names, digest, lambda series=series, r=members[0]: series_plan(series, prepared(r), r.scan_shape))
+            places.append(places_of)
+            plans.append(plan)
+        for i in alone:
+            r = residents[i]
+            places.append([i])
+            plans.append(cache.plan([r.name], digest, lambda r=r: r.plan_virtual_images(prepared(r))))
+        images = run_together(plans)
+        acc = prepared(residents[0]).acc_dtype
+        return {"acc": acc.str, "parts": [(p, im if len(p) > 1 or im.ndim == 4 else im[None]) for p, im in zip(places, images)]}
 
-    def merge(self, replies: list[np.ndarray], positions: list[list[int]]) -> np.ndarray:
-        out = None
-        for reply, where in zip(replies, positions):
-            if out is None:
-                out = np.empty((sum(map(len, positions)),) + reply.shape[1:], dtype=reply.dtype)
-            out[where] = reply
+    def merge(self, replies: list[dict], positions: list[list[int]]) -> np.ndarray:
+        """The images in series order, as the sums' dtype (a part may come narrower); one shard's reply holding
+        the whole series in order, in that dtype already, is the result as it came."""
+        parts = [(np.asarray(where)[places], images) for reply, where in zip(replies, positions) for places, images in reply["parts"]]
+        acc = np.dtype(replies[0]["acc"])
+        n = sum(map(len, positions))
+        if len(parts) == 1 and (parts[0][0] == np.arange(n)).all() and parts[0][1].dtype == acc:
+            out = parts[0][1]
+        else:
+            out = np.empty((n,) + parts[0][1].shape[1:], dtype=acc)
+            for where, images in parts:
+                out[where] = images
         return out[:, 0] if self.one else out

@@ -1,23 +1,15 @@
 """CompressedCounts: counts held as entropy-coded per-detector-pixel streams (format qgpu-ans-1).
 
 A query decodes only the streams it needs (the mask's pixels, the ROI's scan
-blocks, one frame's block) and gives the same bits as the dense layout. For
-integer weights a virtual image is computed in whichever of three exact ways
-decodes the fewest pixels (wrapping integer arithmetic, so negative terms are
-fine):
-
-- direct: the pixels where some weight is nonzero;
-- complement: ``c * total + sum (w - c) * count`` with ``c`` the commonest
-  weight of each mask and ``total`` the per-frame sums kept with the streams
-  (a mask covering most of the detector decodes only the rest);
-- incremental: the previous result of this acquisition plus the sums of the
-  weight changes (a viewer dragging a disk decodes only the changed pixels).
+blocks, one frame's block) and gives the same bits as the dense layout.
+Virtual images go through the series engine (``series.SeriesSums``; an
+acquisition alone is a series of one), which picks the exact decomposition
+that decodes the fewest pixels.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from types import ModuleType
 from typing import Callable
 
@@ -27,6 +19,7 @@ from ..device import module_of, to_host
 from ..formats import codec
 from .base import Resident, kernels_for
 from .masks import MaskWeights
+from .series import SeriesSums
 
 
 def compressible(dtype) -> bool:
@@ -92,7 +85,7 @@ class CompressedCounts(Resident):
             raise ValueError(f"compressed frame totals have shape {self.totals.shape} {self.totals.dtype}, expected ({self.n_frames},) uint64")
         self.stats = dict(stats)
         self.lock = threading.Lock()
-        self.last: tuple[FullWeights, np.dtype, object] | None = None  # (weights, acc dtype, wrapped result)
+        self.sums: SeriesSums | None = None  # made at the first virtual image
 
     # -- building -------------------------------------------------------------
 
@@ -117,56 +110,22 @@ class CompressedCounts(Resident):
         return int(sum(p.nbytes for p in parts))
 
     def prepare_mask_sums(self, masks: MaskWeights) -> Callable:
-        weights = expanded(masks, self.frame_len)
-        with self.lock:
-            last = self.last
-        pixels, offsets = weights.direct, None
-        if weights.integer and weights.complement.size < pixels.size:
-            pixels, offsets = weights.complement, weights.offsets
-        if weights.integer and last is not None and last[1] == masks.acc_dtype and last[0].full.shape == weights.full.shape:
-            changed, delta = weights.changes_from(last[0])
-            if changed.size < pixels.size:
-                return self.plan_sums(weights, masks.acc_dtype, changed, delta, None, base=last[2])
-        chosen = weights.full[:, pixels] if offsets is None else weights.full[:, pixels] - offsets[:, None]
-        return self.plan_sums(weights, masks.acc_dtype, pixels, chosen, offsets, base=None)
-
-    def plan_sums(self, weights: "FullWeights", acc: np.dtype, pixels: np.ndarray, chosen: np.ndarray, offsets, base) -> Callable:
-        """``run()``: sums of ``chosen`` weights over ``pixels`` (plus ``offsets`` times the frame totals, plus
-        ``base``, a previous wrapped result) as ``acc``; ``run.launch()`` starts it and returns ``finish()``."""
-        xp = self.xp
-        integer = weights.integer
-        narrow = acc == np.uint32
-        wrapped = np.ascontiguousarray(chosen.astype(np.int64).view(np.uint64) if integer else chosen.astype(np.float64))
-        pixels = pixels.astype(np.int64)
-        wrapped_offsets = None if offsets is None else offsets.astype(np.int64).view(np.uint64)[:, None]
-        n_masks = weights.full.shape[0]
-
-        def launch() -> Callable:
-            # uploads go on the launching stream, so the kernels after them need no other wait
-            if pixels.size:
-                sums, done = self.kernels.mask_sums_async(self.streams, self.model, xp.asarray(pixels), xp.asarray(wrapped), narrow)
-            else:
-                sums, done = xp.zeros((n_masks, self.n_frames), dtype=np.uint32 if narrow else wrapped.dtype), (lambda: None)
-            if wrapped_offsets is not None:
-                sums = sums + (xp.asarray(wrapped_offsets) * self.totals[None, :]).astype(sums.dtype, copy=False)
-            if base is not None:
-                sums = sums + base.astype(sums.dtype, copy=False)
-
-            def finish():
-                done()
-                if integer:
-                    with self.lock:
-                        self.last = (weights, acc, sums)
-                return cast_wrapped(sums, acc)
-
-            return finish
+        series = self.series()
+        plan = series.plan(masks)
 
         def run():
-            return launch()()
+            return plan()[0]
 
-        run.launch = launch
-        run.decoded_pixels = int(pixels.size)
+        run.launch = lambda: (lambda finish: lambda: finish()[0])(plan.launch())
+        run.decoded_pixels = plan.decoded_pixels
         return run
+
+    def series(self) -> SeriesSums:
+        """This acquisition as a series of one (its plans and its last result for the incremental path)."""
+        with self.lock:
+            if self.sums is None:
+                self.sums = SeriesSums([self])
+            return self.sums
 
     def roi_sum(self, indices):
         return self.kernels.roi_reduce(self.streams, self.model, self.multiplicity(indices), "sum")
@@ -240,84 +199,7 @@ class CompressedCounts(Resident):
 
 MODEL_KEYS = ("run", "values", "table_start", "cum")
 STREAM_KEYS = ("index", "block_base", "payload", "totals")
-MEMO_SIZE = 8
-
-
-class FullWeights:
-    """A mask stack's weights over the whole detector, and what every resident's plan derives from them.
-
-    Made once per stack (see :func:`expanded`) and shared by the residents a
-    query spans, so a series pays the host work once.
-    """
-
-    def __init__(self, masks: MaskWeights, frame_len: int):
-        self.masks = masks
-        self.integer = masks.acc_dtype.kind in "iu"  # integer sums: exact in wrapping arithmetic, whatever the order
-        span = masks.weights.astype(np.int64 if self.integer else np.float64)
-        self.full = np.zeros((masks.n_masks, frame_len), dtype=span.dtype)
-        self.full[:, masks.span_start : masks.span_start + span.shape[1]] = span
-        self.direct = np.flatnonzero(span.any(axis=0)) + masks.span_start
-        self.offsets = commonest(span, frame_len) if self.integer else None
-        if self.offsets is None or not self.offsets.any():
-            self.complement = self.direct
-        else:
-            self.complement = np.flatnonzero((self.full != self.offsets[:, None]).any(axis=0))
-        self.changes: OrderedDict = OrderedDict()
-
-    def changes_from(self, previous: "FullWeights") -> tuple[np.ndarray, np.ndarray]:
-        """(pixels whose weights changed since ``previous``, the weight changes there)."""
-        key = id(previous)
-        if key not in self.changes or self.changes[key][0] is not previous:
-            delta = self.full - previous.full
-            changed = np.flatnonzero((delta != 0).any(axis=0))
-            self.changes[key] = (previous, changed, delta[:, changed])
-            while len(self.changes) > 2:
-                self.changes.popitem(last=False)
-        return self.changes[key][1], self.changes[key][2]
-
-
-MEMO: OrderedDict = OrderedDict()
-MEMO_LOCK = threading.Lock()
-
-
-def expanded(masks: MaskWeights, frame_len: int) -> FullWeights:
-    """The FullWeights of ``masks`` (the same object for the same stack while it is recent)."""
-    key = (id(masks), frame_len)
-    with MEMO_LOCK:
-        hit = MEMO.get(key)
-        if hit is not None and hit.masks is masks:
-            MEMO.move_to_end(key)
-            return hit
-    made = FullWeights(masks, frame_len)
-    with MEMO_LOCK:
-        MEMO[key] = made
-        while len(MEMO) > MEMO_SIZE:
-            MEMO.popitem(last=False)
-    return made
-
-
-def commonest(span: np.ndarray, frame_len: int) -> np.ndarray:
-    """The most frequent weight of each mask over the whole detector (the pixels outside ``span`` weigh 0);
-    0 when zeros are the majority, or when a mask's weights span too wide a range to count."""
-    out = np.zeros(span.shape[0], dtype=np.int64)
-    for m, row in enumerate(span):
-        zeros = frame_len - np.count_nonzero(row)
-        if 2 * zeros >= frame_len:
-            continue
-        lo, hi = min(int(row.min()), 0), max(int(row.max()), 0)
-        if hi - lo <= 4096:
-            counts = np.bincount(row - lo, minlength=hi - lo + 1)
-            counts[-lo] = zeros
-            out[m] = lo + int(np.argmax(counts))
-    return out
 MODEL_DTYPES = {"run": np.uint8, "values": np.uint8, "table_start": np.uint32, "cum": np.uint16}
-
-
-def cast_wrapped(sums, acc: np.dtype):
-    """A wrapped uint64 (or float64) result as the accumulator dtype: uint32 wraps, int64 reinterprets."""
-    if acc == np.int64:
-        return sums.view(np.int64)
-    return sums.astype(acc, copy=False)
 
 
 def chosen_model(flat, every_symbol: bool) -> tuple[int, dict, np.ndarray]:

@@ -11,7 +11,10 @@ same bytes, same bits):
 - ``roi_reduce(streams, model, mult, op)``: per-pixel sum (uint64) or max over
   the frames with multiplicity ``mult > 0``;
 - ``frame(streams, model, index)``: one frame, uint32;
-- any malformed stream raises ValueError naming the scan block and pixel.
+- ``SeriesStreams(members).mask_sums_async(spans, pixels, weights, offsets, out)``: the mask sums of
+  every acquisition of a series added into one (n_acq, n_masks, n_frames) result (one launch on a GPU);
+- any malformed stream raises ValueError naming the scan block and pixel (``SeriesError``, which also
+  names the series member, from the series sums).
 
 ``flat`` is (n_frames, frame_len) unsigned integer counts; the stream of pixel
 ``p`` in scan block ``b`` holds ``flat[b * block : (b + 1) * block, p]``.
@@ -715,6 +718,44 @@ def failed(errors, item, b, p, cnt):
         errors[item, 1] = b
         errors[item, 2] = p
     return cnt < 0
+
+
+class SeriesError(ValueError):
+    """A malformed stream met by a series kernel: ``member`` is the acquisition's place in the series."""
+
+    def __init__(self, member: int, message: str):
+        super().__init__(message)
+        self.member = member
+
+    def __reduce__(self):
+        return SeriesError, (self.member, str(self))
+
+
+DESC_FIELDS = ("index", "block_base", "payload", "payload_bytes", "run", "values", "table_start", "cum", "lut", "totals", "block",
+               "coding", "maxval")  # a series member's row in the CUDA twin's table (kernels/compressed.cu's D_*)
+
+
+class SeriesStreams:
+    """The streams of a series' compressed acquisitions, for sums over all of them at once (the CUDA twin
+    makes one table and one work list of them; here each member's sums run in turn, in parallel inside)."""
+
+    def __init__(self, members: list[tuple[Streams, "Model", np.ndarray]]):
+        self.members = members
+
+    def mask_sums_async(self, spans: np.ndarray, pixels: np.ndarray, weights: np.ndarray, offsets: np.ndarray | None, out: np.ndarray,
+                        narrow: bool = False):
+        """Add to ``out`` (n_acq, n_masks, n_frames) each member's sums of ``weights`` over its span (first, count)
+        of ``pixels``, plus ``offsets[m] * totals[f]`` when given (``narrow`` is the CUDA twin's: unused here)."""
+        for a, ((streams, model, totals), (first, count)) in enumerate(zip(self.members, np.asarray(spans).reshape(-1, 2))):
+            if count:
+                try:
+                    sums, _ = mask_sums_async(streams, model, pixels[first : first + count], weights[:, first : first + count])
+                except ValueError as err:
+                    raise SeriesError(a, str(err)) from None
+                out[a] += sums
+            if offsets is not None:
+                out[a] += offsets.astype(out.dtype)[:, None] * totals.astype(out.dtype)[None, :]
+        return lambda: None
 
 
 def raise_errors(errors: np.ndarray) -> None:

@@ -22,7 +22,7 @@ from ..cpu.compressed import ERRORS
 from ... import compile
 from ...compile import limits
 
-__all__ = ["Model", "Streams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_pixels", "decode_frames", "decode_all", "check", "fill_streams"]
+__all__ = ["Model", "Streams", "SeriesStreams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_pixels", "decode_frames", "decode_all", "check", "fill_streams"]
 
 THREADS = 256
 HIST_FRAMES = 1024  # frames per histogram block
@@ -57,6 +57,7 @@ DEFINES = compile.defines(  # the constants kernels/compressed.cu takes from Pyt
     E_FORM=twin.E_FORM,
     LUT_SIZE=LUT_SIZE,
     ERROR_CODE_BITS=ERROR_CODE_BITS,
+    DESC_FIELDS=len(twin.DESC_FIELDS),
 )
 
 
@@ -200,14 +201,20 @@ def raise_error(err: cupy.ndarray, frame_len: int) -> None:
     check_word(int(err.get()[0]), frame_len)
 
 
-def check_word(value: int, frame_len: int) -> None:
+def check_word(value: int, frame_len: int, where=None) -> None:
+    """ValueError for a kernel's error word (NO_ERROR: none); ``where(stream)`` gives (acquisition, scan block,
+    pixel) for a series kernel's stream numbers."""
     if value != NO_ERROR:
         stream, code = value >> ERROR_CODE_BITS, value & ((1 << ERROR_CODE_BITS) - 1)
-        b, p = divmod(stream, frame_len)
-        raise ValueError(f"malformed compressed stream (scan block {b}, detector pixel {p}): {ERRORS.get(-code, 'unknown error')}")
+        reason = ERRORS.get(-code, "unknown error")
+        if where is None:
+            b, p = divmod(stream, frame_len)
+            raise ValueError(f"malformed compressed stream (scan block {b}, detector pixel {p}): {reason}")
+        a, b, p = where(stream)
+        raise twin.SeriesError(a, f"malformed compressed stream (scan block {b}, detector pixel {p}): {reason}")
 
 
-def raise_error_later(err: cupy.ndarray, frame_len: int):
+def raise_error_later(err: cupy.ndarray, frame_len: int, where=None):
     """A ``done()`` that raises for ``err`` once the current stream has got this far, waiting for nothing else
     (the word comes back through pinned memory on this stream)."""
     host = cupyx.empty_pinned(1, np.uint64)
@@ -217,7 +224,7 @@ def raise_error_later(err: cupy.ndarray, frame_len: int):
 
     def done() -> None:
         reached.synchronize()
-        check_word(int(host[0]), frame_len)
+        check_word(int(host[0]), frame_len, where)
 
     return done
 
@@ -260,6 +267,83 @@ def mask_sums_async(streams: Streams, model: Model, pixels: cupy.ndarray, weight
             shared_mem=nm * block * weights.itemsize + tables,
         )
     return out, lambda: raise_error(err, frame_len)
+
+
+class SeriesStreams:
+    """The streams of a series' compressed acquisitions as one table on the device (pointers, block sizes,
+    coding), and the work list of their (acquisition, scan block) items: what one launch over the whole
+    series reads. Made once per series plan; frame_len and n_frames are the same for every member."""
+
+    def __init__(self, members: list[tuple[Streams, Model, cupy.ndarray]]):
+        self.members = members
+        streams, model, _ = members[0]
+        self.frame_len = int(streams.index.shape[1])
+        self.n_frames = model.n_frames
+        rows = []
+        for streams, model, totals in members:
+            fields = {
+                "index": streams.index.data.ptr, "block_base": streams.block_base.data.ptr, "payload": streams.payload.data.ptr,
+                "payload_bytes": streams.payload.size, "run": model.run.data.ptr, "values": model.values.data.ptr,
+                "table_start": model.table_start.data.ptr, "cum": model.cum.data.ptr, "lut": model.lut.data.ptr,
+                "totals": totals.data.ptr, "block": model.block, "coding": model.chunks | model.itemsize << 8, "maxval": model.maxval,
+            }
+            rows.append([fields[k] for k in twin.DESC_FIELDS])
+        self.desc = cupy.asarray(np.array(rows, dtype=np.uint64))
+        blocks = [int(s.index.shape[0]) for s, _, _ in members]
+        self.item_acq = np.repeat(np.arange(len(members), dtype=np.int32), blocks)
+        self.item_block = np.concatenate([np.arange(n, dtype=np.int32) for n in blocks])
+        self.items = (cupy.asarray(self.item_acq), cupy.asarray(self.item_block))
+        self.max_block = max(m.block for _, m, _ in members)
+        self.table_stride = max(m.table_stride for _, m, _ in members)
+
+    def mask_sums_async(self, spans: np.ndarray, pixels: np.ndarray, weights: np.ndarray, offsets: np.ndarray | None, out: cupy.ndarray,
+                        narrow: bool = False):
+        """Add to ``out`` (n_acq, n_masks, n_frames) every member's ``sum_k weights[m, k] * count[f, pixels[k]]`` over
+        its span (first, count) of the host lists ``pixels`` and ``weights`` (n_masks, pix_len) (uint64 wrapping or
+        float64; uint32 with ``narrow``), plus ``offsets[m] * totals[f]`` when given: one upload, one launch per
+        group of masks, on the current stream. Returns ``done()``, which raises for the first malformed stream."""
+        wdtype = np.dtype(np.uint32) if narrow and weights.dtype == np.uint64 else weights.dtype
+        wtype = {np.dtype(np.uint32): "unsigned int", np.dtype(np.uint64): "unsigned long long", np.dtype(np.float64): "double"}[wdtype]
+        n_masks, pix_len = weights.shape
+        parts = [np.ascontiguousarray(spans, dtype=np.int64).ravel(), np.ascontiguousarray(pixels, dtype=np.int64),
+                 np.ascontiguousarray(weights.astype(wdtype, copy=False)).view(np.uint8).ravel()]
+        if offsets is not None:
+            parts.append(np.ascontiguousarray(offsets.astype(wdtype, copy=False)).view(np.uint8).ravel())
+        sent = uploaded(parts)
+        spans_d, pixels_d = sent[0].view(np.int64), sent[1].view(np.int64)
+        weights_d = sent[2].view(wdtype)
+        offsets_d = sent[3].view(wdtype) if offsets is not None else None
+        err = cupy.full(1, NO_ERROR, dtype=np.uint64)
+        most = int(np.asarray(spans).reshape(-1, 2)[:, 1].max(initial=0))
+        chunks = max(1, grid(most, MASK_THREADS))
+        group = max(1, min(n_masks, MASK_GROUP, MASK_SMEM // (self.max_block * wdtype.itemsize)))
+        tables = MASK_THREADS * (2 * self.table_stride + 2 * LUT_SIZE)
+        if most or offsets is not None:
+            for m0 in range(0, n_masks, group):
+                nm = min(group, n_masks - m0)
+                kernel(f"series_mask_sums<{wtype}, {nm}>")(
+                    (len(self.item_acq), chunks), (MASK_THREADS,),
+                    (self.desc, *self.items, np.int32(self.frame_len), np.int64(self.n_frames), spans_d, pixels_d, np.int64(pix_len),
+                     np.int32(self.table_stride), weights_d, offsets_d, np.int32(n_masks), np.int32(m0), out, err),
+                    shared_mem=nm * self.max_block * wdtype.itemsize + tables,
+                )
+        return raise_error_later(err, self.frame_len, self.where)
+
+    def where(self, stream: int) -> tuple[int, int, int]:
+        """(acquisition, scan block, pixel) of a series kernel's error stream number."""
+        item, p = divmod(stream, self.frame_len)
+        return int(self.item_acq[item]), int(self.item_block[item]), p
+
+
+def uploaded(parts: list[np.ndarray]) -> list[cupy.ndarray]:
+    """Host byte arrays copied to the device in one transfer, each starting on an 8-byte boundary."""
+    sizes = [p.nbytes for p in parts]
+    starts = np.concatenate([[0], np.cumsum([-(-n // 8) * 8 for n in sizes])])
+    host = np.zeros(int(starts[-1]), dtype=np.uint8)
+    for p, at in zip(parts, starts):
+        host[at : at + p.nbytes] = p.view(np.uint8).ravel()
+    device = cupy.asarray(host)
+    return [device[at : at + n] for at, n in zip(starts, sizes)]
 
 
 def roi_reduce(streams: Streams, model: Model, mult: cupy.ndarray, op: str) -> cupy.ndarray:

@@ -1,0 +1,128 @@
+"""The series engine: one plan and one pass over every compressed acquisition of a series, exact on CPU and GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+from qgpu_dask.resident.masks import mask_weights
+from qgpu_dask.resident.series import SeriesSums, compact
+
+from conftest import cupy_available
+from test_compressed import corrupt, encode
+
+BACKENDS = [pytest.param("cpu", id="cpu"),
+            pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
+
+
+def module(backend: str):
+    if backend == "cpu":
+        return np
+    import cupy
+
+    return cupy
+
+
+def host(a) -> np.ndarray:
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def reference(counts: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """(n_masks, n_frames) exact int64 sums."""
+    flat = counts.reshape(counts.shape[0] * counts.shape[1], -1).astype(np.int64)
+    return masks.reshape(masks.shape[0], -1).astype(np.int64) @ flat.T
+
+
+def members(rng, xp, doses, shape=(13, 11, 17, 17), dtype=np.uint16) -> tuple[list[np.ndarray], list]:
+    """Counts at several doses (so several scan block sizes) and their compressed residents on ``xp``'s device."""
+    counts = [rng.poisson(d, shape).astype(dtype) for d in doses]
+    return counts, [encode(c, xp) for c in counts]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_path_of_a_series_is_exact(rng, backend):
+    xp = module(backend)
+    counts, residents = members(rng, xp, [0.05, 0.4, 3.0])
+    assert len({r.block for r in residents}) > 1  # members of several block sizes share one launch
+    series = SeriesSums(residents)
+    det = (17, 17)
+    paths = [
+        ("direct", np.stack([qd.masks.disk(det, (8, 8), 4), qd.masks.annulus(det, (8, 8), 5, 7)])),
+        ("incremental", np.stack([qd.masks.disk(det, (9, 8), 4), qd.masks.annulus(det, (8, 8), 5, 7)])),
+        ("complement", np.stack([np.ones(det, np.int64) * 3, np.where(rng.random(det) < 0.9, 2, -1)])),
+        ("mixed", rng.integers(-3, 4, (5, *det))),  # more masks than one launch holds: a few launches
+    ]
+    for path, masks in paths:
+        weights = mask_weights(masks, det, np.uint16)
+        run = series.plan(weights)
+        if path == "incremental":
+            assert run.decoded_pixels < int(masks[0].sum()) // 2  # only the pixels the disk's move changed
+        if path == "complement":
+            assert run.decoded_pixels < 0.2 * masks[0].size
+        got = host(run())
+        assert got.dtype == weights.acc_dtype and got.shape == (3, masks.shape[0], 13 * 11)
+        for a, c in enumerate(counts):
+            assert (got[a].astype(np.int64) == reference(c, masks).astype(weights.acc_dtype)).all(), (path, a)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_odd_shapes_saturated_and_32_bit_counts(rng, backend):
+    xp = module(backend)
+    for det, dtype in (((17, 17), np.uint16), ((130, 128), np.uint8), ((257, 257), np.uint32)):
+        counts = rng.poisson(0.3, (3, 7, *det)).astype(dtype)
+        counts.reshape(-1)[rng.integers(0, counts.size, 50)] = np.iinfo(dtype).max  # saturated pixels
+        residents = [encode(counts, xp), encode(counts[:, ::-1].copy(), xp)]
+        masks = np.stack([rng.random(det) < 0.3, qd.masks.disk(det, (det[0] / 2, det[1] / 2), det[0] / 3)])
+        weights = mask_weights(masks, det, dtype)
+        got = host(SeriesSums(residents).plan(weights)())
+        for a, c in enumerate((counts, counts[:, ::-1])):
+            want = reference(c, masks)
+            assert (got[a] == want.astype(weights.acc_dtype)).all(), (det, dtype)
+        if dtype == np.uint32:
+            assert weights.acc_dtype == np.uint64 and int(got.max()) > 2**32  # sums beyond 32 bits stay exact
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_malformed_stream_names_the_acquisition_and_nothing_partial_leaves(rng, backend):
+    xp = module(backend)
+    counts, residents = members(rng, xp, [0.5, 0.5, 0.5], shape=(20, 20, 8, 8))
+    for i, r in enumerate(residents):
+        r.name = f"acq{i}"
+    pixel = corrupt(residents[1], "flip")
+    series = SeriesSums(residents)
+    mask = np.zeros((8, 8), bool)
+    mask.reshape(-1)[pixel] = True
+    weights = mask_weights(mask, (8, 8), np.uint16)
+    with pytest.raises(ValueError, match=rf"acquisition 'acq1': malformed compressed stream \(scan block \d+, detector pixel {pixel}\)"):
+        series.plan(weights)()
+    other = np.zeros((8, 8), bool)
+    other.reshape(-1)[(pixel + 1) % 64] = True
+    got = host(SeriesSums([residents[0], residents[2]]).plan(mask_weights(other, (8, 8), np.uint16))())
+    assert (got[1, 0] == reference(counts[2], other[None])[0]).all()  # the others still answer
+
+
+def test_compact_keeps_every_value():
+    sums = np.array([[0, 255]], dtype=np.uint32)
+    assert compact(sums).dtype == np.uint8 and (compact(sums) == sums).all()
+    sums = np.array([[0, 70000]], dtype=np.uint64)
+    assert compact(sums).dtype == np.uint32
+    signed = np.array([-1, 3], dtype=np.int64)
+    assert compact(signed).dtype == np.int64
+
+
+def test_service_series_of_mixed_layouts_and_dtypes(svc, names, rng):
+    det = (12, 10)
+    data = [rng.poisson(0.6, (6, 7, *det)).astype(np.uint16) for _ in range(3)] + [rng.poisson(0.6, (6, 7, *det)).astype(np.uint8)]
+    layouts = ["compressed", "dense", "compressed", "compressed"]
+    acqs = [svc.put(d, name=names(), layout=lay) for d, lay in zip(data, layouts)]
+    series = qd.Series(svc, acqs)
+    for step in range(3):
+        masks = np.stack([qd.masks.disk(det, (5 + step, 5), 3), rng.integers(-2, 3, det)])
+        got = series.virtual_images(masks)
+        assert got.dtype == np.int64 and got.shape == (4, 2, 6, 7)
+        for a, d in enumerate(data):
+            assert (got[a].reshape(2, -1) == reference(d, masks)).all()
+        bf = series.virtual_images(masks[0])
+        assert bf.dtype == np.uint32
+        assert (bf[0] == acqs[0].virtual_image(masks[0])).all()
