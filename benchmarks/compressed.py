@@ -57,13 +57,15 @@ TARGETS = {"bound_ratio_max": 1.10, "virtual_image_over_read_max": 0.5, "moving_
 CHUNK_VALUES = 1 << 26  # Poisson values drawn at once (int64 temporaries of 512 MiB)
 
 
-def poisson_counts(xp, out, dose: float, seed: int):
-    """Fill ``out`` (n_frames, frame_len) uint16 with Poisson(dose) counts drawn on its device, in chunks."""
+def poisson_counts(xp, out, mean, seed: int):
+    """Fill ``out`` (n_frames, frame_len) uint16 with Poisson counts drawn on its device, in chunks: ``mean``
+    is every count's mean (a float) or ``mean(f0, f1)``, the means of frames [f0, f1) (an array broadcast
+    to their shape)."""
     rng = np.random.default_rng(seed) if xp is np else xp.random.RandomState(seed)
     rows = max(1, CHUNK_VALUES // out.shape[1])
     for f0 in range(0, out.shape[0], rows):
         part = out[f0 : f0 + rows]
-        part[...] = rng.poisson(dose, part.shape)
+        part[...] = rng.poisson(mean(f0, f0 + part.shape[0]) if callable(mean) else mean, part.shape)
     return out
 
 

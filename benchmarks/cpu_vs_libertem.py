@@ -11,14 +11,18 @@ annulus; the sum pattern; the centre of mass):
 - qgpu-dask: ``svc.load`` once in the default layout (what layout="auto" picks, named with its
   reason in the JSON) and once compressed (layout="compressed"), then ``acq.virtual_images``,
   ``acq.reduce(op="sum")`` and ``acq.center_of_mass()`` on the resident acquisition, with 1 and with 2
-  CPU workers.
+  CPU workers;
+- a series (issue 23): the file held compressed ``--series`` times under distinct names (the engine
+  shares nothing between residents), its 2-mask virtual image asked with one ``series.virtual_images``,
+  against LiberTEM running the same ``ApplyMasksUDF`` on the file that many times.
 
 Integer results are checked with ``==`` against NumPy and LiberTEM. The centre of mass (float64) is
 checked with ``==`` against a NumPy float64 reference computed the same way from exact int64 moment
 images (and the centre NumPy finds in the exact mean pattern); LiberTEM's (float32 masks) is compared by
 its largest deviation from that reference, with its ``cy, cx`` set to that centre so the two conventions
 agree. Times are medians after a warm-up; GB/s is file bytes over time. Targets (issue 21): the default
-layout >= 10x LiberTEM for every query, the compressed virtual image >= 1x.
+layout >= 10x LiberTEM for every query, the compressed virtual image >= 1x; (issue 23) the compressed
+series >= 2x LiberTEM on its files.
 
 LiberTEM is a benchmark dependency only (never a project one): install it in a separate environment::
 
@@ -60,6 +64,7 @@ SHAPES = {"full": ((64, 64), (128, 128)), "small": ((8, 8), (32, 32))}
 DATASET = "/data"
 TARGET_RATIO = 10.0  # the default layout's queries against LiberTEM
 COMPRESSED_TARGET = 1.0  # the compressed layout's virtual image against LiberTEM
+SERIES_TARGET = 2.0  # the compressed series' virtual image against LiberTEM on each of its files
 QUERIES = ("virtual_image", "sum_pattern", "center_of_mass")
 ENV_KEYS = ("OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_CACHE_DIR")
 # As this process started: Dask's LocalCluster later sets OMP/MKL/OPENBLAS_NUM_THREADS=1 in os.environ.
@@ -159,9 +164,11 @@ def mask_factory(mask: np.ndarray) -> Callable[[], np.ndarray]:
     return lambda: weights
 
 
-def libertem_runs(info: dict, masks: dict[str, np.ndarray], center: tuple[float, float], specs: list[str], repeats: int) -> dict:
+def libertem_runs(info: dict, masks: dict[str, np.ndarray], center: tuple[float, float], specs: list[str], repeats: int,
+                  n_series: int) -> dict:
     """Each query timed per executor spec: ``ApplyMasksUDF`` (uint32 masks; its summary is the spec's own),
-    ``SumUDF(dtype=uint64)`` and ``CoMUDF`` centred on ``center``; the results as NumPy arrays under "arrays"."""
+    ``SumUDF(dtype=uint64)`` and ``CoMUDF`` centred on ``center``, and the virtual image of a series: the
+    UDF run on the file ``n_series`` times; the results as NumPy arrays under "arrays"."""
     from libertem.api import Context
     from libertem.udf.com import CoMUDF
     from libertem.udf.masks import ApplyMasksUDF
@@ -192,8 +199,11 @@ def libertem_runs(info: dict, masks: dict[str, np.ndarray], center: tuple[float,
                 times, res = timed(lambda udf=udf: ctx.run_udf(dataset=ds, udf=udf), repeats)
                 arrays[query] = result(res)
                 queries[query] = {**summary(times, info["file_bytes"]), "result_dtype": str(arrays[query].dtype), "times_s": times}
+            masks_udf = udfs["virtual_image"][0]
+            series_times, _ = timed(lambda: [ctx.run_udf(dataset=ds, udf=masks_udf) for _ in range(n_series)], repeats)
             runs[spec] = {
                 **{k: v for k, v in queries["virtual_image"].items()},
+                "series_virtual_image": summary(series_times, info["file_bytes"] * n_series),
                 "executor": type(ctx.executor).__name__,
                 "context_start_s": start_s,
                 "load_s": load_s,
@@ -273,9 +283,10 @@ def query_times(acq, stack: list[np.ndarray], repeats: int, nbytes: int) -> tupl
     return queries, arrays
 
 
-def qgpu_run(info: dict, masks: dict[str, np.ndarray], n_workers: int, repeats: int) -> dict:
+def qgpu_run(info: dict, masks: dict[str, np.ndarray], n_workers: int, repeats: int, n_series: int) -> dict:
     """Load the file twice into a local CPU service, in the default layout and compressed; time each query on
-    each, and for the default layout a no-op call and the kernel on the worker."""
+    each, and for the default layout a no-op call and the kernel on the worker; then the file ``n_series``
+    times compressed, a series, and its virtual image in one call."""
     from qgpu_dask.resident.masks import mask_weights
 
     stack = list(masks.values())
@@ -298,6 +309,13 @@ def qgpu_run(info: dict, masks: dict[str, np.ndarray], n_workers: int, repeats: 
             acq.release()
             print(f"  qgpu    {n_workers} worker(s) {layout:<10} " + "  ".join(f"{q} {queries[q]['median_s'] * 1e3:7.2f} ms" for q in QUERIES)
                   + f"  ({record['layout']}; load {load_s:.2f} s)")
+        names = [f"series{i}" for i in range(n_series)]
+        series = svc.load([info["path"]] * n_series, dataset=info["dataset"], name=names, layout="compressed", progress=False)
+        series_times, series_images = timed(lambda: series.virtual_images(stack), repeats, warmup=3)
+        held = {"files": n_series, **summary(series_times, info["file_bytes"] * n_series), "arrays": {"virtual_image": series_images}}
+        for acq in series:
+            acq.release()
+        print(f"  qgpu    {n_workers} worker(s) compressed series of {n_series}: virtual image {held['median_s'] * 1e3:7.2f} ms")
     default = layouts["default"]
     vi = default["queries"]["virtual_image"]
     out = {
@@ -311,6 +329,7 @@ def qgpu_run(info: dict, masks: dict[str, np.ndarray], n_workers: int, repeats: 
         "span_pixels": int(weights.weights.shape[1]),
         **worker,
         "layouts": layouts,
+        "series": held,
     }
     print(f"  qgpu    {n_workers} worker(s): ping {out['ping_median_s'] * 1e3:.2f} ms, no-op query {out['submit_noop_median_s'] * 1e3:.2f} ms, "
           f"VI kernel on worker {out['kernel_median_s'] * 1e3:.2f} ms, {out['numba_threads']} Numba threads")
@@ -376,6 +395,10 @@ def compare(ref: dict, lt: dict, ours: dict) -> tuple[dict, dict]:
                 if q != "center_of_mass":
                     for s, r in lt.items():
                         equal[f"qgpu[{n}] {layout} {q} == libertem[{s}]"] = same(got, r["arrays"][q].astype(got.dtype))
+        images = run["series"]["arrays"]["virtual_image"]
+        want = ref["virtual_image"]
+        equal[f"qgpu[{n}] compressed series virtual_image == numpy"] = bool(
+            images.dtype == want.dtype and len(images) == run["series"]["files"] and all(same(im, want) for im in images))
     return equal, deviation
 
 
@@ -397,6 +420,17 @@ def table(lt: dict, ours: dict) -> dict:
     return out
 
 
+def series_table(lt: dict, ours: dict) -> dict:
+    """The compressed series' virtual image at its best worker count, against LiberTEM's best executor on its files."""
+    n = min(ours, key=lambda n: ours[n]["series"]["median_s"])
+    row: dict[str, Any] = {"files": ours[n]["series"]["files"], "compressed": {"workers": n, "median_s": ours[n]["series"]["median_s"]}}
+    if lt:
+        spec = min(lt, key=lambda s: lt[s]["series_virtual_image"]["median_s"])
+        row["libertem"] = {"executor": spec, "median_s": lt[spec]["series_virtual_image"]["median_s"]}
+        row["libertem_over"] = row["libertem"]["median_s"] / row["compressed"]["median_s"]
+    return row
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the comparison, print a table, write the JSON; return the results."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -409,6 +443,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="LiberTEM executors: default (Context()), or make_with specs like dask:2, inline, threads:2 "
                         "(default inline,threads:2,default,dask:2; inline with --small)")
     p.add_argument("--workers", default="1,2", help="qgpu-dask worker counts to try")
+    p.add_argument("--series", type=int, default=4, help="acquisitions of the compressed series (the file held that many times)")
     p.add_argument("--keep-omp-env", action="store_true", help="leave OMP_NUM_THREADS unset (see below)")
     args = p.parse_args(argv)
     size = "small" if args.small else "full"
@@ -449,11 +484,11 @@ def main(argv: list[str] | None = None) -> dict:
         lt = {}
     else:
         with Others(others, "libertem"):
-            lt = libertem_runs(info, masks, center, specs, baseline_repeats)
+            lt = libertem_runs(info, masks, center, specs, baseline_repeats, args.series)
     ours = {}
     for n in (int(n) for n in args.workers.split(",")):
         with Others(others, f"qgpu[{n}]"):
-            ours[n] = qgpu_run(info, masks, n, repeats)
+            ours[n] = qgpu_run(info, masks, n, repeats, args.series)
     with Others(others, "mask_sums_in_process"):
         kernel = local_kernel(data, masks, repeats)
     print(f"  mask_sums in this process {kernel['median_s'] * 1e3:.2f} ms  (by Numba threads: "
@@ -461,6 +496,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     equal, deviation = compare(ref, lt, ours)
     queries = table(lt, ours)
+    series = series_table(lt, ours)
     best_lt = min(lt, key=lambda s: lt[s]["median_s"]) if lt else None
     best_ours = min(ours, key=lambda n: ours[n]["median_s"])
     q = ours[best_ours]["median_s"]
@@ -473,6 +509,7 @@ def main(argv: list[str] | None = None) -> dict:
         ratios["target_met"] = ratios["libertem_over_qgpu"] >= TARGET_RATIO
         targets = {f"default {query} >= {TARGET_RATIO:g}x LiberTEM": queries[query]["default"]["libertem_over"] >= TARGET_RATIO for query in QUERIES}
         targets[f"compressed virtual_image >= {COMPRESSED_TARGET:g}x LiberTEM"] = queries["virtual_image"]["compressed"]["libertem_over"] >= COMPRESSED_TARGET
+        targets[f"compressed series virtual_image >= {SERIES_TARGET:g}x LiberTEM"] = series["libertem_over"] >= SERIES_TARGET
     default_layout = ours[best_ours]["layouts"]["default"]
 
     results = {
@@ -485,6 +522,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "bright-field centre; LiberTEM CoMUDF (cy, cx = that centre) by its largest deviation from it",
         "default_layout": {"layout": default_layout["layout"], "layout_reason": default_layout["layout_reason"]},
         "queries": queries,
+        "series": series,
         "targets": targets,
         "all_targets_met": bool(targets) and all(targets.values()),
         "libertem_com_max_deviation_px": deviation,
@@ -513,6 +551,9 @@ def main(argv: list[str] | None = None) -> dict:
         cells = [f"{row[k]['median_s'] * 1e3:.2f}" for k in ("default", "compressed")]
         x = [f"{row[k]['libertem_over']:.1f}x" if lt else "-" for k in ("default", "compressed")]
         print(f"{query:<16}{lt_cell:>20}{cells[0]:>14}{x[0]:>8}{cells[1]:>16}{x[1]:>8}")
+    lt_series = f"{series['libertem']['median_s'] * 1e3:.1f} ({series['libertem']['executor']})" if lt else "-"
+    x_series = f"{series['libertem_over']:.1f}x" if lt else "-"
+    print(f"{'series of ' + str(series['files']):<16}{lt_series:>20}{'':>14}{'':>8}{series['compressed']['median_s'] * 1e3:>16.2f}{x_series:>8}")
     for target, met in targets.items():
         print(f"target {target}: {'met' if met else 'NOT met'}")
     for s, d in deviation.items():

@@ -155,6 +155,7 @@ MEASURES: dict[str, list[str]] = {
                  "qgpu_dask/io/source.py", "qgpu_dask/io/registry.py", "qgpu_dask/io/readers/base.py", "kernels/bitshuffle_lz4.cu", "qgpu_dask/cli.py"] + COMPRESSED + SERVICE,
     "tensor_rates": [],
     "cpu_vs_libertem": SERVICE + DENSE + COMPRESSED + LOADS,
+    "series_gpu": SERVICE + DENSE + COMPRESSED + ["qgpu_dask/io/saved.py"],
 }
 
 
@@ -185,16 +186,18 @@ def provenance(doc: dict, benchmark: str) -> tuple[str, str]:
     return f"commit {short}, {str(doc.get('date', 'date unknown'))[:10]}", freshness(commit, tuple(MEASURES[benchmark]))
 
 
-def load(result: str) -> dict:
+def load(result: str) -> dict | None:
+    """A results document, or None where its benchmark has not been run yet (no JSON committed)."""
     path = RESULTS / f"{result}.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run the benchmark that writes it, or drop its table from benchmarks/tables.py")
-    return json.loads(path.read_text())
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def render(item: Table | Figure) -> str:
     """The generated text between an item's markers: a table (first column left, the rest right) or a figure."""
     doc = load(item.result)
+    if doc is None:
+        missing = f"not measured yet (`benchmarks/results/{item.result}.json`: run `benchmarks/{item.benchmark}.py`)"
+        return missing if isinstance(item, Figure) else f"\n{missing[0].upper()}{missing[1:]}.\n"
     made, note = provenance(doc, item.benchmark)
     results = doc["results"]
     if isinstance(item, Figure):  # in a sentence: the stale note short, docs/benchmarks.md names the paths
@@ -333,6 +336,20 @@ def multi_rows() -> tuple:
     return tuple(rows)
 
 
+def series_rows() -> tuple:
+    """One row per dose: every figure per acquisition, in brackets over a baseline of the same run."""
+    rows = []
+    for i in range(2):
+        d = f"doses/{i}"
+        per = lambda name, over="over_dense_vi": (F(f"{d}/{name}/ms_per_acquisition", "{:.3f}", bold=True), " (", F(f"{d}/{name}/{over}"), ")")  # noqa: E731
+        rows.append((F(f"{d}/dose", "{:g}"), F(f"{d}/size/nbytes", "{:.1f}", scale=1e-9), F(f"{d}/size/over_bound", "{:.3f}"),
+                     (F(f"{d}/moving_disk/first_ms_per_acquisition", "{:.3f}"), " / ", *per("moving_disk")), per("new_bf"), per("new_adf"),
+                     per("random30", "over_full_read"), (F(f"{d}/frame/p50_ms"), " / ", F(f"{d}/frame/p95_ms")),
+                     F(f"{d}/transport/transport_ms_per_acquisition", "{:.3f}"), F(f"{d}/baselines/dense_vi_ms"), F(f"{d}/baselines/full_read_ms"),
+                     F(f"{d}/load/ms_per_acquisition", "{:.0f}")))
+    return tuple(rows)
+
+
 TABLES: tuple[Table | Figure, ...] = (
     Table("gpu_dense", PAGE, "gpu_dense", "gpu_dense", ("case", "ms", "effective TB/s", "full-read time / case time"), gpu_dense_rows()),
     Table("service_overhead_cuda", PAGE, "service_overhead_cuda", "service_overhead", ("call", "p50 ms", "p95 ms"), service_rows()),
@@ -352,6 +369,15 @@ TABLES: tuple[Table | Figure, ...] = (
         ("per acquisition per step", F("moving_disk/ms_per_acquisition_per_step", bold=True)),
         ("the dense layout's virtual image, per acquisition", F("moving_disk/dense_ms_per_acquisition")),
         ("compressed / dense", F("moving_disk/over_dense")), ("the first, full step, per acquisition", F("moving_disk/first_step_ms_per_acquisition")))),
+    Table("series_gpu", PAGE, "series_gpu", "series_gpu",
+          ("dose", "GB held, all", "held / bound", "moving disk ms, first / rest (/ dense VI)", "new BF disk ms (/ dense VI)",
+           "new ADF annulus ms (/ dense VI)", "random 30 % ms (/ full read)", "frame p50 / p95 ms", "reply transport ms", "dense VI ms",
+           "full read ms", "load ms"), series_rows()),
+    Table("series_gpu_two_shards", PAGE, "series_gpu", "series_gpu", ("two shards sharing the GPU (first dose)", "ms per acquisition", "over one shard"), (
+        ("moving disk, median of the steps after the first", F("doses/0/two_shards/moving_disk/ms_per_acquisition", "{:.3f}"),
+         F("doses/0/two_shards/moving_disk_over_one_shard", bold=True)),
+        ("new BF disk", F("doses/0/two_shards/new_bf/ms_per_acquisition", "{:.3f}"), F("doses/0/two_shards/new_bf_over_one_shard", bold=True)),
+        ("acquisitions per shard", (F("doses/0/two_shards/load/owners/0"), " / ", F("doses/0/two_shards/load/owners/1")), ""))),
     Table("load_arina_cuda", PAGE, "load_arina_cuda", "load_arina",
           ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin", "against the raw read's GB/s of file bytes"), arina_cuda_rows()),
     Table("load_arina_cpu", PAGE, "load_arina_cpu", "load_arina", ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin"),

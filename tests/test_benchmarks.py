@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import tables  # noqa: E402
 
-SCRIPTS = ["compressed", "cpu_vs_libertem", "direct_gpu", "gpu_dense", "live_gpu", "load_arina", "multi_gpu", "ptycho_gpu",
-           "reliability", "service_overhead", "ssb_gpu", "ssb_vs_ptychography40", "tensor_rates"]
+HELPERS = {"record", "tables", "timing"}  # modules the benchmarks share, not benchmarks
+SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem not in HELPERS)
 # What a small run may skip, saying so in its JSON's "skipped": every figure of the CUDA-only benchmarks on CPU
 # workers, and the other project's side of a comparison where that project is not installed.
 CUDA_ONLY = {"gpu_dense", "tensor_rates"}
