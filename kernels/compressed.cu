@@ -694,6 +694,61 @@ __device__ __forceinline__ Member member_of(const u64* desc, int a, int frame_le
 // (pix_len entries a row; acquisitions of one decomposition share theirs). The chunk-0 block of each item
 // also adds offsets[m] * the frame totals (the complement), when offsets is given. out is (n_acq,
 // n_masks_all, n_frames), zeroed or holding a previous result; masks m0 .. m0 + NM of it are added to.
+// The sum of v over the 32 lanes of a warp (every lane calls it), wrapping for integers.
+__device__ __forceinline__ u32 warp_sum(u32 v) { return __reduce_add_sync(0xFFFFFFFFu, v); }
+template <class W>
+__device__ __forceinline__ W warp_sum(W v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, d);
+    return v;
+}
+
+// A warp of value-mode rANS streams of one scan block decoded in lockstep, one position per step: the lanes'
+// weighted counts at each position are summed across the warp and lane 0 adds them to the block's
+// accumulators (one shared atomic per position and mask instead of 32 on one address). Every lane of the
+// warp calls it; a lane that meets a malformed stream adds nothing more and returns its error code.
+template <class W, int NM>
+__device__ int lockstep_values(const Streams& st, const Model& m, const PixelTables& tb, i64 start, i64 end, int n, const W* w,
+                               W* acc, int block) {
+    WordReader word(st.payload + start);
+    u32 x = word.next();
+    x |= word.next() << 16;
+    int code = x < STATE_LOW ? E_STATE : 0;
+    int left = (int)((end - start) / 2) - 2;
+    const int nv = tb.nv;
+    const bool lane0 = (threadIdx.x & 31) == 0;
+    for (int i = 0; i < n; ++i) {
+        u32 v = 0;
+        if (!code) {
+            int s = get_symbol(x, tb.vt, tb.vlut);
+            if (x < STATE_LOW) {
+                if (left == 0) code = E_TRUNCATED;
+                else { x = (x << 16) | word.next(); --left; }
+            }
+            u64 value = (u64)s;
+            if (s == nv && !code) {
+                u64 excess = 0;
+                for (int c = 0; c < m.chunks && !code; ++c) {
+                    excess |= (u64)(x & 0xFFFFu) << (16 * c);
+                    x >>= 16;
+                    if (left == 0) code = E_TRUNCATED;
+                    else { x = (x << 16) | word.next(); --left; }
+                }
+                value += excess;
+            }
+            if (!code && value > m.maxval) code = E_VALUE;
+            v = code ? 0u : (u32)value;
+        }
+#pragma unroll
+        for (int k = 0; k < NM; ++k) {
+            W total = warp_sum(w[k] * (W)v);
+            if (lane0 && total != W(0)) atomic_add(&acc[k * block + i], total);
+        }
+    }
+    if (!code && (x != STATE_LOW || left != 0)) code = E_STATE;
+    return code;
+}
+
 template <class W, int NM>
 __global__ void series_mask_sums(const u64* desc, const int* item_acq, const int* item_block, int frame_len, i64 n_frames,
                                  const i64* spans, const i64* pixels, i64 pix_len, int table_stride, const W* weights, const W* offsets,
@@ -713,16 +768,31 @@ __global__ void series_mask_sums(const u64* desc, const int* item_acq, const int
     }
     __syncthreads();
     i64 k = (i64)blockIdx.y * blockDim.x + threadIdx.x;
-    if (k < n_pix) {
-        i64 at = first + k;
-        int p = (int)pixels[at];
-        PixelTables tb = thread_tables(mb.model, p, acc + NM * block, table_stride);
+    bool has = k < n_pix;
+    i64 at = first + (has ? k : 0);
+    int p = has ? (int)pixels[at] : 0;
+    PixelTables tb{};
+    W w[NM];
+    i64 start = 0, end = 0;
+    int form = EMPTY;
+    if (has) {
+        tb = thread_tables(mb.model, p, acc + NM * block, table_stride);
+#pragma unroll
+        for (int m = 0; m < NM; ++m) w[m] = weights[(i64)(m0 + m) * pix_len + at];
+        stream_bounds(mb.st, b, p, start, end, form);
+    }
+    // a warp whose every lane holds a well-framed value-mode rANS stream decodes them in lockstep
+    bool ready = has && tb.run == 0 && form == ANS && start >= 0 && end <= mb.st.payload_bytes && end - start >= 4 && !((end - start) & 1);
+    int code = 0;
+    if (__all_sync(0xFFFFFFFFu, ready)) {
+        code = lockstep_values<W, NM>(mb.st, mb.model, tb, start, end, n, w, acc, block);
+    } else if (has) {
         MaskEmit<W, NM> emit{acc, block, {}};
 #pragma unroll
-        for (int m = 0; m < NM; ++m) emit.w[m] = weights[(i64)(m0 + m) * pix_len + at];
-        int code = decode_stream(mb.st, mb.model, tb, b, p, n, emit);
-        if (code) atomicMin(err, (((u64)blockIdx.x * frame_len + p) << ERROR_CODE_BITS) | (u64)code);
+        for (int m = 0; m < NM; ++m) emit.w[m] = w[m];
+        code = decode_stream(mb.st, mb.model, tb, b, p, n, emit);
     }
+    if (code) atomicMin(err, (((u64)blockIdx.x * frame_len + p) << ERROR_CODE_BITS) | (u64)code);
     __syncthreads();
     W* mine = out + (i64)a * n_masks_all * n_frames + (i64)m0 * n_frames + lo;
     for (int j = threadIdx.x; j < NM * n; j += blockDim.x) {

@@ -134,6 +134,7 @@ class SeriesSums:
         self.names = [r.name for r in residents]
         self.frame_len, self.n_frames = first.frame_len, first.n_frames
         self.xp = first.xp
+        self.run_mode = to_host(first.model.run) > 0  # the first member's pixel modes order every member's pixels
         self.table = kernels_for(self.xp, "compressed").SeriesStreams([(r.streams, r.model, r.totals) for r in residents])
         self.lock = threading.Lock()
         self.last: tuple[FullWeights, np.dtype, object] | None = None  # (weights, acc dtype, wrapped result)
@@ -178,8 +179,9 @@ class SeriesSums:
         xp = self.xp
         integer = weights.integer
         narrow = acc == np.uint32
+        order = np.argsort(self.run_mode[pixels], kind="stable")  # value-mode pixels side by side: their warps decode in lockstep
+        pixels, chosen = pixels[order].astype(np.int64), chosen[:, order]
         wrapped = np.ascontiguousarray(chosen.astype(np.int64).view(np.uint64) if integer else chosen.astype(np.float64))
-        pixels = pixels.astype(np.int64)
         spans = np.tile(np.array([0, pixels.size], dtype=np.int64), (len(self.names), 1))
         wrapped_offsets = None if offsets is None else offsets.astype(np.int64).view(np.uint64)
         shape = (len(self.names), weights.full.shape[0], self.n_frames)
