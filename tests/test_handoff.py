@@ -110,9 +110,23 @@ def test_segments_no_client_took_are_swept(svc, names, rng):
     assert all(running.values()) and len(running) == len(svc.state()["shards"])
 
 
-def test_token_file_removed_at_exit_and_room_rule():
-    out = subprocess.run([sys.executable, "-c", "from qgpu_dask.service.handoff import SHM, token; t = token(); print(t, (SHM / t).is_file())"],
-                         capture_output=True, text=True, check=True).stdout.split()
+def test_token_file_removed_at_exit_or_swept_once_its_client_was_killed():
+    made = "from qgpu_dask.service.handoff import SHM, token; t = token(); print(t, (SHM / t).is_file(), flush=True)"
+    out = subprocess.run([sys.executable, "-c", made], capture_output=True, text=True, check=True).stdout.split()
     assert out[1] == "True" and not (SHM / out[0]).exists()
+    killed = subprocess.Popen([sys.executable, "-c", made + "; import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    left = SHM / killed.stdout.readline().split()[0]
+    killed.kill()  # no exit handlers run
+    killed.wait()
+    mine = SHM / token()
+    old = time.time() - STALE - 1
+    for path in (left, mine):
+        os.utime(path, (old, old))
+    gone = sweep()
+    assert left.name in gone and not left.exists()
+    assert mine.name not in gone and mine.exists()  # locked by this live process
+
+
+def test_room_rule():
     free = os.statvfs(SHM).f_bavail * os.statvfs(SHM).f_frsize
     assert fits(HANDOFF_BYTES) and not fits(free)  # a reply that would fill the free /dev/shm travels inline

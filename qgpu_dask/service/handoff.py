@@ -8,14 +8,15 @@ client's /dev/shm and can write files the client may open: it writes each array 
 sends a ``Segment`` in its place. The client maps each segment and unlinks it at once, so its memory goes
 when the array is collected and nothing is left if the client dies later. A segment no client took (its
 client died or gave up mid-call) is unlinked by the sweep every shard runs and every new client's token
-runs, once it is ``STALE`` seconds old. Elsewhere (another host, a container with its own /dev/shm, a
-reply that would fill more than half of the free /dev/shm, ``QGPU_DASK_HANDOFF=0`` on the client)
-replies travel inline, as before.
+runs, once it is ``STALE`` seconds old; so is the token of a client killed before it could remove it.
+Elsewhere (another host, a container with its own /dev/shm, a reply that would fill more than half of the
+free /dev/shm, ``QGPU_DASK_HANDOFF=0`` on the client) replies travel inline, as before.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import functools
 import mmap
 import os
@@ -76,8 +77,8 @@ def replaced(value: Any, kind: type, change: Callable[[Any], Any]) -> Any:
 
 
 def sweep(stale: float = STALE) -> list[str]:
-    """Unlink the reply segments in /dev/shm last written more than ``stale`` seconds ago (no client took
-    them); their names."""
+    """Unlink what was left in /dev/shm more than ``stale`` seconds ago: reply segments no client took, and
+    tokens of clients that died without removing them (killed: no process holds their lock); their names."""
     gone = []
     before = time.time() - stale
     try:
@@ -85,14 +86,26 @@ def sweep(stale: float = STALE) -> list[str]:
     except OSError:
         return gone
     for entry in entries:
-        if entry.name.startswith(REPLY_PREFIX):
+        if entry.name.startswith((REPLY_PREFIX, CLIENT_PREFIX)):
             try:
-                if entry.stat().st_mtime < before:
+                if entry.stat().st_mtime < before and (entry.name.startswith(REPLY_PREFIX) or unlocked(entry.path)):
                     os.unlink(entry.path)
                     gone.append(entry.name)
-            except FileNotFoundError:
-                pass  # taken meanwhile
+            except OSError:
+                pass  # taken or removed meanwhile, or another user's
     return gone
+
+
+def unlocked(path: str) -> bool:
+    """Whether no process holds the lock of the token file at ``path`` (its client is gone)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 # -- the client's half -----------------------------------------------------------
@@ -100,10 +113,12 @@ def sweep(stale: float = STALE) -> list[str]:
 
 @functools.cache
 def made_token() -> str | None:
-    """This process's token file in /dev/shm, made once and removed at exit; None where it cannot be made."""
+    """This process's token file in /dev/shm, made once, locked while the process lives (the lock goes with it,
+    however it ends) and removed at exit; None where it cannot be made."""
     name = CLIENT_PREFIX + uuid.uuid4().hex
     try:
-        (SHM / name).touch(exist_ok=False)
+        fd = os.open(SHM / name, os.O_CREAT | os.O_EXCL | os.O_RDONLY, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # the descriptor stays open: a sweep leaves a locked token alone
     except OSError:
         return None
     atexit.register(lambda: (SHM / name).unlink(missing_ok=True))
