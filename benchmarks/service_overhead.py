@@ -1,4 +1,5 @@
-"""Client round trip of tiny queries, and a series query on 2 shards against 1.
+"""Client round trip of tiny queries, large replies with and without the handoff through /dev/shm, and a
+series query on 2 shards against 1.
 
 Baselines measured in the same run: a plain ``client.submit`` round trip and a
 call of the same shard actor through Dask's public ``Actor`` handle (which
@@ -12,6 +13,7 @@ goes through the scheduler's proxy unless the client is direct).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -52,6 +54,30 @@ def round_trips(n: int) -> dict:
         }
         proxied.close()
     return result
+
+
+def counts(resident) -> np.ndarray:
+    """The resident's counts as they are held: a reply of its bytes that costs nothing to make."""
+    return resident.flat
+
+
+def large_replies(mib: list[int], repeat: int) -> dict:
+    """Median ms of ``svc.submit`` returning 1, 16, 64 MiB from a shard on this host: handed over through /dev/shm
+    (the default) and inline through Dask's TCP comm (``QGPU_DASK_HANDOFF=0``), alternately in the same run."""
+    out = {}
+    with service(1) as svc:
+        for size in mib:
+            acq = svc.put(np.ones((size, 16, 128, 128), np.uint32), name=f"reply{size}", layout="dense")
+            svc.submit(counts, acq).result()
+            times: dict[str, list[float]] = {"handoff": [], "inline": []}
+            for _ in range(repeat):
+                for how, switch in (("handoff", "1"), ("inline", "0")):
+                    os.environ["QGPU_DASK_HANDOFF"] = switch
+                    times[how].append(median_ms(lambda: svc.submit(counts, acq).result(), 1, warmup=0))
+            os.environ.pop("QGPU_DASK_HANDOFF")
+            out[f"{size}_MiB"] = {f"{how}_ms": statistics.median(t) for how, t in times.items()}
+            acq.release()
+    return out
 
 
 def in_worker_ms(resident, what: str, mask, repeat: int) -> float:
@@ -141,12 +167,15 @@ def main() -> None:
     results = {
         "device": "cuda" if has_gpu() else "cpu",
         "round_trip": round_trips(args.calls),
+        "large_replies": large_replies([1, 16, 64], args.repeat),
         "series": series_scaling(tuple(args.scan), tuple(args.det), args.series, args.repeat),
     }
     path = record.write(f"service_overhead_{results['device']}", results)
     rt = results["round_trip"]
     for k, v in rt.items():
         print(f"{k:<38} p50 {v['p50_ms']:7.3f} ms   p95 {v['p95_ms']:7.3f} ms")
+    for size, t in results["large_replies"].items():
+        print(f"reply of {size:<7} handoff {t['handoff_ms']:7.2f} ms   inline (TCP) {t['inline_ms']:7.2f} ms")
     s = results["series"]
     q = s["one_query"]
     print(

@@ -13,6 +13,7 @@ from distributed import Client
 
 from ..queries.base import Query, UnknownQuery, built_in, wire_name
 from .calls import call_async, shard_pool
+from .handoff import take, token
 from .placement import place
 from .shard import Shard, shard_key
 
@@ -51,18 +52,19 @@ class Router:
 
     def ask(self, query: Query, names: list[str]) -> concurrent.futures.Future:
         """``query`` on the acquisitions ``names``: one ``Shard.ask`` per owning shard (a user's query type is
-        sent to a shard the first time it is asked there); a future of [(reply, positions)], as ``routed``."""
+        sent to a shard the first time it is asked there; large replies from a shard on this host come through
+        /dev/shm, ``handoff``); a future of [(reply, positions)], as ``routed``."""
         kind = type(query)
         name = wire_name(kind)
 
         async def call(owner: str, mine: list[str], *args) -> Any:
             try:
-                return await self.send(owner, Shard.ask, name, mine, *args)
+                return take(await self.send(owner, Shard.ask, name, mine, *args, handoff=token()))
             except UnknownQuery:
                 if built_in(kind):
                     raise
             await self.send(owner, Shard.learn, name, kind)
-            return await self.send(owner, Shard.ask, name, mine, *args)
+            return take(await self.send(owner, Shard.ask, name, mine, *args, handoff=token()))
 
         return self.routed(names, lambda owner, mine: query.send(call, owner, mine))
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 from distributed import get_worker
+from tornado.ioloop import PeriodicCallback
 
 from ..device import array_module, cupy_or_none, default_budget, device_info, memory_bytes, synchronize, use_own_stream
 from ..io.load import describe, inspect, read_compressed, read_dense
@@ -33,6 +34,7 @@ from ..resident.base import check_dtype, check_shape
 from ..resident.compressed import check_layout
 from ..resident.live import LiveCounts, start_bytes
 from .budget import Budget
+from .handoff import STALE, Handoff, sweep
 from .layout import check_saved, held_as, planned
 
 
@@ -63,6 +65,11 @@ class Shard:
         self.ingests = ThreadPoolExecutor(8, thread_name_prefix="qgpu-ingest", initializer=use_own_stream)
         self.ingesting: dict[str, str] = {}  # live acquisition -> the stream feeding it
         self.reading: dict[str, int] = {}  # acquisition being loaded -> bytes of counts read so far
+        self.handoff = Handoff()
+        if "qgpu-handoff-sweep" not in self.worker.periodic_callbacks:  # reply segments no client took; stops with the worker
+            sweeps = PeriodicCallback(sweep, STALE / 2 * 1000)
+            self.worker.periodic_callbacks["qgpu-handoff-sweep"] = sweeps
+            self.worker.loop.add_callback(sweeps.start)
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -102,21 +109,26 @@ class Shard:
 
     # -- queries -----------------------------------------------------------
 
-    async def ask(self, name: str, names: list[str], *args) -> Any:
+    async def ask(self, name: str, names: list[str], *args, handoff: str | None = None) -> Any:
         """Run the registered query ``name`` on this shard's residents ``names`` (in that order): its
         ``run(ctx, residents, *args)``, on the event loop when it reads little, else on its thread.
-        UnknownQuery for a user's query type not sent here yet (``learn``)."""
+        Large arrays of the reply are handed over in /dev/shm to a client on this host (``handoff``, its
+        token: ``handoff.py``). UnknownQuery for a user's query type not sent here yet (``learn``)."""
         query = self.learned.get(name) or (lookup(name) if "@" not in name else None)
         if query is None:
             raise UnknownQuery(name)
         on = names if query.on_names else [self.resident(n) for n in names]
+
+        def answer() -> Any:
+            return self.handoff.give(query.run(self.ctx, on, *args), handoff)
+
         if query.inline and query.reads(on, *args) <= INLINE_BYTES:
-            reply = query.run(self.ctx, on, *args)
+            reply = answer()
         else:
-            reply = await self.on(self.loads if query.thread == "load" else self.queries, query.run, self.ctx, on, *args)
+            reply = await self.on(self.loads if query.thread == "load" else self.queries, answer)
         if query.settles:
-            for n in names:  # worker-side code may have appended the last frames of live ones
-                await self.settle(n)
+            for n in names:  # worker-side code may have appended the last frames of live ones (should this fail,
+                await self.settle(n)  # the sweep unlinks the reply's segments)
         return reply
 
     async def learn(self, name: str, query: type[Query]) -> None:

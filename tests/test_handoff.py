@@ -1,0 +1,132 @@
+"""Large replies from shards on this host handed over through /dev/shm, on a real cluster of worker processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+from qgpu_dask.service.handoff import HANDOFF_BYTES, REPLY_PREFIX, SHM, STALE, HandoffLost, Segment, fits, sweep, take, token
+from qgpu_dask.service.shard import Shard
+
+
+def segments() -> set[str]:
+    """Reply segments in /dev/shm now. Tests check that calls leave none new (``<=``: a sweep may remove old
+    ones that an interrupted run left meanwhile)."""
+    return {n for n in os.listdir(SHM) if n.startswith(REPLY_PREFIX)}
+
+
+def big_reply(resident, n: int) -> dict:
+    """Arrays at (``n`` int64 is HANDOFF_BYTES), below and above HANDOFF_BYTES, nested, beside things that are no arrays."""
+    return {"big": np.arange(n, dtype=np.int64).reshape(-1, 8), "pair": (np.arange(n - 1, dtype=np.int64), np.full(3 * n, 7, np.uint32)),
+            "label": resident.name, "objects": np.array([None] * n, dtype=object)}
+
+
+def raw(svc, name: str, handoff: str | None):
+    """A Shard.ask of ``big_reply`` as it comes from the shard, before the client takes its segments."""
+    owner = svc[name].owner
+    return svc.router.call(owner, Shard.ask, "function", [name], big_reply, (HANDOFF_BYTES // 8,), {}, handoff=handoff).result()
+
+
+def test_series_virtual_images_handed_over_equal_inline(svc, names, rng):
+    det = (8, 8)
+    data = [rng.integers(0, 3000, (128, 128) + det, dtype=np.uint16) for _ in range(6)]
+    series = qd.Series(svc, [svc.put(d, name=names()) for d in data])
+    stack = np.stack([qd.masks.disk(det, (4, 4), r) for r in range(1, 9)])
+    before = segments()
+    handed = series.virtual_images(stack)  # one reply per shard of >= 2 acquisitions x 8 x 128 x 128
+    assert handed.nbytes // len(svc.state()["shards"]) >= HANDOFF_BYTES
+    inline = np.stack([np.stack([svc[n].virtual_image(m) for m in stack]) for n in series.names])  # 64 KiB replies
+    reference = np.stack([np.einsum("xyij,mij->mxy", d.astype(np.uint64), stack.astype(np.uint64)) for d in data])
+    assert handed.dtype == inline.dtype and (handed == inline).all() and (handed == reference).all()
+    assert handed.flags.writeable
+    handed[0, 0, 0, 0] += 1  # the caller's own memory
+    assert segments() <= before
+
+
+def test_nested_reply_and_what_travelled(svc, names, rng):
+    acq = svc.put(rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16), name=names())
+    n = HANDOFF_BYTES // 8
+    before = segments()
+    reply = raw(svc, acq.name, token())[0]
+    assert isinstance(reply["big"], Segment) and isinstance(reply["pair"][1], Segment)  # at and above HANDOFF_BYTES
+    assert isinstance(reply["pair"][0], np.ndarray) and isinstance(reply["objects"], np.ndarray)  # 8 bytes short, or objects
+    assert segments() - before == {reply["big"].name, reply["pair"][1].name}
+    taken = take(reply)
+    assert segments() <= before
+    expected = big_reply(acq, n)
+    assert (taken["big"] == expected["big"]).all() and taken["big"].shape == expected["big"].shape
+    assert (taken["pair"][1] == expected["pair"][1]).all() and taken["pair"][1].dtype == np.uint32
+    assert (taken["pair"][0] == expected["pair"][0]).all() and (taken["objects"] == expected["objects"]).all()
+    assert type(taken["pair"]) is tuple and taken["label"] == acq.name
+    public = svc.submit(big_reply, acq, n).result()
+    assert (public["big"] == expected["big"]).all() and (public["pair"][1] == expected["pair"][1]).all()
+    assert segments() <= before
+
+
+def test_client_on_another_host_gets_replies_inline(svc, names, rng, monkeypatch):
+    acq = svc.put(rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16), name=names())
+    before = segments()
+    elsewhere = raw(svc, acq.name, "qgpu-client-" + "0" * 32)[0]  # a token this host has no file of
+    assert isinstance(elsewhere["big"], np.ndarray) and (elsewhere["big"] == big_reply(acq, HANDOFF_BYTES // 8)["big"]).all()
+    assert isinstance(raw(svc, acq.name, None)[0]["big"], np.ndarray)
+    monkeypatch.setenv("QGPU_DASK_HANDOFF", "0")
+    assert token() is None
+    assert (svc.submit(big_reply, acq, HANDOFF_BYTES // 8).result()["big"] == elsewhere["big"]).all()
+    assert segments() <= before
+    with pytest.raises(ValueError, match="handoff token '../etc/passwd'"):
+        raw(svc, acq.name, "../etc/passwd")
+
+
+def test_vanished_segment_is_a_clear_error_and_service_stays_usable(svc, names, rng):
+    acq = svc.put(rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16), name=names())
+    before = segments()
+    reply = raw(svc, acq.name, token())
+    os.unlink(SHM / reply[0]["big"].name)
+    with pytest.raises(HandoffLost, match=reply[0]["big"].name):
+        take(reply)
+    assert segments() <= before  # the segment still there was taken all the same
+    assert (svc.submit(big_reply, acq, HANDOFF_BYTES // 8).result()["big"] == big_reply(acq, HANDOFF_BYTES // 8)["big"]).all()
+
+
+def test_segments_no_client_took_are_swept(svc, names, rng):
+    acq = svc.put(rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16), name=names())
+    before = segments()
+    reply = raw(svc, acq.name, token())[0]  # never taken: as if the client had died mid-call
+    left = {reply["big"].name, reply["pair"][1].name}
+    assert segments() - before == left
+    assert not set(sweep()) & left  # fresh: its client may still come for it
+    old = time.time() - STALE - 1
+    for name in left:
+        os.utime(SHM / name, (old, old))
+    assert set(sweep()) >= left
+    assert segments() <= before
+    running = svc.client.run(lambda dask_worker: dask_worker.periodic_callbacks["qgpu-handoff-sweep"].is_running())
+    assert all(running.values()) and len(running) == len(svc.state()["shards"])
+
+
+def test_token_file_removed_at_exit_or_swept_once_its_client_was_killed():
+    made = "from qgpu_dask.service.handoff import SHM, token; t = token(); print(t, (SHM / t).is_file(), flush=True)"
+    out = subprocess.run([sys.executable, "-c", made], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1] == "True" and not (SHM / out[0]).exists()
+    killed = subprocess.Popen([sys.executable, "-c", made + "; import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    left = SHM / killed.stdout.readline().split()[0]
+    killed.kill()  # no exit handlers run
+    killed.wait()
+    mine = SHM / token()
+    old = time.time() - STALE - 1
+    for path in (left, mine):
+        os.utime(path, (old, old))
+    gone = sweep()
+    assert left.name in gone and not left.exists()
+    assert mine.name not in gone and mine.exists()  # locked by this live process
+
+
+def test_room_rule():
+    free = os.statvfs(SHM).f_bavail * os.statvfs(SHM).f_frsize
+    assert fits(HANDOFF_BYTES) and not fits(free)  # a reply that would fill the free /dev/shm travels inline
