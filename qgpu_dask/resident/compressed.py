@@ -1,8 +1,8 @@
-"""CompressedCounts: counts held as entropy-coded per-detector-pixel streams (format qgpu-ans-1).
+"""CompressedCounts: counts held as entropy-coded per-detector-pixel streams (format qgpu-ans-2).
 
 A query decodes only the streams it needs (the mask's pixels, the ROI's scan
 blocks, one frame's block) and gives the same bits as the dense layout. For
-integer weights a virtual image is computed in whichever of three exact ways
+integer weights a virtual image is computed in whichever of four exact ways
 decodes the fewest pixels (wrapping integer arithmetic, so negative terms are
 fine):
 
@@ -11,7 +11,10 @@ fine):
   weight of each mask and ``total`` the per-frame sums kept with the streams
   (a mask covering most of the detector decodes only the rest);
 - incremental: the previous result of this acquisition plus the sums of the
-  weight changes (a viewer dragging a disk decodes only the changed pixels).
+  weight changes (a viewer dragging a disk decodes only the changed pixels);
+- groups: whole rings and sector leaves read from the group index (exact
+  per-frame sums kept with the streams, ``resident.groups``) plus the few
+  residual pixels (a centred disk or annulus decodes none).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from ..device import module_of, to_host
 from ..formats import codec
 from .base import Resident, kernels_for
+from .groups import Decomposition, GroupIndex, decompose
 from .masks import MaskWeights
 
 
@@ -70,9 +74,10 @@ class CompressedCounts(Resident):
 
     layout = "compressed"
 
-    def __init__(self, name: str, shape, dtype, block: int, model: dict, streams: dict, stats: dict, checked: bool = True):
+    def __init__(self, name: str, shape, dtype, block: int, model: dict, streams: dict, stats: dict, groups: GroupIndex,
+                 checked: bool = True):
         """``model``: run, values, table_start, cum; ``streams``: index, block_base, payload, totals (device
-        arrays). ``checked=False`` skips checking the model and index: only for streams this process coded
+        arrays); ``groups``: the group index of the same counts. ``checked=False`` skips checking the model and index: only for streams this process coded
         (a live acquisition's view of its coded blocks, made again as blocks arrive)."""
         xp = module_of(streams["payload"])
         super().__init__(name, shape, dtype, xp)
@@ -90,6 +95,10 @@ class CompressedCounts(Resident):
         self.totals = streams["totals"]
         if self.totals.shape != (self.n_frames,) or self.totals.dtype != np.uint64:
             raise ValueError(f"compressed frame totals have shape {self.totals.shape} {self.totals.dtype}, expected ({self.n_frames},) uint64")
+        if groups.n_frames != self.n_frames or groups.geometry.det_shape != self.det_shape:
+            raise ValueError(f"the group index covers {groups.n_frames} frames of {groups.geometry.det_shape} pixels,"
+                             f" not {self.n_frames} of {self.det_shape}")
+        self.groups = groups
         self.stats = dict(stats)
         self.lock = threading.Lock()
         self.last: tuple[FullWeights, np.dtype, object] | None = None  # (weights, acc dtype, wrapped result)
@@ -106,15 +115,17 @@ class CompressedCounts(Resident):
         streams = kernels_for(xp, "compressed").encode(flat, block, *(device_model[k] for k in MODEL_KEYS))
         stats = {"entropy_bytes": float(entropy_bound(hist, flat, xp).sum() / 8)}
         totals = flat.sum(axis=1, dtype=np.uint64)
+        groups = GroupIndex.from_counts(flat, tuple(shape[2:]), xp)
         return cls(name, shape, flat.dtype, block, device_model,
-                   {"index": streams.index, "block_base": streams.block_base, "payload": streams.payload, "totals": totals}, stats)
+                   {"index": streams.index, "block_base": streams.block_base, "payload": streams.payload, "totals": totals}, stats,
+                   groups)
 
     # -- the resident interface --------------------------------------------------
 
     @property
     def nbytes(self) -> int:
         parts = (self.streams.index, self.streams.block_base, self.streams.payload, self.totals, *(getattr(self.model, k) for k in MODEL_KEYS))
-        return int(sum(p.nbytes for p in parts))
+        return int(sum(p.nbytes for p in parts)) + self.groups.nbytes
 
     def prepare_mask_sums(self, masks: MaskWeights) -> Callable:
         weights = expanded(masks, self.frame_len)
@@ -123,16 +134,23 @@ class CompressedCounts(Resident):
         pixels, offsets = weights.direct, None
         if weights.integer and weights.complement.size < pixels.size:
             pixels, offsets = weights.complement, weights.offsets
+        parts = weights.decomposed(self.groups.geometry) if weights.integer else None
+        if parts is not None and parts.cost >= pixels.size:
+            parts = None
         if weights.integer and last is not None and last[1] == masks.acc_dtype and last[0].full.shape == weights.full.shape:
             changed, delta = weights.changes_from(last[0])
-            if changed.size < pixels.size:
+            if changed.size < (pixels.size if parts is None else parts.cost):
                 return self.plan_sums(weights, masks.acc_dtype, changed, delta, None, base=last[2])
+        if parts is not None:
+            return self.plan_sums(weights, masks.acc_dtype, parts.pixels, parts.weights, None, base=None, parts=parts)
         chosen = weights.full[:, pixels] if offsets is None else weights.full[:, pixels] - offsets[:, None]
         return self.plan_sums(weights, masks.acc_dtype, pixels, chosen, offsets, base=None)
 
-    def plan_sums(self, weights: "FullWeights", acc: np.dtype, pixels: np.ndarray, chosen: np.ndarray, offsets, base) -> Callable:
+    def plan_sums(self, weights: "FullWeights", acc: np.dtype, pixels: np.ndarray, chosen: np.ndarray, offsets, base,
+                  parts: Decomposition | None = None) -> Callable:
         """``run()``: sums of ``chosen`` weights over ``pixels`` (plus ``offsets`` times the frame totals, plus
-        ``base``, a previous wrapped result) as ``acc``; ``run.launch()`` starts it and returns ``finish()``."""
+        ``base``, a previous wrapped result, plus the group sums of ``parts``) as ``acc``; ``run.launch()``
+        starts it and returns ``finish()``."""
         xp = self.xp
         integer = weights.integer
         narrow = acc == np.uint32
@@ -151,6 +169,8 @@ class CompressedCounts(Resident):
                 sums = sums + (xp.asarray(wrapped_offsets) * self.totals[None, :]).astype(sums.dtype, copy=False)
             if base is not None:
                 sums = sums + base.astype(sums.dtype, copy=False)
+            if parts is not None and parts.groups.size:
+                sums = sums + self.groups.group_sums(parts.groups, parts.coef).astype(sums.dtype, copy=False)
 
             def finish():
                 done()
@@ -220,6 +240,7 @@ class CompressedCounts(Resident):
         sums = self.kernels.mask_sums(self.streams, self.model, pixels, xp.ones((1, self.frame_len), dtype=np.uint64))
         if not bool((sums[0] == self.totals).all()):
             raise ValueError(f"compressed acquisition {self.name!r}: the kept frame totals do not match its streams")
+        self.groups.check(self.totals, self.name)
 
     def forms(self) -> dict[str, int]:
         """How many streams are held in each form."""
@@ -232,6 +253,7 @@ class CompressedCounts(Resident):
             **super().describe(),
             "format": codec.FORMAT,
             "block": self.block,
+            "index_bytes": self.groups.nbytes,
             "ratio": self.raw_bytes / max(self.nbytes, 1),
             "entropy_bytes": entropy,
             "bound_ratio": self.nbytes / entropy if entropy else None,
@@ -263,6 +285,16 @@ class FullWeights:
         else:
             self.complement = np.flatnonzero((self.full != self.offsets[:, None]).any(axis=0))
         self.changes: OrderedDict = OrderedDict()
+        self.decompositions: OrderedDict = OrderedDict()
+
+    def decomposed(self, geometry) -> Decomposition:
+        """``decompose(full, geometry)``, made once per geometry (the residents of a series share theirs)."""
+        key = id(geometry)
+        if key not in self.decompositions or self.decompositions[key][0] is not geometry:
+            self.decompositions[key] = (geometry, decompose(self.full, geometry))
+            while len(self.decompositions) > 2:
+                self.decompositions.popitem(last=False)
+        return self.decompositions[key][1]
 
     def changes_from(self, previous: "FullWeights") -> tuple[np.ndarray, np.ndarray]:
         """(pixels whose weights changed since ``previous``, the weight changes there)."""
