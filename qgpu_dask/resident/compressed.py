@@ -77,8 +77,9 @@ class CompressedCounts(Resident):
     def __init__(self, name: str, shape, dtype, block: int, model: dict, streams: dict, stats: dict, groups: GroupIndex,
                  checked: bool = True):
         """``model``: run, values, table_start, cum; ``streams``: index, block_base, payload, totals (device
-        arrays); ``groups``: the group index of the same counts. ``checked=False`` skips checking the model and index: only for streams this process coded
-        (a live acquisition's view of its coded blocks, made again as blocks arrive)."""
+        arrays); ``groups``: the group index of the same counts. ``checked=False`` skips checking the model
+        and index: only for streams this process coded (a live acquisition's view of its coded blocks, made
+        again as blocks arrive)."""
         xp = module_of(streams["payload"])
         super().__init__(name, shape, dtype, xp)
         if not compressible(self.dtype):
@@ -263,6 +264,7 @@ class CompressedCounts(Resident):
 MODEL_KEYS = ("run", "values", "table_start", "cum")
 STREAM_KEYS = ("index", "block_base", "payload", "totals")
 MEMO_SIZE = 8
+GEOMETRIES = 64  # decompositions a mask stack keeps: one per index centre among the residents a series spans
 
 
 class FullWeights:
@@ -292,7 +294,7 @@ class FullWeights:
         key = id(geometry)
         if key not in self.decompositions or self.decompositions[key][0] is not geometry:
             self.decompositions[key] = (geometry, decompose(self.full, geometry))
-            while len(self.decompositions) > 2:
+            while len(self.decompositions) > GEOMETRIES:
                 self.decompositions.popitem(last=False)
         return self.decompositions[key][1]
 
