@@ -1,4 +1,4 @@
-"""The compressed layout (qgpu-ans-1): codec round trips, forms, twins, exact queries, corruption, increments."""
+"""The compressed layout (qgpu-ans-2): codec round trips, forms, twins, exact queries, corruption, increments."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def test_container_round_trip(tmp_path, rng):
         assert entry["offset"] % 64 == 0
 
     raw = path.read_bytes()
-    assert raw[:8] == b"QGPURES\x00" and struct.unpack_from("<I", raw, 8)[0] == 1
+    assert raw[:8] == b"QGPURES\x00" and struct.unpack_from("<I", raw, 8)[0] == 2
     length = struct.unpack_from("<I", raw, 12)[0]
     assert hashlib.sha256(raw[16 : 16 + length]).digest() == raw[16 + length : 48 + length]
     container.write(tmp_path / "again.qgpu", {k: v for k, v in header.items() if k != "arrays"}, back)
@@ -86,7 +86,7 @@ def test_container_round_trip(tmp_path, rng):
 
 
 def test_container_refuses_damage(tmp_path, rng):
-    meta = {"layout": "compressed", "codec": codec.FORMAT, "block": 256, "shape": [1, 1, 1, 1], "dtype": "uint8"}
+    meta = {"layout": "compressed", "codec": codec.FORMAT, "block": 256, "shape": [1, 1, 1, 1], "dtype": "uint8", "group_center": [0, 0]}
     path = tmp_path / "c.qgpu"
     container.write(path, meta, {"payload": rng.integers(0, 256, 1000, dtype=np.uint8)})
     raw = path.read_bytes()
@@ -105,8 +105,8 @@ def test_container_refuses_damage(tmp_path, rng):
     with pytest.raises(ValueError, match="truncated"):
         container.read(path)
 
-    path.write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
-    with pytest.raises(ValueError, match=r"format version 2 is not supported \(this qgpu-dask reads version 1\)"):
+    path.write_bytes(raw[:8] + struct.pack("<I", 1) + raw[12:])
+    with pytest.raises(ValueError, match=r"format version 1 is not supported \(this qgpu-dask reads version 2\): save it again from its source"):
         container.read(path)
 
     header = bytearray(raw)
@@ -118,6 +118,14 @@ def test_container_refuses_damage(tmp_path, rng):
     path.write_bytes(raw)
     rewrite_header(path, lambda m: m.update(codec="qgpu-ans-9"))
     with pytest.raises(ValueError, match="unknown codec 'qgpu-ans-9'"):
+        container.read(path)
+    path.write_bytes(raw)
+    rewrite_header(path, lambda m: m.update(codec="qgpu-ans-1"))
+    with pytest.raises(ValueError, match=r"unknown codec 'qgpu-ans-1' \(this qgpu-dask reads qgpu-ans-2\): save it again from its source"):
+        container.read(path)
+    path.write_bytes(raw)
+    rewrite_header(path, lambda m: m.pop("group_center"))
+    with pytest.raises(ValueError, match=r"needs its group index centre \[cy2, cx2\], the header has None"):
         container.read(path)
 
     path.write_bytes(b"\x89HDF\r\n\x1a\n" + raw[8:])
@@ -154,8 +162,11 @@ def test_save_and_reload(svc, names, rng, tmp_path, layout):
     assert header["layout"] == layout and header["shape"] == list(SHAPE) and header["dtype"] == "uint16"
     if layout == "compressed":
         assert header["codec"] == codec.FORMAT and header["block"] >= 1
-        assert {a["name"] for a in header["arrays"]} == {"run", "values", "table_start", "cum", "index", "block_base", "payload", "totals"}
+        assert {a["name"] for a in header["arrays"]} == {"run", "values", "table_start", "cum", "index", "block_base", "payload", "totals",
+                                                        "group_base", "group_width", "group_bits"}
     saved_bytes = sum(a["nbytes"] for a in header["arrays"])
+    if layout == "compressed":  # the group index's starts are derived when it is reopened: 8 bytes per (block, group)
+        saved_bytes += 8 * int(np.prod(next(a["shape"] for a in header["arrays"] if a["name"] == "group_width")))
     assert saved_bytes == (acq.nbytes if layout == "compressed" else acq.info()["raw_bytes"])  # a dense index is built at reopen
 
     other = "dense" if layout == "compressed" else "compressed"
@@ -194,7 +205,7 @@ def test_damaged_files_refused(svc, names, rng, tmp_path, layout):
     entries = {a["name"]: a for a in container.read_header(path)["arrays"]}
     target = "payload" if layout == "compressed" else "counts"
 
-    refused = [names("flipped"), names("v2"), names("short")]
+    refused = [names("flipped"), names("v1"), names("short")]
 
     flipped = bytearray(raw)
     flipped[entries[target]["offset"] + entries[target]["nbytes"] // 2] ^= 0x04
@@ -203,9 +214,9 @@ def test_damaged_files_refused(svc, names, rng, tmp_path, layout):
         svc.load(tmp_path / "flipped.qgpu", name=refused[0])
     still_usable(svc, names, rng)
 
-    (tmp_path / "v2.qgpu").write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
-    with pytest.raises(ValueError, match="saved resident format version 2 is not supported"):
-        svc.load(tmp_path / "v2.qgpu", name=refused[1])
+    (tmp_path / "v1.qgpu").write_bytes(raw[:8] + struct.pack("<I", 1) + raw[12:])
+    with pytest.raises(ValueError, match="saved resident format version 1 is not supported .* save it again from its source"):
+        svc.load(tmp_path / "v1.qgpu", name=refused[1])
 
     (tmp_path / "short.qgpu").write_bytes(raw[:-3])
     with pytest.raises(ValueError, match=r"is truncated: array '\w+' ends past the end of the file"):

@@ -1,4 +1,6 @@
-"""The qgpu-ans-1 codec: constants, per-pixel model choice and rANS tables (GPU-free, NumPy).
+"""The qgpu-ans-2 codec: constants, per-pixel model choice and rANS tables (GPU-free, NumPy).
+
+The format's group index (exact per-frame sums over pixel groups) is ``formats.groups``.
 
 Both encoders (Numba and CUDA) take their tables from here, so they write the
 same bytes; the byte layout is documented in docs/compressed-format.md.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FORMAT = "qgpu-ans-1"
+FORMAT = "qgpu-ans-2"
 PROB_BITS = 12
 PROB_SCALE = 1 << PROB_BITS
 STATE_LOW = 1 << 16

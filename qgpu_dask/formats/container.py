@@ -6,7 +6,7 @@ the encoder wrote), so reopening it costs a read and a copy to the device.
 Layout (all integers little-endian; offsets from the start of the file)::
 
     0        8 bytes   magic b"QGPURES\\x00"
-    8        uint32    version (1)
+    8        uint32    version (2)
     12       uint32    header length H
     16       H bytes   header: UTF-8 JSON, keys sorted, no spaces
     16 + H   32 bytes  SHA-256 of the H header bytes
@@ -15,7 +15,8 @@ Layout (all integers little-endian; offsets from the start of the file)::
 
 The header holds ``layout`` ("dense" or "compressed"), ``codec`` (the stream
 format of a compressed resident, ``formats.codec.FORMAT``), ``shape``,
-``dtype`` (the counts'), ``block``, ``stats`` and ``arrays``: a list of
+``dtype`` (the counts'), ``block``, ``group_center`` (the group index's
+centre (cy2, cx2) in half pixels), ``stats`` and ``arrays``: a list of
 ``{name, dtype, shape, offset, nbytes, sha256}``, the dtype as NumPy's
 explicit little-endian string (``"<u2"``), the SHA-256 as hex of the array's
 bytes in C order. Writing the same meta and arrays gives the same bytes.
@@ -35,7 +36,7 @@ import numpy as np
 from . import codec
 
 MAGIC = b"QGPURES\x00"
-VERSION = 1
+VERSION = 2
 PREFIX = struct.Struct("<8sII")  # magic, version, header length
 DIGEST_BYTES = 32
 ALIGN = 64
@@ -80,10 +81,14 @@ def check_meta(meta: dict, where: str) -> None:
         raise ValueError(f"{where!r}: the header's stats are not an object")
     if layout == "compressed":
         if meta.get("codec") not in CODECS:
-            raise ValueError(f"{where!r}: unknown codec {meta.get('codec')!r} (this qgpu-dask reads {', '.join(CODECS)})")
+            raise ValueError(f"{where!r}: unknown codec {meta.get('codec')!r} (this qgpu-dask reads {', '.join(CODECS)}):"
+                             " save it again from its source")
         block = meta.get("block")
         if not isinstance(block, int) or block < 1:
             raise ValueError(f"{where!r}: a compressed resident needs a positive block, the header has {block!r}")
+        center = meta.get("group_center")
+        if not (isinstance(center, list) and len(center) == 2 and all(isinstance(c, int) and not isinstance(c, bool) for c in center)):
+            raise ValueError(f"{where!r}: a compressed resident needs its group index centre [cy2, cx2], the header has {center!r}")
 
 
 def encode_header(meta: dict, entries: list[dict]) -> bytes:
@@ -153,7 +158,8 @@ def header_of(f, where: str) -> dict:
         raise ValueError(f"{where!r} is truncated: it ends inside the container prefix")
     _, version, length = PREFIX.unpack(prefix)
     if version != VERSION:
-        raise ValueError(f"{where!r}: saved resident format version {version} is not supported (this qgpu-dask reads version {VERSION})")
+        raise ValueError(f"{where!r}: saved resident format version {version} is not supported (this qgpu-dask reads version {VERSION}):"
+                         " save it again from its source")
     header = f.read(length)
     digest = f.read(DIGEST_BYTES)
     if len(header) < length or len(digest) < DIGEST_BYTES:

@@ -1,7 +1,7 @@
 """Saved residents: a resident written as it is held, and opened again without re-encoding.
 
-A compressed resident is saved as its coding model and streams (the bytes
-its encoder wrote), a dense one as its counts; the file is a
+A compressed resident is saved as its coding model, streams (the bytes its
+encoder wrote) and group index, a dense one as its counts; the file is a
 ``formats.container``. Opening one copies the arrays to the device and lets
 the resident's constructor check their structure.
 """
@@ -19,6 +19,7 @@ from ..formats import codec, container
 from ..resident import DenseCounts, Resident
 from ..resident.base import check_dtype, check_shape
 from ..resident.compressed import MODEL_KEYS, STREAM_KEYS, CompressedCounts
+from ..resident.groups import GROUP_KEYS, GroupIndex
 from .source import Source
 
 DENSE_KEY = "counts"
@@ -28,8 +29,9 @@ def save_resident(resident: Resident, path: str | os.PathLike) -> int:
     """Write ``resident`` to ``path`` as it is held; returns the file's bytes."""
     meta = {"layout": resident.layout, "shape": list(resident.shape), "dtype": str(resident.dtype)}
     if isinstance(resident, CompressedCounts):
-        meta |= {"codec": codec.FORMAT, "block": resident.block, "stats": dict(resident.stats)}
-        arrays = {k: getattr(resident.model, k) for k in MODEL_KEYS} | resident.stream_arrays()
+        cy2, cx2 = resident.groups.center
+        meta |= {"codec": codec.FORMAT, "block": resident.block, "stats": dict(resident.stats), "group_center": [cy2, cx2]}
+        arrays = {k: getattr(resident.model, k) for k in MODEL_KEYS} | resident.stream_arrays() | resident.groups.arrays()
     elif isinstance(resident, DenseCounts):
         arrays = {DENSE_KEY: resident.flat}
     else:
@@ -55,9 +57,16 @@ def describe_saved(source: Source) -> dict:
         "shape": shape,
         "dtype": str(dtype),
         "raw_bytes": int(np.prod(shape)) * dtype.itemsize,
-        "load_bytes": DenseCounts.held_bytes(shape, dtype) if meta["layout"] == "dense" else sum(int(a["nbytes"]) for a in meta["arrays"]),
+        "load_bytes": DenseCounts.held_bytes(shape, dtype) if meta["layout"] == "dense" else compressed_bytes(meta),
         "layout": meta["layout"],
     }
+
+
+def compressed_bytes(meta: dict) -> int:
+    """Device bytes of a saved compressed resident once open: its arrays plus its group index's derived starts."""
+    entries = {a["name"]: a for a in meta["arrays"]}
+    width = entries.get("group_width", {"shape": [0]})["shape"]
+    return sum(int(a["nbytes"]) for a in meta["arrays"]) + GroupIndex.derived_bytes(tuple(width))
 
 
 def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = None) -> Resident:
@@ -66,7 +75,7 @@ def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = No
     where = os.fspath(path)
     meta, arrays = container.read(path)
     layout = meta["layout"]
-    wanted = (DENSE_KEY,) if layout == "dense" else MODEL_KEYS + STREAM_KEYS
+    wanted = (DENSE_KEY,) if layout == "dense" else MODEL_KEYS + STREAM_KEYS + GROUP_KEYS
     missing = [k for k in wanted if k not in arrays]
     if missing:
         raise ValueError(f"{where!r}: the saved {layout} resident lacks the arrays {missing}")
@@ -83,4 +92,9 @@ def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = No
         raise ValueError(f"{where!r}: the saved stream payload is {payload.dtype} of shape {payload.shape}, expected 1-D uint8")
     model = {k: xp.asarray(arrays[k]) for k in MODEL_KEYS}
     streams = {k: xp.asarray(arrays[k]) for k in STREAM_KEYS}
-    return CompressedCounts(name, meta["shape"], meta["dtype"], meta["block"], model, streams, meta.get("stats", {}))
+    shape = check_shape(meta["shape"])
+    try:
+        groups = GroupIndex.from_arrays(shape[2:], *meta["group_center"], arrays, shape[0] * shape[1], xp)
+    except ValueError as e:
+        raise ValueError(f"{where!r}: {e}") from None
+    return CompressedCounts(name, shape, meta["dtype"], meta["block"], model, streams, meta.get("stats", {}), groups)

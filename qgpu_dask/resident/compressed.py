@@ -1,10 +1,12 @@
-"""CompressedCounts: counts held as entropy-coded per-detector-pixel streams (format qgpu-ans-1).
+"""CompressedCounts: counts held as entropy-coded per-detector-pixel streams (format qgpu-ans-2).
 
 A query decodes only the streams it needs (the mask's pixels, the ROI's scan
 blocks, one frame's block) and gives the same bits as the dense layout.
 Virtual images go through the series engine (``series.SeriesSums``; an
 acquisition alone is a series of one), which picks the exact decomposition
-that decodes the fewest pixels.
+that decodes the fewest pixels: direct, complement (from the frame totals),
+incremental (from the last result), or groups (whole rings and sector leaves
+read from the group index, ``resident.groups``, plus the residual pixels).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from ..device import module_of, to_host
 from ..formats import codec
 from .base import Resident, kernels_for
+from .groups import GroupIndex
 from .masks import MaskWeights
 from .series import SeriesSums
 
@@ -63,10 +66,12 @@ class CompressedCounts(Resident):
 
     layout = "compressed"
 
-    def __init__(self, name: str, shape, dtype, block: int, model: dict, streams: dict, stats: dict, checked: bool = True):
+    def __init__(self, name: str, shape, dtype, block: int, model: dict, streams: dict, stats: dict, groups: GroupIndex,
+                 checked: bool = True):
         """``model``: run, values, table_start, cum; ``streams``: index, block_base, payload, totals (device
-        arrays). ``checked=False`` skips checking the model and index: only for streams this process coded
-        (a live acquisition's view of its coded blocks, made again as blocks arrive)."""
+        arrays); ``groups``: the group index of the same counts. ``checked=False`` skips checking the model
+        and index: only for streams this process coded (a live acquisition's view of its coded blocks, made
+        again as blocks arrive)."""
         xp = module_of(streams["payload"])
         super().__init__(name, shape, dtype, xp)
         if not compressible(self.dtype):
@@ -83,6 +88,10 @@ class CompressedCounts(Resident):
         self.totals = streams["totals"]
         if self.totals.shape != (self.n_frames,) or self.totals.dtype != np.uint64:
             raise ValueError(f"compressed frame totals have shape {self.totals.shape} {self.totals.dtype}, expected ({self.n_frames},) uint64")
+        if groups.n_frames != self.n_frames or groups.geometry.det_shape != self.det_shape:
+            raise ValueError(f"the group index covers {groups.n_frames} frames of {groups.geometry.det_shape} pixels,"
+                             f" not {self.n_frames} of {self.det_shape}")
+        self.groups = groups
         self.stats = dict(stats)
         self.lock = threading.Lock()
         self.sums: SeriesSums | None = None  # made at the first virtual image
@@ -99,15 +108,17 @@ class CompressedCounts(Resident):
         streams = kernels_for(xp, "compressed").encode(flat, block, *(device_model[k] for k in MODEL_KEYS))
         stats = {"entropy_bytes": float(entropy_bound(hist, flat, xp).sum() / 8)}
         totals = flat.sum(axis=1, dtype=np.uint64)
+        groups = GroupIndex.from_counts(flat, tuple(shape[2:]), xp)
         return cls(name, shape, flat.dtype, block, device_model,
-                   {"index": streams.index, "block_base": streams.block_base, "payload": streams.payload, "totals": totals}, stats)
+                   {"index": streams.index, "block_base": streams.block_base, "payload": streams.payload, "totals": totals}, stats,
+                   groups)
 
     # -- the resident interface --------------------------------------------------
 
     @property
     def nbytes(self) -> int:
         parts = (self.streams.index, self.streams.block_base, self.streams.payload, self.totals, *(getattr(self.model, k) for k in MODEL_KEYS))
-        return int(sum(p.nbytes for p in parts))
+        return int(sum(p.nbytes for p in parts)) + self.groups.nbytes
 
     def prepare_mask_sums(self, masks: MaskWeights) -> Callable:
         series = self.series()
@@ -179,6 +190,7 @@ class CompressedCounts(Resident):
         sums = self.kernels.mask_sums(self.streams, self.model, pixels, xp.ones((1, self.frame_len), dtype=np.uint64))
         if not bool((sums[0] == self.totals).all()):
             raise ValueError(f"compressed acquisition {self.name!r}: the kept frame totals do not match its streams")
+        self.groups.check(self.totals, self.name)
 
     def forms(self) -> dict[str, int]:
         """How many streams are held in each form."""
@@ -191,6 +203,7 @@ class CompressedCounts(Resident):
             **super().describe(),
             "format": codec.FORMAT,
             "block": self.block,
+            "index_bytes": self.groups.nbytes,
             "ratio": self.raw_bytes / max(self.nbytes, 1),
             "entropy_bytes": entropy,
             "bound_ratio": self.nbytes / entropy if entropy else None,

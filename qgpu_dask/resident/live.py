@@ -23,6 +23,7 @@ from ..device import synchronize
 from ..formats import codec
 from .base import Resident, kernels_for
 from .compressed import MODEL_KEYS, CompressedCounts, check_layout, chosen_model
+from .groups import GroupIndex, centered_geometry, index_piece, worst_bytes
 from .cpu.dense import sum_dtype
 from .dense import DenseCounts
 from .masks import MaskWeights
@@ -59,6 +60,8 @@ class LiveCounts(Resident):
         self.block = 0  # chosen with the model
         self.model: dict | None = None
         self.index = self.base = None
+        self.geometry = None  # of the group index, centred with the model's choice
+        self.group_pieces: list[tuple] = []  # the coded blocks' group index pieces
         self.payload = xp.zeros(0, np.uint8)
         self.payload_bytes = 0
         self.totals = xp.zeros(self.n_frames, np.uint64)
@@ -108,7 +111,7 @@ class LiveCounts(Resident):
         """Grow the payload, before any frame is added, to hold the most that coding ``n`` more frames can
         write (every held frame raw, plus a padding byte per stream), so an append either fits or changes nothing."""
         held = self.received + n - self.coded
-        worst = held * self.frame_len * self.dtype.itemsize + (held // codec.MIN_BLOCK + 1) * self.frame_len
+        worst = held * self.frame_len * self.dtype.itemsize + (held // codec.MIN_BLOCK + 1) * self.frame_len + worst_bytes(self.det_shape, held)
         if self.payload_bytes + worst > self.payload.size:
             size = max(2 * self.payload.size, self.payload_bytes + worst)
             self.room(size - self.payload.size)
@@ -124,6 +127,7 @@ class LiveCounts(Resident):
             if held < min(PROBE, self.n_frames):
                 return
             self.block, self.model, _ = chosen_model(self.tail[:held], every_symbol=True)
+            self.geometry = centered_geometry(self.tail[:held], self.det_shape)
             n_blocks = -(-self.n_frames // self.block)
             self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
             self.base = self.xp.zeros(n_blocks + 1, np.uint64)
@@ -143,6 +147,7 @@ class LiveCounts(Resident):
         size = int(streams.block_base[1])  # make_room left space for it
         self.payload[self.payload_bytes : self.payload_bytes + size] = streams.payload[:size]
         self.index[b] = streams.index[0]
+        self.group_pieces.append(index_piece(flat, self.geometry, self.xp))
         self.payload_bytes += size
         self.base[b + 1] = self.payload_bytes
         self.view = None
@@ -153,7 +158,7 @@ class LiveCounts(Resident):
             return None
         if self.view is None:
             self.view = CompressedCounts(self.name, (self.coded, 1, *self.det_shape), self.dtype, self.block, self.model,
-                                         self.coded_streams(), {}, checked=False)
+                                         self.coded_streams(), {}, self.coded_groups(), checked=False)
         return self.view
 
     def coded_streams(self) -> dict:
@@ -161,6 +166,10 @@ class LiveCounts(Resident):
         n_blocks = -(-self.coded // self.block)
         return {"index": self.index[:n_blocks], "block_base": self.base[: n_blocks + 1], "payload": self.payload[: self.payload_bytes],
                 "totals": self.totals[: self.coded]}
+
+    def coded_groups(self) -> GroupIndex:
+        """The group index of the ``coded`` frames' blocks."""
+        return GroupIndex.joined(self.geometry, self.group_pieces, self.xp)
 
     def parts(self) -> list[tuple[int, Resident]]:
         """(first frame, resident) covering the frames received so far, in order, that a query may read
@@ -190,7 +199,8 @@ class LiveCounts(Resident):
             if self.layout == "dense":
                 dense = DenseCounts(self.name, self.flat, self.shape)
                 return dense.indexed() if index else dense
-            return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, self.coded_streams(), {})  # all coded
+            return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, self.coded_streams(), {},
+                                    self.coded_groups())  # all coded
 
     # -- the resident interface ----------------------------------------------------
 
@@ -198,7 +208,8 @@ class LiveCounts(Resident):
     def nbytes(self) -> int:
         if self.layout == "dense":
             return int(self.flat.nbytes)
-        held = (self.tail, self.payload, self.totals, self.index, self.base, *((self.model or {}).values()))
+        held = (self.tail, self.payload, self.totals, self.index, self.base, *((self.model or {}).values()),
+                *(a for piece in self.group_pieces for a in piece[:3]))
         return int(sum(a.nbytes for a in held if a is not None))
 
     def settled(self, result):

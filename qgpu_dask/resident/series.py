@@ -8,7 +8,10 @@ it, or a single acquisition: a series of one) from one exact decomposition:
   weight of each mask and ``total`` the per-frame sums kept with the streams
   (a mask covering most of the detector decodes only the rest);
 - incremental: the series' previous result plus the sums of the weight
-  changes (a viewer dragging a disk decodes only the changed pixels).
+  changes (a viewer dragging a disk decodes only the changed pixels);
+- groups: whole rings and sector leaves of each acquisition's group index
+  (exact per-frame sums, ``groups``) times coefficients, plus the residual
+  pixels (a disk or annulus centred on the pattern decodes none or a few).
 
 Integer sums are exact in wrapping arithmetic, so negative terms are fine.
 The host work is one plan per stack and one upload, one launch per group of
@@ -27,9 +30,11 @@ import numpy as np
 from ..device import module_of, to_host
 from .base import kernels_for
 from .cpu.compressed import SeriesError
+from .groups import Decomposition, decompose
 from .masks import MaskWeights
 
 MEMO_SIZE = 8  # FullWeights kept (a few recent stacks)
+GEOMETRIES = 64  # decompositions a mask stack keeps: one per index centre among the residents a series spans
 
 
 class FullWeights:
@@ -52,6 +57,16 @@ class FullWeights:
         else:
             self.complement = np.flatnonzero((self.full != self.offsets[:, None]).any(axis=0))
         self.changes: OrderedDict = OrderedDict()
+        self.decompositions: OrderedDict = OrderedDict()
+
+    def decomposed(self, geometry) -> Decomposition:
+        """``decompose(full, geometry)``, made once per geometry (the residents of a series share theirs)."""
+        key = id(geometry)
+        if key not in self.decompositions or self.decompositions[key][0] is not geometry:
+            self.decompositions[key] = (geometry, decompose(self.full, geometry))
+            while len(self.decompositions) > GEOMETRIES:
+                self.decompositions.popitem(last=False)
+        return self.decompositions[key][1]
 
     def changes_from(self, previous: "FullWeights") -> tuple[np.ndarray, np.ndarray]:
         """(pixels whose weights changed since ``previous``, the weight changes there)."""
@@ -135,7 +150,11 @@ class SeriesSums:
         self.frame_len, self.n_frames = first.frame_len, first.n_frames
         self.xp = first.xp
         self.run_mode = to_host(first.model.run) > 0  # the first member's pixel modes order every member's pixels
-        self.table = kernels_for(self.xp, "compressed").SeriesStreams([(r.streams, r.model, r.totals) for r in residents])
+        distinct = {id(r.groups.geometry): r.groups.geometry for r in residents}  # residents of one centre share one object
+        self.geometries = list(distinct.values())
+        place = {key: i for i, key in enumerate(distinct)}
+        self.geometry_of = np.array([place[id(r.groups.geometry)] for r in residents], dtype=np.int64)
+        self.table = kernels_for(self.xp, "compressed").SeriesStreams([(r.streams, r.model, r.totals, r.groups) for r in residents])
         self.lock = threading.Lock()
         self.last: tuple[FullWeights, np.dtype, object] | None = None  # (weights, acc dtype, wrapped result)
 
@@ -159,37 +178,58 @@ class SeriesSums:
     def plan(self, masks: MaskWeights) -> Callable:
         """``run()``: the (n_acq, n_masks, n_frames) sums of ``masks`` on the device, as their accumulator dtype;
         ``run.launch()`` starts them on the current stream and returns ``finish()``; ``run.decoded_pixels`` is how
-        many pixels' streams each acquisition decodes."""
+        many pixels' streams an acquisition decodes (the mean over the series)."""
         weights = expanded(masks, self.frame_len)
         with self.lock:
             last = self.last
         pixels, offsets = weights.direct, None
         if weights.integer and weights.complement.size < pixels.size:
             pixels, offsets = weights.complement, weights.offsets
+        parts = [weights.decomposed(g) for g in self.geometries] if weights.integer else None
+        grouped = None if parts is None else float(np.mean([parts[i].cost for i in self.geometry_of]))
+        if grouped is not None and grouped >= pixels.size:
+            parts = grouped = None
         if weights.integer and last is not None and last[1] == masks.acc_dtype and last[0].full.shape == weights.full.shape:
             changed, delta = weights.changes_from(last[0])
-            if changed.size < pixels.size:
-                return self.planned(weights, masks.acc_dtype, changed, delta, None, base=last[2])
+            if changed.size < (pixels.size if grouped is None else grouped):
+                return self.planned(weights, masks.acc_dtype, [(changed, delta)], None, base=last[2])
+        if parts is not None:
+            return self.planned(weights, masks.acc_dtype, [(d.pixels, d.weights) for d in parts], None, base=None, parts=parts)
         chosen = weights.full[:, pixels] if offsets is None else weights.full[:, pixels] - offsets[:, None]
-        return self.planned(weights, masks.acc_dtype, pixels, chosen, offsets, base=None)
+        return self.planned(weights, masks.acc_dtype, [(pixels, chosen)], offsets, base=None)
 
-    def planned(self, weights: FullWeights, acc: np.dtype, pixels: np.ndarray, chosen: np.ndarray, offsets, base) -> Callable:
-        """The run of sums of ``chosen`` weights over ``pixels`` (the same for every member), plus ``offsets`` times
-        the frame totals, plus ``base`` (a previous wrapped result)."""
+    def planned(self, weights: FullWeights, acc: np.dtype, lists: list[tuple[np.ndarray, np.ndarray]], offsets, base,
+                parts: list[Decomposition] | None = None) -> Callable:
+        """The run of sums of weights over pixels, one (pixels, weights) list for every member or one per geometry
+        (``self.geometry_of``), plus ``offsets`` times the frame totals, plus ``base`` (a previous wrapped result),
+        plus each member's group sums of its geometry's decomposition in ``parts``."""
         xp = self.xp
         integer = weights.integer
         narrow = acc == np.uint32
-        order = np.argsort(self.run_mode[pixels], kind="stable")  # value-mode pixels side by side: their warps decode in lockstep
-        pixels, chosen = pixels[order].astype(np.int64), chosen[:, order]
+        pixel_lists, weight_lists = [], []
+        for pixels, chosen in lists:
+            order = np.argsort(self.run_mode[pixels], kind="stable")  # value-mode pixels side by side: their warps decode in lockstep
+            pixel_lists.append(pixels[order].astype(np.int64))
+            weight_lists.append(chosen[:, order])
+        firsts = np.cumsum([0] + [p.size for p in pixel_lists])[:-1]
+        which = self.geometry_of if len(lists) > 1 else np.zeros(len(self.names), dtype=np.int64)
+        spans = np.stack([firsts[which], np.array([p.size for p in pixel_lists])[which]], axis=1).astype(np.int64)
+        pixels = np.concatenate(pixel_lists)
+        chosen = np.concatenate(weight_lists, axis=1)
         wrapped = np.ascontiguousarray(chosen.astype(np.int64).view(np.uint64) if integer else chosen.astype(np.float64))
-        spans = np.tile(np.array([0, pixels.size], dtype=np.int64), (len(self.names), 1))
         wrapped_offsets = None if offsets is None else offsets.astype(np.int64).view(np.uint64)
+        group_lists = None
+        if parts is not None and any(d.groups.size for d in parts):
+            group_lists = [(d.groups, d.coef) for d in parts]
         shape = (len(self.names), weights.full.shape[0], self.n_frames)
         out_dtype = np.uint32 if narrow else wrapped.dtype
+        decoded = float(spans[:, 1].mean())
 
         def launch() -> Callable:
             out = xp.zeros(shape, dtype=out_dtype) if base is None else base.astype(out_dtype, copy=True)
             done = self.checked(lambda: self.table.mask_sums_async(spans, pixels, wrapped, wrapped_offsets, out, narrow))
+            if group_lists is not None:
+                self.table.group_sums_into(self.geometry_of, group_lists, out)
 
             def finish():
                 self.checked(done)
@@ -204,5 +244,5 @@ class SeriesSums:
             return launch()()
 
         run.launch = launch
-        run.decoded_pixels = int(pixels.size)
+        run.decoded_pixels = decoded
         return run

@@ -739,14 +739,21 @@ class SeriesStreams:
     """The streams of a series' compressed acquisitions, for sums over all of them at once (the CUDA twin
     makes one table and one work list of them; here each member's sums run in turn, in parallel inside)."""
 
-    def __init__(self, members: list[tuple[Streams, "Model", np.ndarray]]):
-        self.members = members
+    def __init__(self, members: list[tuple[Streams, "Model", np.ndarray, object]]):
+        self.members = members  # (streams, model, frame totals, group index) of each acquisition
+
+    def group_sums_into(self, geometry_of: np.ndarray, lists: list[tuple[np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+        """Add to ``out[a]`` member a's group sums of the (groups, coefficients) of its geometry, ``lists[geometry_of[a]]``."""
+        for a, (_, _, _, index) in enumerate(self.members):
+            groups, coef = lists[geometry_of[a]]
+            if groups.size:
+                out[a] += index.group_sums(groups, coef).astype(out.dtype, copy=False)
 
     def mask_sums_async(self, spans: np.ndarray, pixels: np.ndarray, weights: np.ndarray, offsets: np.ndarray | None, out: np.ndarray,
                         narrow: bool = False):
         """Add to ``out`` (n_acq, n_masks, n_frames) each member's sums of ``weights`` over its span (first, count)
         of ``pixels``, plus ``offsets[m] * totals[f]`` when given (``narrow`` is the CUDA twin's: unused here)."""
-        for a, ((streams, model, totals), (first, count)) in enumerate(zip(self.members, np.asarray(spans).reshape(-1, 2))):
+        for a, ((streams, model, totals, _), (first, count)) in enumerate(zip(self.members, np.asarray(spans).reshape(-1, 2))):
             if count:
                 try:
                     sums, _ = mask_sums_async(streams, model, pixels[first : first + count], weights[:, first : first + count])
