@@ -658,14 +658,14 @@ __global__ void check(STREAM_PARAMS, i64 n_frames, int block, int table_stride, 
 
 // ---------------------------------------------------------------- series
 
-// One acquisition of a series as the series kernels take it: DESC_FIELDS u64 per acquisition, in the order
+// One acquisition of a series as the series kernels take it: DESC_WORDS u64 per acquisition, in the order
 // of qgpu_dask/resident/cuda/compressed.py's SeriesTable (pointers as integers).
-#ifndef DESC_FIELDS
-#error "DESC_FIELDS comes from qgpu_dask/resident/cuda/compressed.py"
+#ifndef DESC_WORDS
+#error "DESC_WORDS comes from qgpu_dask/resident/cpu/compressed.py"
 #endif
 enum { D_INDEX, D_BASE, D_PAYLOAD, D_PAYLOAD_BYTES, D_RUN, D_VALUES, D_TABLE_START, D_CUM, D_LUT, D_TOTALS, D_BLOCK, D_CODING, D_MAXVAL,
        D_COUNT };
-static_assert(D_COUNT <= DESC_FIELDS, "the descriptor holds every field");
+static_assert(D_COUNT <= DESC_WORDS, "the descriptor holds every field");
 
 struct Member {
     Streams st;
@@ -675,7 +675,7 @@ struct Member {
 };
 
 __device__ __forceinline__ Member member_of(const u64* desc, int a, int frame_len) {
-    const u64* d = desc + (i64)a * DESC_FIELDS;
+    const u64* d = desc + (i64)a * DESC_WORDS;
     u64 coding = d[D_CODING];
     Member m;
     m.st = Streams{reinterpret_cast<const u32*>(d[D_INDEX]), reinterpret_cast<const u64*>(d[D_BASE]),

@@ -16,7 +16,10 @@ from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.cpu import groups as cpu_groups
 from qgpu_dask.resident.groups import GroupIndex, decompose, geometry_for
 from qgpu_dask.resident.live import LiveCounts
+from qgpu_dask.resident.base import kernels_for
 from qgpu_dask.resident.masks import mask_weights
+
+from conftest import cupy_available
 
 SHAPES = [(17, 17), (257, 257), (130, 128)]
 
@@ -40,8 +43,24 @@ def center(geometry) -> tuple[float, float]:
     return geometry.cy2 / 2, geometry.cx2 / 2
 
 
-def encode(counts: np.ndarray) -> CompressedCounts:
-    return CompressedCounts.encode("t", counts.reshape(counts.shape[0] * counts.shape[1], -1), counts.shape)
+def encode(counts: np.ndarray, xp=np) -> CompressedCounts:
+    return CompressedCounts.encode("t", xp.asarray(counts.reshape(counts.shape[0] * counts.shape[1], -1)), counts.shape)
+
+
+def module(backend: str):
+    if backend == "cpu":
+        return np
+    import cupy
+
+    return cupy
+
+
+def host(a) -> np.ndarray:
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+BACKENDS = [pytest.param("cpu", id="cpu"),
+            pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
 
 
 def reference(counts: np.ndarray, masks: np.ndarray) -> np.ndarray:
@@ -155,14 +174,22 @@ def test_pack_round_trip_with_widths_0_and_64(n_frames, rng):
     assert (got == sums.T).all()
 
 
-def test_group_index_kernel_matches_numpy(rng):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_group_index_kernel_matches_numpy(rng, backend):
+    xp = module(backend)
+    kernels = kernels_for(xp, "groups")
     det = (130, 128)
     counts = rng.poisson(0.7, (3 * GROUP_BLOCK + 5, det[0] * det[1])).astype(np.uint16)
     g = fmt.geometry(det, *fmt.center_of(counts.sum(axis=0, dtype=np.uint64).reshape(det)))
     sums = (counts.astype(np.uint64) @ membership(g).T.astype(np.uint64))
-    packed = cpu_groups.group_index(counts, g.ring, g.leaf, g.n_groups)
+    packed = kernels.group_index(xp.asarray(counts), xp.asarray(g.ring), xp.asarray(g.leaf), g.n_groups)
     for got, want in zip(packed, fmt.pack(sums)):
-        assert got.dtype == want.dtype and (got == want).all()
+        assert got.dtype == want.dtype and (host(got) == want).all()
+    base, width, bits = packed
+    start = xp.asarray(fmt.starts_of(host(width), counts.shape[0]))
+    coef = rng.integers(-5, 6, (2, g.n_groups))
+    got = host(kernels.group_sums(base, width, bits, start, counts.shape[0], np.arange(g.n_groups), coef))
+    assert (got == (coef.astype(np.uint64) @ sums.T)).all()
 
 
 def test_group_sums_wrap_with_negative_coefficients(rng):
@@ -214,10 +241,11 @@ def timed(f) -> float:
 # ---------------------------------------------------------------- queries through the index
 
 
-def test_virtual_images_through_the_index(rng):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_virtual_images_through_the_index(rng, backend):
     counts = rng.poisson(0.4, (23, 29, 40, 37)).astype(np.uint16)  # 667 scans: a short last block
     counts[:, :, 18:23, 16:21] += rng.poisson(6.0, (23, 29, 5, 5)).astype(np.uint16)
-    resident = encode(counts)
+    resident = encode(counts, module(backend))
     g = resident.groups.geometry
     c = center(g)
     det = counts.shape[2:]
@@ -229,34 +257,35 @@ def test_virtual_images_through_the_index(rng):
         rng.random(det) < 0.3,  # no group helps much
     ]
     for mask in masks:
-        resident.last = None  # no previous answer: the plan must pick a stateless path
+        resident.series().forget_last()  # no previous answer: the plan must pick a stateless path
         weights = mask_weights(mask, det, counts.dtype)
         run = resident.prepare_mask_sums(weights)
         full = np.asarray(mask, dtype=np.int64).reshape(1, -1)
         assert run.decoded_pixels <= decompose(full, g).cost  # the cheapest of the four paths
-        got = run()
+        got = host(run())
         assert (got.astype(object) == reference(counts, full.reshape(1, *det))).all()
         assert (resident.virtual_images(mask).reshape(1, -1) == got).all()
-    resident.last = None
+    resident.series().forget_last()
     run = resident.prepare_mask_sums(mask_weights(masks[0], det, counts.dtype))
     assert run.decoded_pixels == 0
 
 
-def test_saturated_and_32_bit_counts(rng):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_saturated_and_32_bit_counts(rng, backend):
     top = np.iinfo(np.uint32).max
     counts = rng.integers(0, 4, (9, 31, 17, 17)).astype(np.uint32)  # 279 scans: two packed blocks
     counts[:, :, 8, 8] = top  # a saturated centre
     counts[::2, :, 7:10, 7:10] = top - rng.integers(0, 3, (5, 31, 3, 3)).astype(np.uint32)
-    resident = encode(counts)
+    resident = encode(counts, module(backend))
     resident.check()
     flat = counts.reshape(279, -1).astype(np.uint64)
     sums = flat @ membership(resident.groups.geometry).T.astype(np.uint64)
     assert sums.max() > 2**32
     ids = np.arange(resident.groups.geometry.n_groups)
-    assert (resident.groups.group_sums(ids, np.eye(ids.size, dtype=np.int64)) == sums.T).all()
+    assert (host(resident.groups.group_sums(ids, np.eye(ids.size, dtype=np.int64))) == sums.T).all()
     c = center(resident.groups.geometry)
     for mask in (qd.masks.disk((17, 17), c, 3), qd.masks.annulus((17, 17), c, 1, 6).astype(np.int64) * -2):
-        resident.last = None
+        resident.series().forget_last()
         got = resident.virtual_images(mask).reshape(1, -1)
         want = reference(counts, np.asarray(mask, dtype=np.int64)[None])
         assert (got.astype(object) == want).all()

@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 COMPILERS = {  # each kernel source and the module that compiles it
     "compressed.cu": "qgpu_dask/resident/cuda/compressed.py",
+    "groups.cu": "qgpu_dask/resident/cuda/groups.py",
     "dense.cu": "qgpu_dask/resident/cuda/dense.py",
     "ssb.cu": "qgpu_dask/phase/cuda.py",
     "ptycho.cu": "qgpu_dask/phase/iterative/cuda.py",

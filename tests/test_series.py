@@ -7,7 +7,7 @@ import pytest
 
 import qgpu_dask as qd
 from qgpu_dask.resident.masks import mask_weights
-from qgpu_dask.resident.series import SeriesSums, compact
+from qgpu_dask.resident.series import SeriesSums
 
 from conftest import cupy_available
 from test_compressed import corrupt, encode
@@ -102,15 +102,6 @@ def test_malformed_stream_names_the_acquisition_and_nothing_partial_leaves(rng, 
     assert (got[1, 0] == reference(counts[2], other[None])[0]).all()  # the others still answer
 
 
-def test_compact_keeps_every_value():
-    sums = np.array([[0, 255]], dtype=np.uint32)
-    assert compact(sums).dtype == np.uint8 and (compact(sums) == sums).all()
-    sums = np.array([[0, 70000]], dtype=np.uint64)
-    assert compact(sums).dtype == np.uint32
-    signed = np.array([-1, 3], dtype=np.int64)
-    assert compact(signed).dtype == np.int64
-
-
 def test_service_series_of_mixed_layouts_and_dtypes(svc, names, rng):
     det = (12, 10)
     data = [rng.poisson(0.6, (6, 7, *det)).astype(np.uint16) for _ in range(3)] + [rng.poisson(0.6, (6, 7, *det)).astype(np.uint8)]
@@ -126,3 +117,29 @@ def test_service_series_of_mixed_layouts_and_dtypes(svc, names, rng):
         bf = series.virtual_images(masks[0])
         assert bf.dtype == np.uint32
         assert (bf[0] == acqs[0].virtual_image(masks[0])).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_members_of_other_index_centres_share_one_pass(rng, backend):
+    """Members whose bright disks sit elsewhere have other group geometries: each gets its own residual pixels
+    and group sums in the same launches, exactly."""
+    xp = module(backend)
+    det, counts = (24, 24), []
+    for cy in (11, 13, 11):
+        c = rng.poisson(0.2, (9, 31, *det)).astype(np.uint16)
+        c[:, :, cy - 3 : cy + 4, 9:16] += rng.poisson(5.0, (9, 31, 7, 7)).astype(np.uint16)
+        counts.append(c)
+    residents = [encode(c, xp) for c in counts]
+    geometries = {r.groups.center for r in residents}
+    assert len(geometries) == 2
+    series = SeriesSums(residents)
+    cy2, cx2 = residents[0].groups.center
+    for masks in (qd.masks.disk(det, (cy2 / 2, cx2 / 2), 5)[None],
+                  np.stack([qd.masks.annulus(det, (cy2 / 2, cx2 / 2), 2, 8).astype(np.int64) * 3, qd.masks.disk(det, (cy2 / 2, cx2 / 2), 1)])):
+        series.forget_last()
+        weights = mask_weights(masks, det, np.uint16)
+        run = series.plan(weights)
+        assert run.decoded_pixels < 0.5 * int((masks != 0).any(axis=0).sum())  # most pixels read from the index
+        got = host(run())
+        for a, c in enumerate(counts):
+            assert (got[a] == reference(c, masks).astype(weights.acc_dtype)).all(), a

@@ -22,7 +22,7 @@ from ..resident import Resident, mask_weights
 from ..resident.base import Plan
 from ..resident.compressed import CompressedCounts
 from ..resident.masks import MaskWeights, as_mask_stack
-from ..resident.series import SeriesSums, compact
+from ..resident.series import SeriesSums
 from .base import Context, Kept, Query, register
 
 STACK_BYTES = 256 * 2**20
@@ -109,26 +109,8 @@ side = threading.local()
 
 
 def series_plan(series: SeriesSums, weights: MaskWeights, scan_shape: tuple[int, int]) -> Plan:
-    """A series' plan as a shard runs it: (n_acq, n_masks, rows, cols) on the host, compacted on the device first."""
-    run = series.plan(weights)
-    shape = (len(series.names), weights.n_masks, *scan_shape)
-
-    def launch() -> Callable:
-        finish = run.launch()
-        return lambda: compact(finish())
-
-    return Plan(Launchable(run, launch), shape)
-
-
-class Launchable:
-    """A run with a ``launch`` of its own (what ``Plan`` starts)."""
-
-    def __init__(self, run: Callable, launch: Callable):
-        self.run = run
-        self.launch = launch
-
-    def __call__(self):
-        return self.launch()()
+    """A series' plan as a shard runs it: (n_acq, n_masks, rows, cols) on the host."""
+    return Plan(series.plan(weights), (len(series.names), weights.n_masks, *scan_shape))
 
 
 def run_together(plans: list[Plan]) -> list[np.ndarray]:
@@ -189,8 +171,7 @@ class VirtualImages(Query):
     def run(ctx: Context, residents: list[Resident], digest: str, masks: np.ndarray | None = None) -> dict:
         """{"acc": the sums' dtype, "parts": [(places among ``residents``, images (k, n_masks, rows, cols))]}: the
         compressed residents of each count dtype answered together by the series engine (one plan and one
-        launch for all of them; their images in the narrowest dtype that holds them), the others each by
-        their own kept plan."""
+        launch for all of them), the others each by their own kept plan."""
         cache: MaskCache = ctx.kept["masks"]
         stack = cache.stack(digest, masks)
         weights: dict[tuple, Any] = {}

@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..device import module_of, to_host
+from ..device import to_host
 from .base import kernels_for
 from .cpu.compressed import SeriesError
 from .groups import Decomposition, decompose
@@ -121,19 +121,6 @@ def cast_wrapped(sums, acc: np.dtype):
     if acc == np.int64:
         return sums.view(np.int64)
     return sums.astype(acc, copy=False)
-
-
-def compact(sums) -> np.ndarray:
-    """``sums`` on the host in the narrowest unsigned dtype that holds every value (unsigned sums only; the
-    rest as they are): a series' images cross the bus and the network in half or a quarter of the bytes."""
-    xp = module_of(sums)
-    if sums.dtype.kind == "u" and sums.size:
-        top = int(sums.max())
-        for narrow in (np.uint8, np.uint16, np.uint32):
-            if top <= np.iinfo(narrow).max and np.dtype(narrow).itemsize < sums.dtype.itemsize:
-                sums = sums.astype(narrow)
-                break
-    return to_host(sums) if xp is not np else sums
 
 
 class SeriesSums:

@@ -733,6 +733,7 @@ class SeriesError(ValueError):
 
 DESC_FIELDS = ("index", "block_base", "payload", "payload_bytes", "run", "values", "table_start", "cum", "lut", "totals", "block",
                "coding", "maxval")  # a series member's row in the CUDA twin's table (kernels/compressed.cu's D_*)
+DESC_WORDS = len(DESC_FIELDS)
 
 
 class SeriesStreams:

@@ -19,6 +19,7 @@ from ...formats import codec
 from ...formats.codec import HIST_BINS, TOKEN_SLOTS, pack_index
 from ..cpu import compressed as twin
 from ..cpu.compressed import ERRORS
+from . import groups
 from ... import compile
 from ...compile import limits
 
@@ -57,7 +58,7 @@ DEFINES = compile.defines(  # the constants kernels/compressed.cu takes from Pyt
     E_FORM=twin.E_FORM,
     LUT_SIZE=LUT_SIZE,
     ERROR_CODE_BITS=ERROR_CODE_BITS,
-    DESC_FIELDS=len(twin.DESC_FIELDS),
+    DESC_WORDS=twin.DESC_WORDS,
 )
 
 
@@ -274,13 +275,13 @@ class SeriesStreams:
     coding), and the work list of their (acquisition, scan block) items: what one launch over the whole
     series reads. Made once per series plan; frame_len and n_frames are the same for every member."""
 
-    def __init__(self, members: list[tuple[Streams, Model, cupy.ndarray]]):
-        self.members = members
-        streams, model, _ = members[0]
+    def __init__(self, members: list[tuple[Streams, Model, cupy.ndarray, object]]):
+        self.members = members  # (streams, model, frame totals, group index) of each acquisition
+        streams, model, _, _ = members[0]
         self.frame_len = int(streams.index.shape[1])
         self.n_frames = model.n_frames
         rows = []
-        for streams, model, totals in members:
+        for streams, model, totals, _ in members:
             fields = {
                 "index": streams.index.data.ptr, "block_base": streams.block_base.data.ptr, "payload": streams.payload.data.ptr,
                 "payload_bytes": streams.payload.size, "run": model.run.data.ptr, "values": model.values.data.ptr,
@@ -289,12 +290,21 @@ class SeriesStreams:
             }
             rows.append([fields[k] for k in twin.DESC_FIELDS])
         self.desc = cupy.asarray(np.array(rows, dtype=np.uint64))
-        blocks = [int(s.index.shape[0]) for s, _, _ in members]
+        blocks = [int(s.index.shape[0]) for s, *_ in members]
         self.item_acq = np.repeat(np.arange(len(members), dtype=np.int32), blocks)
         self.item_block = np.concatenate([np.arange(n, dtype=np.int32) for n in blocks])
         self.items = (cupy.asarray(self.item_acq), cupy.asarray(self.item_block))
-        self.max_block = max(m.block for _, m, _ in members)
-        self.table_stride = max(m.table_stride for _, m, _ in members)
+        self.max_block = max(m.block for _, m, *_ in members)
+        self.table_stride = max(m.table_stride for _, m, *_ in members)
+        self.groups_table = groups.table([(g.base, g.width, g.bits, g.start) for *_, g in members])
+
+    def group_sums_into(self, geometry_of: np.ndarray, lists: list[tuple[np.ndarray, np.ndarray]], out: cupy.ndarray) -> None:
+        """Add to ``out[a]`` member a's group sums of the (groups, coefficients) of its geometry, ``lists[geometry_of[a]]``:
+        one launch for the series, on the current stream."""
+        firsts = np.cumsum([0] + [g.size for g, _ in lists])[:-1]
+        spans = np.stack([firsts[geometry_of], np.array([g.size for g, _ in lists])[geometry_of]], axis=1)
+        groups.series_group_sums(self.groups_table, self.n_frames, spans, np.concatenate([g for g, _ in lists]),
+                                 np.concatenate([c for _, c in lists], axis=1), out)
 
     def mask_sums_async(self, spans: np.ndarray, pixels: np.ndarray, weights: np.ndarray, offsets: np.ndarray | None, out: cupy.ndarray,
                         narrow: bool = False):
