@@ -194,8 +194,8 @@ def spec_groups(det_rows: int, det_cols: int, cy2: int, cx2: int) -> tuple[np.nd
             octant.append(spec_octant(dx2, -dy2))
     ring, octant = np.array(ring), np.array(octant)
     K = int(ring.max()) + 1
-    n_bands = -(-K // 16)
-    return ring, K + 8 * (ring // 16) + octant, K + 8 * n_bands
+    n_bands = -(-K // 32)
+    return ring, K + 8 * (ring // 32) + octant, K + 8 * n_bands
 
 
 def decode_group_index(meta: dict, arrays: dict) -> np.ndarray:

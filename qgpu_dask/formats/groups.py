@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BAND = 16  # rings per band of sector leaves
+BAND = 32  # rings per band of sector leaves (wider bands: fewer leaves, fewer index bytes)
 OCTANTS = 8  # leaves per band
 GROUP_BLOCK = 256  # frames per packed block of group sums
 ALL_ONES = np.uint64(2**64 - 1)
