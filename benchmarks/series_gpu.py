@@ -26,7 +26,7 @@ For each dose (mean counts per detector pixel; default 0.3 and 1.0):
    ``svc.submit(fn, acq)`` whose ``fn`` returns a NumPy array of the bytes of one series result
    (N x scan uint32), less the time ``fn`` took to make it on the worker.
 4. Two shards sharing the GPU (first dose only; ``--no-two-shards`` skips it): the same N acquisitions
-   on ``LocalCUDACluster(CUDA_VISIBLE_DEVICES=[0, 0])`` (two CPU workers without a GPU), spread over both
+   on two plain worker processes sharing the GPU (dask-cuda refuses one device twice; two CPU workers without a GPU), spread over both
    shards by the default placement; the moving disk and new BF disks again, per acquisition, over one
    shard's (target within 10 %).
 
@@ -62,7 +62,7 @@ from compressed import full_read, poisson_counts, release
 from timing import latencies, timed
 
 import qgpu_dask as qd
-from qgpu_dask.device import array_module, cupy_or_none
+from qgpu_dask.device import array_module
 from qgpu_dask.io.saved import save_resident
 from qgpu_dask.resident import DenseCounts
 from qgpu_dask.resident.compressed import CompressedCounts
@@ -161,13 +161,9 @@ def acquisitions_data(xp, shape, dose: float, args, masks: dict, picks: list, fo
 
 
 def two_shard_service() -> qd.Service:
-    """Two workers sharing GPU 0 (LocalCUDACluster), or two CPU workers without a GPU."""
-    if cupy_or_none() is not None:
-        from dask_cuda import LocalCUDACluster
-
-        cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES=[0, 0], dashboard_address=":0")
-    else:
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    """Two worker processes sharing the GPU (plain workers: dask-cuda refuses one device twice), or two CPU
+    workers without a GPU."""
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     return qd.Service(Client(cluster, direct_to_workers=True), cluster=cluster)
 
 
