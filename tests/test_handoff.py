@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.service.handoff import HANDOFF_BYTES, REPLY_PREFIX, SHM, STALE, HandoffLost, Segment, fits, sweep, take, token
+from qgpu_dask.service.handoff import (HANDOFF_BYTES, POOL_PREFIX, POOL_SLOTS, REPLY_PREFIX, SHM, STALE, HandoffLost, Segment, fits,
+                                      pool_pid, sweep, take, token)
 from qgpu_dask.service.shard import Shard
 
 
@@ -56,7 +58,7 @@ def test_nested_reply_and_what_travelled(svc, names, rng):
     reply = raw(svc, acq.name, token())[0]
     assert isinstance(reply["big"], Segment) and isinstance(reply["pair"][1], Segment)  # at and above HANDOFF_BYTES
     assert isinstance(reply["pair"][0], np.ndarray) and isinstance(reply["objects"], np.ndarray)  # 8 bytes short, or objects
-    assert segments() - before == {reply["big"].name, reply["pair"][1].name}
+    assert {reply["big"].name, reply["pair"][1].name} <= pool_slots()  # written into the shard's kept slots
     taken = take(reply)
     assert segments() <= before
     expected = big_reply(acq, n)
@@ -91,11 +93,13 @@ def test_vanished_segment_is_a_clear_error_and_service_stays_usable(svc, names, 
     with pytest.raises(HandoffLost, match=reply[0]["big"].name):
         take(reply)
     assert segments() <= before  # the segment still there was taken all the same
-    assert (svc.submit(big_reply, acq, HANDOFF_BYTES // 8).result()["big"] == big_reply(acq, HANDOFF_BYTES // 8)["big"]).all()
+    for _ in range(2 * POOL_SLOTS):  # the shard drops the slot whose file went, and answers from the others
+        assert (svc.submit(big_reply, acq, HANDOFF_BYTES // 8).result()["big"] == big_reply(acq, HANDOFF_BYTES // 8)["big"]).all()
 
 
 def test_segments_no_client_took_are_swept(svc, names, rng):
     acq = svc.put(rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16), name=names())
+    held = [svc.submit(counted, acq, HANDOFF_BYTES // 4, k).result() for k in range(POOL_SLOTS)]  # every slot held: one-shot segments
     before = segments()
     reply = raw(svc, acq.name, token())[0]  # never taken: as if the client had died mid-call
     left = {reply["big"].name, reply["pair"][1].name}
@@ -106,6 +110,7 @@ def test_segments_no_client_took_are_swept(svc, names, rng):
         os.utime(SHM / name, (old, old))
     assert set(sweep()) >= left
     assert segments() <= before
+    assert all((a == counted(None, HANDOFF_BYTES // 4, k)).all() for k, a in enumerate(held))
     running = svc.client.run(lambda dask_worker: dask_worker.periodic_callbacks["qgpu-handoff-sweep"].is_running())
     assert all(running.values()) and len(running) == len(svc.state()["shards"])
 
@@ -130,3 +135,44 @@ def test_token_file_removed_at_exit_or_swept_once_its_client_was_killed():
 def test_room_rule():
     free = os.statvfs(SHM).f_bavail * os.statvfs(SHM).f_frsize
     assert fits(HANDOFF_BYTES) and not fits(free)  # a reply that would fill the free /dev/shm travels inline
+
+
+def pool_slots() -> set[str]:
+    return {n for n in os.listdir(SHM) if n.startswith(POOL_PREFIX)}
+
+
+def test_pool_slots_are_reused_only_once_taken_and_let_go(svc, names, rng):
+    """A shard writes large replies into slots it keeps; a slot whose array a client still holds is not
+    written again (other replies go to other slots, then to one-shot segments), and is reused once let go."""
+    acq = svc.put(rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16), name=names())
+    n = HANDOFF_BYTES // 4
+    held = [svc.submit(counted, acq, n, k).result() for k in range(POOL_SLOTS + 2)]  # more held than slots
+    for k, array in enumerate(held):
+        assert (array == counted(None, n, k)).all()  # none overwritten by a later reply
+    pid = owner_pid(svc, acq)
+    mine = {s for s in pool_slots() if pool_pid(s) == pid}
+    assert len(mine) == POOL_SLOTS  # no more slots than that: the last two replies went as one-shot segments
+    del held, array
+    gc.collect()
+    again = [svc.submit(counted, acq, n, 100 + k).result() for k in range(3)]
+    assert all((a == counted(None, n, 100 + k)).all() for k, a in enumerate(again))
+    assert {s for s in pool_slots() if pool_pid(s) == pid} == mine  # the same slots, reused
+
+
+def test_a_slot_taken_too_late_is_lost_not_another_reply(svc, names, rng):
+    acq = svc.put(rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16), name=names())
+    reply = raw(svc, acq.name, token())[0]
+    segment = reply["big"]
+    assert isinstance(segment, Segment) and segment.serial
+    stale = Segment(segment.name, segment.dtype, segment.shape, segment.serial + 1)
+    with pytest.raises(HandoffLost, match="hand-over"):
+        take({"x": stale})
+    assert (take(reply)["big"] == big_reply(acq, HANDOFF_BYTES // 8)["big"]).all()
+
+
+def counted(resident, n: int, k: int) -> np.ndarray:
+    return np.arange(n, dtype=np.uint32) + np.uint32(k)
+
+
+def owner_pid(svc, acq) -> int:
+    return svc.client.run(os.getpid, workers=[acq.owner])[acq.owner]

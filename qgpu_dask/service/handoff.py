@@ -11,6 +11,15 @@ client died or gave up mid-call) is unlinked by the sweep every shard runs and e
 runs, once it is ``STALE`` seconds old; so is the token of a client killed before it could remove it.
 Elsewhere (another host, a container with its own /dev/shm, a reply that would fill more than half of the
 free /dev/shm, ``QGPU_DASK_HANDOFF=0`` on the client) replies travel inline, as before.
+
+Writing into fresh /dev/shm pages costs more than the copy (the kernel allots and clears each page), so a
+shard keeps a few segments of its own, ``POOL_SLOTS`` files /dev/shm/qgpu-pool-<pid>-<hex> whose pages stay
+allotted, and writes a reply into one no client holds. The client maps it, takes a shared lock on it for as
+long as the array lives (the lock goes with the array, or with the client's process), and marks it taken; the
+shard reuses a slot only when it can lock it exclusively and it was taken (or handed more than ``STALE``
+seconds ago and never taken). Each hand-over has a serial number the client checks, so a reply taken that
+late is HandoffLost, never another reply's bytes. A shard's slots go when its process exits (or, if it was
+killed, with the sweep of any process on the host once no client holds them).
 """
 
 from __future__ import annotations
@@ -22,7 +31,10 @@ import mmap
 import os
 import re
 import time
+import struct
+import threading
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -32,6 +44,11 @@ import numpy as np
 SHM = Path("/dev/shm")
 CLIENT_PREFIX = "qgpu-client-"
 REPLY_PREFIX = "qgpu-reply-"
+POOL_PREFIX = "qgpu-pool-"
+POOL_SLOTS = 4  # segments a shard keeps allotted for replies
+SLOT_HEADER = 4096  # bytes before a slot's data: its state (HEADER), one page so the data stays page-aligned
+HEADER = struct.Struct("<BxxxxxxxQd")  # taken (0: the client has it, or never handed), serial, time handed
+MIN_SLOT = 8 << 20  # a slot holds at least this many bytes of data (a power of two above what it first holds)
 HANDOFF_BYTES = 1 << 20  # arrays at least this large are handed over; smaller ones cost less inline
 STALE = 60.0  # seconds after which a segment no client took is unlinked
 TOKEN = re.compile(re.escape(CLIENT_PREFIX) + "[0-9a-f]{32}")
@@ -48,9 +65,13 @@ class Segment:
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
+    serial: int = 0  # a pool slot's hand-over number (0: a one-shot segment, unlinked when taken)
 
     def taken(self) -> np.ndarray:
-        """The array, mapped from the segment (no copy), whose name is unlinked at once."""
+        """The array, mapped from the segment (no copy): a one-shot segment is unlinked at once; a pool slot is
+        locked (shared) while the array lives."""
+        if self.serial:
+            return self.from_slot()
         path = SHM / self.name
         fd = os.open(path, os.O_RDWR)
         try:
@@ -63,6 +84,26 @@ class Segment:
         finally:
             os.close(fd)
         return np.frombuffer(memory, self.dtype).reshape(self.shape)
+
+    def from_slot(self) -> np.ndarray:
+        """The array in a shard's pool slot, which stays locked (shared) until the array is collected."""
+        path = SHM / self.name
+        nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            memory = mmap.mmap(fd, SLOT_HEADER + nbytes, flags=mmap.MAP_SHARED)
+            _, serial, _ = HEADER.unpack_from(memory, 0)
+            if serial != self.serial:
+                memory.close()
+                raise HandoffLost(f"reply slot {path} holds hand-over {serial}, not {self.serial}: taken more than {STALE:.0f} s late")
+            memory[0] = 0  # taken: the shard may reuse the slot once this lock is gone
+        except BaseException:
+            os.close(fd)
+            raise
+        flat = np.frombuffer(memory, self.dtype, count=int(np.prod(self.shape)), offset=SLOT_HEADER)
+        weakref.finalize(flat, os.close, fd)  # the lock goes with the last view of the array
+        return flat.reshape(self.shape)
 
 
 def replaced(value: Any, kind: type, change: Callable[[Any], Any]) -> Any:
@@ -86,7 +127,14 @@ def sweep(stale: float = STALE) -> list[str]:
     except OSError:
         return gone
     for entry in entries:
-        if entry.name.startswith((REPLY_PREFIX, CLIENT_PREFIX)):
+        if entry.name.startswith(POOL_PREFIX) and not alive(pool_pid(entry.name)):
+            try:
+                if unlocked(entry.path):
+                    os.unlink(entry.path)
+                    gone.append(entry.name)
+            except OSError:
+                pass
+        elif entry.name.startswith((REPLY_PREFIX, CLIENT_PREFIX)):
             try:
                 if entry.stat().st_mtime < before and (entry.name.startswith(REPLY_PREFIX) or unlocked(entry.path)):
                     os.unlink(entry.path)
@@ -94,6 +142,27 @@ def sweep(stale: float = STALE) -> list[str]:
             except OSError:
                 pass  # taken or removed meanwhile, or another user's
     return gone
+
+
+def pool_pid(name: str) -> int:
+    """The process id in a pool slot's name (qgpu-pool-<pid>-<hex>)."""
+    try:
+        return int(name[len(POOL_PREFIX) :].split("-", 1)[0])
+    except ValueError:
+        return -1
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def unlocked(path: str) -> bool:
@@ -161,6 +230,7 @@ class Handoff:
 
     def __init__(self):
         self.shared: dict[str, bool] = {}
+        self.pool = Pool()
 
     def shares(self, token: str) -> bool:
         """Whether the client of ``token`` shares this process's /dev/shm: its token file is there, made by this
@@ -185,7 +255,7 @@ class Handoff:
             return reply
         written: list[str] = []
         try:
-            return replaced(reply, np.ndarray, lambda a: written_segment(a, written) if handed(a) else a)
+            return replaced(reply, np.ndarray, lambda a: (self.pool.give(a) or written_segment(a, written)) if handed(a) else a)
         except OSError as err:
             for name in written:
                 (SHM / name).unlink(missing_ok=True)
@@ -221,3 +291,95 @@ def written_segment(array: np.ndarray, written: list[str]) -> Segment:
     finally:
         os.close(fd)
     return Segment(name, array.dtype, array.shape)
+
+
+class Slot:
+    """One segment of a shard's pool: its file (kept open: the shard's exclusive lock is taken on it), mapping
+    and data capacity."""
+
+    def __init__(self, capacity: int):
+        self.name = f"{POOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+        self.capacity = capacity
+        self.fd = os.open(SHM / self.name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.posix_fallocate(self.fd, 0, SLOT_HEADER + capacity)  # every page allotted now (ENOSPC here, not SIGBUS later)
+            self.memory = mmap.mmap(self.fd, SLOT_HEADER + capacity, flags=mmap.MAP_SHARED)
+        except BaseException:
+            os.close(self.fd)
+            (SHM / self.name).unlink(missing_ok=True)
+            raise
+        self.serial = 0
+
+    def free(self) -> bool:
+        """Whether no client holds the slot and its last reply was taken (or never will be): then it stays locked
+        (exclusive) until ``fill`` lets it go."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        waiting, _, handed_at = HEADER.unpack_from(self.memory, 0)
+        if waiting and time.time() - handed_at < STALE:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            return False
+        return True
+
+    def gone(self) -> bool:
+        """Whether the slot's file was unlinked (by hand, or a sweep that took this process for dead)."""
+        return os.fstat(self.fd).st_nlink == 0
+
+    def fill(self, array: np.ndarray) -> Segment:
+        """``array``'s bytes in the slot (locked by ``free``), handed over under a new serial; the lock is let go."""
+        try:
+            view = np.frombuffer(self.memory, array.dtype, count=array.size, offset=SLOT_HEADER).reshape(array.shape)
+            np.copyto(view, array)
+            self.serial += 1
+            HEADER.pack_into(self.memory, 0, 1, self.serial, time.time())
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        return Segment(self.name, array.dtype, array.shape, self.serial)
+
+    def close(self) -> None:
+        self.memory.close()
+        os.close(self.fd)
+        (SHM / self.name).unlink(missing_ok=True)
+
+
+class Pool:
+    """A shard's reply slots: at most POOL_SLOTS, made as replies need them and kept while the process lives."""
+
+    def __init__(self):
+        self.slots: list[Slot] = []
+        self.lock = threading.Lock()  # the event loop and the query threads both reply
+        atexit.register(self.close)
+
+    def give(self, array: np.ndarray) -> Segment | None:
+        """``array`` written to a free slot that holds it (a new one while there are fewer than POOL_SLOTS, or one
+        too small replaced); None when every slot is in use."""
+        nbytes = array.nbytes
+        with self.lock:
+            for slot in [s for s in self.slots if s.gone()]:  # its file was removed: no client could open it
+                slot.close()
+                self.slots.remove(slot)
+            for slot in self.slots:
+                if slot.capacity >= nbytes and slot.free():
+                    return slot.fill(np.ascontiguousarray(array))
+            if len(self.slots) >= POOL_SLOTS:
+                small = next((s for s in self.slots if s.capacity < nbytes and s.free()), None)
+                if small is None:
+                    return None
+                small.close()
+                self.slots.remove(small)
+            try:
+                slot = Slot(max(MIN_SLOT, 1 << (nbytes - 1).bit_length()))
+            except OSError:
+                return None  # no room in /dev/shm for another slot: a one-shot segment, or inline
+            if not slot.free():
+                raise HandoffLost(f"a new reply slot {slot.name} could not be locked")
+            self.slots.append(slot)
+            return slot.fill(np.ascontiguousarray(array))
+
+    def close(self) -> None:
+        with self.lock:
+            for slot in self.slots:
+                slot.close()
+            self.slots.clear()
