@@ -295,11 +295,7 @@ def main() -> int:
     results["checks_passed"] = all(checks.values())
 
     path = record.write(args.out.stem, results, args.out.parent) if args.out else record.write(f"compressed_{device}", results)
-    print("\n".join(["", *table(results), "", f"results: {path}"]))
-    if not results["checks_passed"]:
-        print("CHECK FAILED:", [k for k, v in checks.items() if not v])
-        return 1
-    return 0
+    return record.reported(path, table(results), checks)
 
 
 if __name__ == "__main__":

@@ -78,3 +78,12 @@ def publish(name: str, results: dict) -> Path:
         print(f"{key}: {value}")
     print(f"wrote {out}")
     return out
+
+
+def reported(path: Path, lines: list[str], checks: dict[str, bool]) -> int:
+    """Print a run's readable lines and where its JSON went; the exit status: 1 (naming them) if a check failed."""
+    print("\n".join(["", *lines, "", f"results: {path}"]))
+    if not all(checks.values()):
+        print("CHECK FAILED:", [k for k, v in checks.items() if not v])
+        return 1
+    return 0

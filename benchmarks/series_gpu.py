@@ -58,7 +58,7 @@ from distributed import Client, LocalCluster
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record
-from compressed import full_read, poisson_counts, release
+from compressed import full_read, mark, poisson_counts, release
 from timing import latencies, timed
 
 import qgpu_dask as qd
@@ -311,10 +311,6 @@ def targets_met(entry: dict) -> dict[str, bool]:
     return out
 
 
-def mark(ok: bool) -> str:
-    return "ok" if ok else "MISS"
-
-
 def table(results: dict) -> list[str]:
     """Readable lines, one block per dose, with the targets."""
     t = TARGETS
@@ -401,11 +397,7 @@ def main() -> int:
     results["checks_passed"] = all(checks.values())
 
     path = record.write("series_gpu", results)
-    print("\n".join(["", *table(results), "", f"results: {path}"]))
-    if not results["checks_passed"]:
-        print("CHECK FAILED:", [k for k, v in checks.items() if not v])
-        return 1
-    return 0
+    return record.reported(path, table(results), checks)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,24 @@ def cupy_available() -> bool:
         return False
 
 
+BACKENDS = [pytest.param("cpu", id="cpu"),
+            pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
+
+
+def module(backend: str):
+    """The array module of a BACKENDS parameter: NumPy, or CuPy (residents on the GPU)."""
+    if backend == "cpu":
+        return np
+    import cupy
+
+    return cupy
+
+
+def host(a) -> np.ndarray:
+    """A NumPy view or copy of a NumPy or CuPy array."""
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
 def make_service(backend: str, n_workers: int = 3, budget: str | None = "256 MiB") -> qd.Service:
     env = {"QGPU_DASK_CPU": "1"} if backend == "cpu" else {}
     cluster = LocalCluster(

@@ -12,14 +12,14 @@ from qgpu_dask.formats import container
 from qgpu_dask.formats import groups as fmt
 from qgpu_dask.formats.groups import BAND, GROUP_BLOCK
 from qgpu_dask.io.saved import open_resident, save_resident
-from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.cpu import groups as cpu_groups
 from qgpu_dask.resident.groups import GroupIndex, decompose, geometry_for
 from qgpu_dask.resident.live import LiveCounts
 from qgpu_dask.resident.base import kernels_for
 from qgpu_dask.resident.masks import mask_weights
 
-from conftest import cupy_available
+from conftest import BACKENDS, host, module
+from test_compressed import encode
 
 SHAPES = [(17, 17), (257, 257), (130, 128)]
 
@@ -43,24 +43,9 @@ def center(geometry) -> tuple[float, float]:
     return geometry.cy2 / 2, geometry.cx2 / 2
 
 
-def encode(counts: np.ndarray, xp=np) -> CompressedCounts:
-    return CompressedCounts.encode("t", xp.asarray(counts.reshape(counts.shape[0] * counts.shape[1], -1)), counts.shape)
 
 
-def module(backend: str):
-    if backend == "cpu":
-        return np
-    import cupy
 
-    return cupy
-
-
-def host(a) -> np.ndarray:
-    return np.asarray(a.get() if hasattr(a, "get") else a)
-
-
-BACKENDS = [pytest.param("cpu", id="cpu"),
-            pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
 
 
 def reference(counts: np.ndarray, masks: np.ndarray) -> np.ndarray:

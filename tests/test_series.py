@@ -9,23 +9,11 @@ import qgpu_dask as qd
 from qgpu_dask.resident.masks import mask_weights
 from qgpu_dask.resident.series import SeriesSums
 
-from conftest import cupy_available
+from conftest import BACKENDS, host, module
 from test_compressed import corrupt, encode
 
-BACKENDS = [pytest.param("cpu", id="cpu"),
-            pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
 
 
-def module(backend: str):
-    if backend == "cpu":
-        return np
-    import cupy
-
-    return cupy
-
-
-def host(a) -> np.ndarray:
-    return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
 def reference(counts: np.ndarray, masks: np.ndarray) -> np.ndarray:

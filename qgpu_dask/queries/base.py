@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar
 
 import cloudpickle
+import numpy as np
 
 from ..resident import Resident
 
@@ -111,6 +114,23 @@ class Query:
     def single(self, result: Any) -> Any:
         """An acquisition's result from that of a series of one."""
         return result[0]
+
+
+LANES = min(8, os.cpu_count() or 1)  # threads a client assembles a series result with (made on first use)
+ASSEMBLERS = ThreadPoolExecutor(LANES, thread_name_prefix="qgpu-assemble")
+
+
+def placed(out: np.ndarray, rows: list[tuple[int, np.ndarray]]) -> None:
+    """``out[i] = row`` for every (i, row), the copies spread over a few threads (NumPy lets the GIL go while
+    it copies): a series result assembled from several shards' replies is tens of MiB written."""
+    def put(share: list[tuple[int, np.ndarray]]) -> None:
+        for i, row in share:
+            out[i] = row
+
+    if len(rows) < 2 or LANES < 2:
+        put(rows)
+        return
+    list(ASSEMBLERS.map(put, [rows[j::LANES] for j in range(LANES)]))
 
 
 def ordered(replies: list, positions: list[list[int]]) -> list:

@@ -23,7 +23,7 @@ from ..resident.base import Plan
 from ..resident.compressed import CompressedCounts
 from ..resident.masks import MaskWeights, as_mask_stack
 from ..resident.series import SeriesSums
-from .base import Context, Kept, Query, register
+from .base import Context, Kept, Query, placed, register
 
 STACK_BYTES = 256 * 2**20
 PLANS = 512
@@ -214,6 +214,5 @@ class VirtualImages(Query):
             out = parts[0][1]
         else:
             out = np.empty((n,) + parts[0][1].shape[1:], dtype=acc)
-            for where, images in parts:
-                out[where] = images
+            placed(out, [(i, images[k]) for where, images in parts for k, i in enumerate(where)])
         return out[:, 0] if self.one else out
