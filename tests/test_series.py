@@ -131,3 +131,13 @@ def test_members_of_other_index_centres_share_one_pass(rng, backend):
         got = host(run())
         for a, c in enumerate(counts):
             assert (got[a] == reference(c, masks).astype(weights.acc_dtype)).all(), a
+
+
+def test_info_names_the_index_centre(svc, names, rng):
+    counts = rng.poisson(0.02, (8, 9, 16, 16)).astype(np.uint16)  # a faint background: the disk sets the centroid
+    counts[:, :, 3:8, 9:14] += rng.poisson(6.0, (8, 9, 5, 5)).astype(np.uint16)
+    acq = svc.put(counts, name=names(), layout="compressed")
+    cy, cx = acq.info()["index_center"]
+    assert abs(cy - 5) <= 0.5 and abs(cx - 11) <= 0.5  # the bright disk's centroid, to the half pixel
+    disk = qd.masks.disk((16, 16), (cy, cx), 3)
+    assert (acq.virtual_image(disk) == reference(counts, disk[None])[0].reshape(8, 9)).all()

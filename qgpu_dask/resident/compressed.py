@@ -204,6 +204,7 @@ class CompressedCounts(Resident):
             "format": codec.FORMAT,
             "block": self.block,
             "index_bytes": self.groups.nbytes,
+            "index_center": [c / 2 for c in self.groups.center],  # (row, col): masks centred here read whole rings
             "ratio": self.raw_bytes / max(self.nbytes, 1),
             "entropy_bytes": entropy,
             "bound_ratio": self.nbytes / entropy if entropy else None,
