@@ -2,7 +2,8 @@
 
 One unit cell thick (3.9 A), 4 x 4 cells scanned on 40 x 40 positions, 300 kV,
 20 mrad, defocus and twofold astigmatism known, Poisson noise of 1e5
-electrons per position. abTEM indexes arrays (x, y): its x is our row axis,
+electrons per position (the potential at 0.08 A: enough for these tests, a third
+of the time of the 0.05 A the finer tests below use). abTEM indexes arrays (x, y): its x is our row axis,
 so its azimuth is measured from our rows and phi12 maps to pi/2 - phi12 here
 (C10 and |C12| are the same). The simulation is cached in the session's
 temporary directory.
@@ -23,27 +24,30 @@ A = 3.905  # SrTiO3 lattice constant, A
 CELLS, POSITIONS = 4, 40
 STEP = CELLS * A / POSITIONS
 ABERRATIONS = {"C10": -60.0, "C12": 20.0, "phi12": 0.5}  # abTEM's frame
+FINE, QUICK = 0.05, 0.08  # A per potential pixel: the object's detail, or waves to 120 mrad (three times the
+# 40 mrad detector), enough for calibration, the fit and SSB on the scan grid at a third of the time
 
 
-def srtio3(abtem):
-    """abTEM's potential of the 4 x 4 cells (one cell thick) and the probe (300 kV, 20 mrad, ABERRATIONS), on the CPU."""
+def srtio3(abtem, sampling: float = FINE):
+    """abTEM's potential of the 4 x 4 cells (one cell thick) at ``sampling`` A, and the probe (300 kV, 20 mrad,
+    ABERRATIONS), on the CPU."""
     from ase import Atoms
 
     abtem.config.set({"device": "cpu"})
     cell = Atoms("SrTiO3", scaled_positions=[(0, 0, 0), (0.5, 0.5, 0.5), (0.5, 0.5, 0), (0.5, 0, 0.5), (0, 0.5, 0.5)],
                  cell=[A, A, A], pbc=True)
-    potential = abtem.Potential(cell * (CELLS, CELLS, 1), sampling=0.05, slice_thickness=A / 2, projection="infinite")
+    potential = abtem.Potential(cell * (CELLS, CELLS, 1), sampling=sampling, slice_thickness=A / 2, projection="infinite")
     return potential, abtem.Probe(energy=300e3, semiangle_cutoff=20, aberrations=ABERRATIONS)
 
 
-def simulated(tmp_path_factory, positions: int) -> tuple[np.ndarray, float, np.ndarray]:
+def simulated(tmp_path_factory, positions: int, sampling: float = FINE) -> tuple[np.ndarray, float, np.ndarray]:
     """(counts (positions, positions, 65, 65) uint32, abTEM's detector sampling in mrad, abTEM's projected
     potential in V A) of the 4 x 4 cells scanned on positions x positions, cached for the session."""
     abtem = pytest.importorskip("abtem")
 
-    cache = tmp_path_factory.getbasetemp() / f"abtem-srtio3-{positions}.npz"
+    cache = tmp_path_factory.getbasetemp() / f"abtem-srtio3-{positions}-{sampling}.npz"
     if not cache.exists():
-        potential, probe = srtio3(abtem)
+        potential, probe = srtio3(abtem, sampling)
         scan = abtem.GridScan(start=(0, 0), end=(CELLS * A, CELLS * A), gpts=(positions, positions), endpoint=False)
         measured = probe.scan(potential, scan=scan, detectors=abtem.PixelatedDetector(max_angle=40)).compute()
         projected = potential.project().compute()
@@ -57,7 +61,7 @@ def simulated(tmp_path_factory, positions: int) -> tuple[np.ndarray, float, np.n
 @pytest.fixture(scope="session")
 def strontium_titanate(tmp_path_factory):
     """(counts (40, 40, 65, 65) uint32, abTEM's detector sampling in mrad, sigma V_proj on the scan grid)."""
-    counts, sampling_mrad, projected = simulated(tmp_path_factory, POSITIONS)
+    counts, sampling_mrad, projected = simulated(tmp_path_factory, POSITIONS, QUICK)
     return counts, sampling_mrad, interaction_constant(300e3) * on_grid(projected, POSITIONS)
 
 
