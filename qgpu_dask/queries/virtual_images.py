@@ -202,11 +202,11 @@ class VirtualImages(Query):
             plans.append(cache.plan([r.name], digest, lambda r=r: r.plan_virtual_images(prepared(r))))
         images = run_together(plans)
         acc = prepared(residents[0]).acc_dtype
-        return {"acc": acc.str, "parts": [(p, im if len(p) > 1 or im.ndim == 4 else im[None]) for p, im in zip(places, images)]}
+        return {"acc": acc.str, "parts": [(p, im if im.ndim == 4 else im[None]) for p, im in zip(places, images)]}
 
     def merge(self, replies: list[dict], positions: list[list[int]]) -> np.ndarray:
-        """The images in series order, as the sums' dtype (a part may come narrower); one shard's reply holding
-        the whole series in order, in that dtype already, is the result as it came."""
+        """The images in series order, in the first reply's sums' dtype; one shard's reply holding the whole
+        series in order, in that dtype, is the result as it came (no copy)."""
         parts = [(np.asarray(where)[places], images) for reply, where in zip(replies, positions) for places, images in reply["parts"]]
         acc = np.dtype(replies[0]["acc"])
         n = sum(map(len, positions))

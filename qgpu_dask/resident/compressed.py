@@ -121,13 +121,16 @@ class CompressedCounts(Resident):
         return int(sum(p.nbytes for p in parts)) + self.groups.nbytes
 
     def prepare_mask_sums(self, masks: MaskWeights) -> Callable:
-        series = self.series()
-        plan = series.plan(masks)
+        plan = self.series().plan(masks)
+
+        def launch() -> Callable:
+            finish = plan.launch()
+            return lambda: finish()[0]
 
         def run():
-            return plan()[0]
+            return launch()()
 
-        run.launch = lambda: (lambda finish: lambda: finish()[0])(plan.launch())
+        run.launch = launch
         run.decoded_pixels = plan.decoded_pixels
         return run
 
