@@ -1,9 +1,10 @@
 """Client round trip of tiny queries, large replies with and without the handoff through /dev/shm, and a
 series query on 2 shards against 1.
 
-Baselines measured in the same run: a plain ``client.submit`` round trip and a
-call of the same shard actor through Dask's public ``Actor`` handle (which
-goes through the scheduler's proxy unless the client is direct).
+Calls go through the shard's local lane (``service/lane.py``). Baselines measured in the same run: the same
+calls through Dask's comm (the worker's ``actor_execute``, as the client sends them when it has no lane), a
+plain ``client.submit`` round trip and a call of the same shard actor through Dask's public ``Actor``
+handle (which goes through the scheduler's proxy unless the client is direct).
 
     python benchmarks/service_overhead.py              # CPU workers (or GPU: shards share GPU 0)
     python benchmarks/service_overhead.py --scan 256 256 --det 192 192   # GPU machine: 4.8 GB acquisitions
@@ -25,6 +26,8 @@ from distributed.actor import Actor
 
 import qgpu_dask as qd
 from qgpu_dask.device import has_gpu
+from qgpu_dask.service.calls import call_async
+from qgpu_dask.service.handoff import token
 from qgpu_dask.service.shard import Shard, shard_key
 
 import record
@@ -45,14 +48,24 @@ def round_trips(n: int) -> dict:
         proxied = Client(svc.client.scheduler.address, direct_to_workers=False)
         actor = Actor(Shard, owner, shard_key(owner))
         actor._client, actor._future = proxied, None
+        router = svc.router
+
+        def through_dask(method: str, *args, **kwargs):
+            return router.on_loop(call_async(router.pool, owner, shard_key(owner), method, *args, **kwargs)).result()
+
         result = {
-            "noop_shard_call": latencies(lambda: svc.router.call(owner, Shard.ping).result(), n),
+            "noop_shard_call": latencies(lambda: router.call(owner, Shard.ping).result(), n),
+            "baseline_noop_through_dask_comm": latencies(lambda: through_dask("ping"), n),
+            "frame_ask": latencies(lambda: router.call(owner, Shard.ask, "frame", ["tiny"], 1, 2, handoff=token()).result(), n),
+            "baseline_frame_ask_through_dask_comm": latencies(lambda: through_dask("ask", "frame", ["tiny"], 1, 2, handoff=token()), n),
             "tiny_virtual_image": latencies(lambda: tiny.virtual_image(mask), n),
             "tiny_frame": latencies(lambda: tiny.frame(1, 2), n),
             "baseline_actor_via_scheduler_proxy": latencies(lambda: actor.ping().result(), n),
             "baseline_client_submit": latencies(lambda: svc.client.submit(int, 1, pure=False).result(), n // 4),
         }
         proxied.close()
+    result["lane_over_dask_comm"] = {"noop": result["noop_shard_call"]["p50_ms"] / result["baseline_noop_through_dask_comm"]["p50_ms"],
+                                     "frame_ask": result["frame_ask"]["p50_ms"] / result["baseline_frame_ask_through_dask_comm"]["p50_ms"]}
     return result
 
 
@@ -173,6 +186,9 @@ def main() -> None:
     path = record.write(f"service_overhead_{results['device']}", results)
     rt = results["round_trip"]
     for k, v in rt.items():
+        if k == "lane_over_dask_comm":
+            print(f"lane / Dask comm, p50: no-op {v['noop']:.2f}, frame ask {v['frame_ask']:.2f}")
+            continue
         print(f"{k:<38} p50 {v['p50_ms']:7.3f} ms   p95 {v['p95_ms']:7.3f} ms")
     for size, t in results["large_replies"].items():
         print(f"reply of {size:<7} handoff {t['handoff_ms']:7.2f} ms   inline (TCP) {t['inline_ms']:7.2f} ms")

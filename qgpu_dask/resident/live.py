@@ -109,12 +109,14 @@ class LiveCounts(Resident):
 
     def make_room(self, n: int) -> None:
         """Grow the payload, before any frame is added, to hold the most that coding ``n`` more frames can
-        write (every held frame raw, plus a padding byte per stream), so an append either fits or changes nothing."""
+        write (every held frame raw, plus a padding byte per stream), so an append either fits or changes
+        nothing; the budget is asked for that growth and for the most their group index pieces can take (held
+        apart from the payload)."""
         held = self.received + n - self.coded
-        worst = held * self.frame_len * self.dtype.itemsize + (held // codec.MIN_BLOCK + 1) * self.frame_len + worst_bytes(self.det_shape, held)
-        if self.payload_bytes + worst > self.payload.size:
-            size = max(2 * self.payload.size, self.payload_bytes + worst)
-            self.room(size - self.payload.size)
+        worst = held * self.frame_len * self.dtype.itemsize + (held // codec.MIN_BLOCK + 1) * self.frame_len
+        size = max(2 * self.payload.size, self.payload_bytes + worst) if self.payload_bytes + worst > self.payload.size else self.payload.size
+        self.room(size - self.payload.size + worst_bytes(self.det_shape, held))
+        if size > self.payload.size:
             grown = self.xp.zeros(size, np.uint8)
             grown[: self.payload_bytes] = self.payload[: self.payload_bytes]
             self.payload = grown

@@ -14,6 +14,7 @@ from distributed import Client
 from ..queries.base import Query, UnknownQuery, built_in, wire_name
 from .calls import call_async, shard_pool
 from .handoff import take, token
+from .lane import Lane
 from .placement import place
 from .shard import Shard, shard_key
 
@@ -32,6 +33,7 @@ class Router:
         self.check_open = check_open
         self.owners: dict[str, str] = {}  # the owner last seen of each acquisition name
         self.pool = shard_pool(client)
+        self.lanes: dict[str, Lane | None] = {}  # each shard's local lane (None: it has none this client can reach)
 
     def on_loop(self, coroutine) -> concurrent.futures.Future:
         """Run ``coroutine`` on the client's event loop; a thread-safe future of its result."""
@@ -47,8 +49,30 @@ class Router:
         return self.on_loop(self.send(address, method, *args, **kwargs))
 
     async def send(self, address: str, method: Callable, *args, **kwargs) -> Any:
-        """Call shard method ``method`` on worker ``address`` (on the client's event loop)."""
+        """Call shard method ``method`` on worker ``address`` (on the client's event loop): ``ask`` and ``ping``
+        through the shard's local lane where this client can reach it (``lane.py``), the rest through Dask."""
+        if method in (Shard.ask, Shard.ping):
+            lane = await self.lane(address)
+            if lane is not None:
+                try:
+                    return await lane.call(method.__name__, *args, **kwargs)
+                except ConnectionResetError:
+                    self.lanes.pop(address, None)  # looked up again next time (a new worker at this address has another)
+                    raise
         return await call_async(self.pool, address, shard_key(address), method.__name__, *args, **kwargs)
+
+    async def lane(self, address: str) -> Lane | None:
+        """The local lane of the shard on ``address``, asked of it (through Dask) the first time."""
+        if address not in self.lanes:
+            self.lanes[address] = await Lane.opened(await call_async(self.pool, address, shard_key(address), "lane"))
+        return self.lanes[address]
+
+    async def close(self) -> None:
+        """Close the connections to the lanes."""
+        for lane in self.lanes.values():
+            if lane is not None:
+                lane.close()
+        self.lanes.clear()
 
     def ask(self, query: Query, names: list[str]) -> concurrent.futures.Future:
         """``query`` on the acquisitions ``names``: one ``Shard.ask`` per owning shard (a user's query type is

@@ -135,6 +135,7 @@ class Service:
         self.closed = True
         if self.client.status == "running":
             self.client.sync(self.router.pool.close)
+            self.client.sync(self.router.close)
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()

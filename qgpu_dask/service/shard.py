@@ -6,7 +6,9 @@ shard hands real work to its own threads (one for queries, two for loads, each
 with its own CUDA stream on a GPU), so a long load never blocks a short query
 and the event loop stays free to receive the next call. Queries that read at
 most ``INLINE_BYTES`` (a frame, a tiny acquisition) run on the loop itself: the
-hop to a thread and back would cost more than they do.
+hop to a thread and back would cost more than they do. A client on this host
+sends ``ask`` and ``ping`` over the shard's local lane instead (``lane.py``),
+whose threads call ``ask_here``: there such queries run on the lane's thread.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..resident.compressed import check_layout
 from ..resident.live import LiveCounts, start_bytes
 from .budget import Budget
 from .handoff import STALE, Handoff, sweep
+from .lane import LaneServer
 from .layout import check_saved, held_as, planned
 
 
@@ -70,6 +73,7 @@ class Shard:
             sweeps = PeriodicCallback(sweep, STALE / 2 * 1000)
             self.worker.periodic_callbacks["qgpu-handoff-sweep"] = sweeps
             self.worker.loop.add_callback(sweeps.start)
+        self.lane_server = LaneServer.started({"ask": self.ask_here, "ping": lambda: None})
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -82,6 +86,10 @@ class Shard:
 
     async def ping(self) -> None:
         """Nothing: the cheapest round trip, for measuring call overhead."""
+
+    async def lane(self) -> str | None:
+        """The name of this shard's local lane (``lane.py``), for clients on its host; None where it has none."""
+        return None if self.lane_server is None else self.lane_server.name
 
     async def info(self) -> dict:
         """Device, budget, bytes held and the residents of this shard, and the bytes its queries keep
@@ -114,6 +122,24 @@ class Shard:
         ``run(ctx, residents, *args)``, on the event loop when it reads little, else on its thread.
         Large arrays of the reply are handed over in /dev/shm to a client on this host (``handoff``, its
         token: ``handoff.py``). UnknownQuery for a user's query type not sent here yet (``learn``)."""
+        query, answer, pool = self.asked(name, names, args, handoff)
+        reply = answer() if pool is None else await self.on(pool, answer)
+        if query.settles:
+            for n in names:  # worker-side code may have appended the last frames of live ones (should this fail,
+                await self.settle(n)  # the sweep unlinks the reply's segments)
+        return reply
+
+    def ask_here(self, name: str, names: list[str], *args, handoff: str | None = None) -> Any:
+        """``ask`` from the local lane's thread (``lane.py``): a query that reads little runs on that thread, not
+        the event loop (the hop there and back would cost more than it does), the rest as ``ask`` runs them."""
+        query, answer, pool = self.asked(name, names, args, handoff)
+        if query.settles:
+            return asyncio.run_coroutine_threadsafe(self.ask(name, names, *args, handoff=handoff), self.worker.loop.asyncio_loop).result()
+        return answer() if pool is None else pool.submit(answer).result()
+
+    def asked(self, name: str, names: list[str], args: tuple, handoff: str | None) -> tuple[type[Query], Callable[[], Any], ThreadPoolExecutor | None]:
+        """The query ``name``, its answer on ``names`` and the pool it runs on (None: where it is asked, as it
+        reads at most INLINE_BYTES)."""
         query = self.learned.get(name) or (lookup(name) if "@" not in name else None)
         if query is None:
             raise UnknownQuery(name)
@@ -123,13 +149,8 @@ class Shard:
             return self.handoff.give(query.run(self.ctx, on, *args), handoff)
 
         if query.inline and query.reads(on, *args) <= INLINE_BYTES:
-            reply = answer()
-        else:
-            reply = await self.on(self.loads if query.thread == "load" else self.queries, answer)
-        if query.settles:
-            for n in names:  # worker-side code may have appended the last frames of live ones (should this fail,
-                await self.settle(n)  # the sweep unlinks the reply's segments)
-        return reply
+            return query, answer, None
+        return query, answer, self.loads if query.thread == "load" else self.queries
 
     async def learn(self, name: str, query: type[Query]) -> None:
         """Know a user's query type, sent pickled by the client that asked for it, by the client's wire name."""
