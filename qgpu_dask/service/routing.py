@@ -25,6 +25,15 @@ class AcquisitionLost(RuntimeError):
     """An acquisition's shard was lost and no surviving shard could hold it again."""
 
 
+async def returned(call: Awaitable) -> Any:
+    """What ``call`` returns, or the exception it raises (``gather(..., return_exceptions=True)`` of one call,
+    without the task that gather makes)."""
+    try:
+        return await call
+    except Exception as err:
+        return err
+
+
 class Router:
     """One client's calls to the shards: the owner last seen of each acquisition, and the connections."""
 
@@ -105,7 +114,8 @@ class Router:
             groups: dict[str, list[int]] = {}
             for i in todo:
                 groups.setdefault(self.owners[names[i]], []).append(i)
-            outcomes = await asyncio.gather(*(send(o, [names[i] for i in idx]) for o, idx in groups.items()), return_exceptions=True)
+            calls = [send(o, [names[i] for i in idx]) for o, idx in groups.items()]
+            outcomes = [await returned(calls[0])] if len(calls) == 1 else await asyncio.gather(*calls, return_exceptions=True)
             todo = []
             for (owner, idx), outcome in zip(groups.items(), outcomes):
                 if not isinstance(outcome, BaseException):
