@@ -53,12 +53,6 @@ def make_service(backend: str, n_workers: int = 3, budget: str | None = "256 MiB
     return qd.Service(client, budget=budget, cluster=cluster)
 
 
-BACKENDS = [
-    "cpu",
-    pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")]),
-]
-
-
 @pytest.fixture(scope="session", params=BACKENDS)
 def svc(request):
     service = make_service(request.param)

@@ -12,10 +12,8 @@ from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.dense import DenseCounts
 from qgpu_dask.resident.feed import SPAN_BYTES, span_frames
 
-from conftest import cupy_available
+from conftest import BACKENDS
 from test_compressed import corrupt
-
-BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
 
 
 def residents(counts: np.ndarray, backend: str) -> list:

@@ -25,10 +25,9 @@ from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.dense import DenseCounts
 from qgpu_dask.resident.live import PROBE, LiveCounts
 
-from conftest import cupy_available
+from conftest import BACKENDS
 from qgpu_dask.samples import write_arina
 
-BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
 PIECES = (1, 7, 300, 5, 700, 0, 3, 2000)  # across the probe (256 frames) and several codec blocks
 
 
