@@ -75,10 +75,10 @@ def test_container_round_trip(tmp_path, rng):
         assert (back[name] == a).all()
         assert back[name].flags.writeable
     for entry in header["arrays"]:
-        assert entry["offset"] % 64 == 0
+        assert entry["offset"] % 4096 == 0
 
     raw = path.read_bytes()
-    assert raw[:8] == b"QGPURES\x00" and struct.unpack_from("<I", raw, 8)[0] == 2
+    assert raw[:8] == b"QGPURES\x00" and struct.unpack_from("<I", raw, 8)[0] == 3
     length = struct.unpack_from("<I", raw, 12)[0]
     assert hashlib.sha256(raw[16 : 16 + length]).digest() == raw[16 + length : 48 + length]
     container.write(tmp_path / "again.qgpu", {k: v for k, v in header.items() if k != "arrays"}, back)
@@ -105,8 +105,8 @@ def test_container_refuses_damage(tmp_path, rng):
     with pytest.raises(ValueError, match="truncated"):
         container.read(path)
 
-    path.write_bytes(raw[:8] + struct.pack("<I", 1) + raw[12:])
-    with pytest.raises(ValueError, match=r"format version 1 is not supported \(this qgpu-dask reads version 2\): save it again from its source"):
+    path.write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
+    with pytest.raises(ValueError, match=r"format version 2 is not supported \(this qgpu-dask reads version 3\): save it again from its source"):
         container.read(path)
 
     header = bytearray(raw)
@@ -205,7 +205,7 @@ def test_damaged_files_refused(svc, names, rng, tmp_path, layout):
     entries = {a["name"]: a for a in container.read_header(path)["arrays"]}
     target = "payload" if layout == "compressed" else "counts"
 
-    refused = [names("flipped"), names("v1"), names("short")]
+    refused = [names("flipped"), names("v2"), names("short")]
 
     flipped = bytearray(raw)
     flipped[entries[target]["offset"] + entries[target]["nbytes"] // 2] ^= 0x04
@@ -214,9 +214,9 @@ def test_damaged_files_refused(svc, names, rng, tmp_path, layout):
         svc.load(tmp_path / "flipped.qgpu", name=refused[0])
     still_usable(svc, names, rng)
 
-    (tmp_path / "v1.qgpu").write_bytes(raw[:8] + struct.pack("<I", 1) + raw[12:])
-    with pytest.raises(ValueError, match="saved resident format version 1 is not supported .* save it again from its source"):
-        svc.load(tmp_path / "v1.qgpu", name=refused[1])
+    (tmp_path / "v2.qgpu").write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
+    with pytest.raises(ValueError, match="saved resident format version 2 is not supported .* save it again from its source"):
+        svc.load(tmp_path / "v2.qgpu", name=refused[1])
 
     (tmp_path / "short.qgpu").write_bytes(raw[:-3])
     with pytest.raises(ValueError, match=r"is truncated: array '\w+' ends past the end of the file"):
