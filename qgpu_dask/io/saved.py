@@ -71,9 +71,14 @@ def compressed_bytes(meta: dict) -> int:
 
 def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = None) -> Resident:
     """The resident saved at ``path``, named ``name``, its arrays on the device of ``xp`` (default: this process's)."""
+    return resident_from(name, path, *container.read(path), xp)
+
+
+def resident_from(name: str, path: str | os.PathLike, meta: dict, arrays: dict[str, np.ndarray], xp: ModuleType | None = None) -> Resident:
+    """The resident of a saved file's header and arrays as ``container.read`` gives them (read and checked
+    first, so a damaged file is refused before anything else is done), on the device of ``xp``."""
     xp = xp or array_module()
     where = os.fspath(path)
-    meta, arrays = container.read(path)
     layout = meta["layout"]
     wanted = (DENSE_KEY,) if layout == "dense" else MODEL_KEYS + STREAM_KEYS + GROUP_KEYS
     missing = [k for k in wanted if k not in arrays]

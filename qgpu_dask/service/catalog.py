@@ -6,7 +6,9 @@ below, and it sees workers come and go. An acquisition is "loading", "ready",
 "lost" (its shard died), "rehoming" (being held again elsewhere) or "moving"
 (to a shard that joined); while re-homed or moved it names its ``target``
 shard, which alone may claim it. The copies of ``svc.put`` arrays that a
-re-home needs are kept here, limited to ``COPY_LIMIT`` bytes in all.
+re-home needs are kept here, limited to ``COPY_LIMIT`` bytes in all; where a
+compressed acquisition has a node-local copy (``copies.py``), its entry names
+it (``local``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Catalog(SchedulerPlugin):
                 "qgpu_drop": self.drop,
                 "qgpu_keep_copy": self.keep_copy,
                 "qgpu_forget_copy": self.forget_copy,
+                "qgpu_local_copy": self.local_copy,
+                "qgpu_restored": self.restored,
                 "qgpu_state": self.state,
             }
         )
@@ -107,6 +111,8 @@ class Catalog(SchedulerPlugin):
         previous, event = entry["owner"], {"rehoming": "rehomed", "moving": "moved"}.get(entry["state"], settled)
         entry.pop("target", None)
         entry.pop("error", None)
+        if entry["state"] == "moving":
+            entry.pop("local", None)  # the old owner removes its copy; the new one saves its own
         entry.update(record, state="ready", owner=owner)
         self.log(event, name=name, owner=owner, **({} if previous == owner else {"was": previous}))
 
@@ -138,6 +144,29 @@ class Catalog(SchedulerPlugin):
         """Drop the copy of a put that did not become an acquisition."""
         if name not in self.acquisitions:
             self.copies.pop(name, None)
+
+    def local_copy(self, *, name: str, owner: str, copy: dict) -> bool:
+        """Record the node-local copy ``owner`` saved of ``name``; False (the shard removes it) if ``name`` is no
+        longer ``owner``'s, ready."""
+        entry = self.acquisitions.get(name)
+        if entry is None or entry["owner"] != owner or entry["state"] != "ready":
+            return False
+        entry["local"] = copy
+        return True
+
+    def restored(self, *, name: str, owner: str, restored_from: str, stale: dict | None = None, copy_error: str | None = None) -> None:
+        """Where ``owner`` held ``name`` again from ("local copy", "source file", "put copy"), and why its local
+        copy could not be used; a copy ``stale`` that was not used is forgotten (the new owner saves its own)."""
+        entry = self.acquisitions.get(name)
+        if entry is None or entry["owner"] != owner:
+            return
+        entry["restored_from"] = restored_from
+        entry.pop("copy_error", None)
+        if copy_error:
+            entry["copy_error"] = copy_error
+        if restored_from != "local copy" and stale is not None and entry.get("local") == stale:
+            del entry["local"]
+        self.log("restored", name=name, owner=owner, source=restored_from, **({"copy_error": copy_error} if copy_error else {}))
 
     def state(self) -> dict:
         """Everything, for clients: shards, acquisitions, recent events."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.protocol import deserialize
 from distributed.protocol.serialize import Serialized
 
+from .copies import host_of
 from .placement import place
 from .shard import Shard, shard_key
 
@@ -142,22 +143,29 @@ class Recovery:
         self.catalog.log("rehome-done", seconds=time.perf_counter() - t0, bytes=moved, raw_bytes=raw)
 
     def choose(self, name: str, exclude: list[str]) -> str | None:
-        """The shard that would take ``name`` now (as a new load is placed), not one of ``exclude``."""
+        """The shard that would take ``name`` now (as a new load is placed), not one of ``exclude``: one of the
+        host of its node-local copy where one of them has room (it reopens the copy), else any."""
         shards = {a: s for a, s in self.catalog.shards.items() if a not in exclude}
-        if not shards:
-            return None
+        entry = self.catalog.acquisitions[name]
+        local = entry.get("local")
+        near = {a: s for a, s in shards.items() if local is not None and host_of(a) == local["host"]}
         others = {n: e for n, e in self.catalog.acquisitions.items() if n != name}
-        try:
-            return place([self.catalog.acquisitions[name]["nbytes"]], {"shards": shards, "acquisitions": others})[0]
-        except ValueError:
-            return None
+        for among in (near, shards):
+            if not among:
+                continue
+            try:
+                return place([entry["nbytes"]], {"shards": among, "acquisitions": others})[0]
+            except ValueError:
+                continue  # none of them has room
+        return None
 
     async def hold(self, name: str, target: str, state: str) -> str | None:
         """Have ``target`` hold ``name`` (from its source or copy); None when it does, else why not."""
         entry = self.catalog.acquisitions.get(name)
         if entry is None:
             return "released meanwhile"
-        how = {"source": entry.get("source"), "layout": entry.get("asked", "auto"), "copy": self.catalog.copies.get(name)}
+        how = {"source": entry.get("source"), "layout": entry.get("asked", "auto"), "copy": self.catalog.copies.get(name),
+               "local": entry.get("local") if state == "rehoming" else None}  # a move reads the source: the copy's owner lives
         if how["source"] is None and how["copy"] is None:
             return "it has no source file and no copy to be held again from"
         entry["state"] = state

@@ -14,6 +14,7 @@ whose threads call ``ask_here``: there such queries run on the lane's thread.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -27,7 +28,8 @@ from tornado.ioloop import PeriodicCallback
 from ..device import array_module, cupy_or_none, default_budget, device_info, memory_bytes, synchronize, use_own_stream
 from ..io.load import describe, inspect, read_compressed, read_dense
 from ..io.registry import open_reader
-from ..io.saved import describe_saved, is_saved, open_resident, save_resident
+from ..formats import container
+from ..io.saved import describe_saved, is_saved, open_resident, resident_from, save_resident
 from ..io.source import Source
 from ..io.stream import TcpSource
 from ..queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup
@@ -36,6 +38,7 @@ from ..resident.base import check_dtype, check_shape
 from ..resident.compressed import check_layout
 from ..resident.live import LiveCounts, start_bytes
 from .budget import Budget
+from .copies import reachable, removed, sweep as sweep_copies, taken_over, written
 from .handoff import STALE, Handoff, sweep
 from .lane import LaneServer
 from .layout import check_saved, held_as, planned
@@ -66,6 +69,10 @@ class Shard:
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="qgpu-query", initializer=use_own_stream)
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
         self.ingests = ThreadPoolExecutor(8, thread_name_prefix="qgpu-ingest", initializer=use_own_stream)
+        self.copying = ThreadPoolExecutor(1, thread_name_prefix="qgpu-copy")
+        self.copies: dict[str, dict] = {}  # the node-local copy of each compressed resident that has one (``copies.py``)
+        sweep_copies()
+        atexit.register(lambda: [removed(c) for c in list(self.copies.values())])
         self.ingesting: dict[str, str] = {}  # live acquisition -> the stream feeding it
         self.reading: dict[str, int] = {}  # acquisition being loaded -> bytes of counts read so far
         self.handoff = Handoff()
@@ -192,28 +199,48 @@ class Shard:
                 synchronize()
                 return resident, chosen.reason
 
-            return await self.add(name, reserve, read, source.describe(), layout)
+            record = await self.add(name, reserve, read, source.describe(), layout)
         finally:
             self.reading.pop(name, None)
             reader.close()
+        if record["layout"] == "compressed":
+            asyncio.ensure_future(self.keep_copy(name, self.residents[name]))
+        return record
+
+    async def keep_copy(self, name: str, resident: Resident) -> None:
+        """Save a node-local copy of ``resident`` (loaded from a detector file) and tell the catalog, in the
+        background; none where copies are off or would not fit, or it failed (the source file remains)."""
+        copy = None
+        try:
+            copy = await self.on(self.copying, written, resident, self.address)
+            if copy is not None and self.residents.get(name) is resident \
+                    and await self.worker.scheduler.qgpu_local_copy(name=name, owner=self.address, copy=copy):
+                self.copies[name] = copy
+                return
+        except Exception:
+            pass  # a copy only speeds a re-home up
+        removed(copy)  # not made, or released, moved or replaced meanwhile
 
     async def load_progress(self, name: str) -> int:
         """Bytes of counts read so far by the load of ``name`` under way here (0 if none is)."""
         return self.reading.get(name, 0)
 
-    async def load_saved(self, name: str, source: Source, layout: str) -> dict:
-        """Reopen the resident saved at ``source.path`` as it was held, admitted by its resident bytes."""
+    async def load_saved(self, name: str, source: Source, layout: str, recorded: dict | None = None, saved: tuple | None = None) -> dict:
+        """Reopen the resident saved at ``source.path`` as it was held, admitted by its resident bytes; the
+        catalog records ``recorded`` as its source (default: that file); ``saved``: the file's header and
+        arrays, read and checked already."""
         meta = await self.on(self.loads, describe_saved, source)
         check_saved(layout, meta["layout"])
 
         def reopen() -> tuple[Resident, str]:
-            resident = open_resident(name, Path(source.path).expanduser())
+            path = Path(source.path).expanduser()
+            resident = open_resident(name, path) if saved is None else resident_from(name, path, *saved)
             synchronize()
             if resident.nbytes != meta["load_bytes"]:
                 raise ValueError(f"{source.path!r} changed while it was loaded (its arrays no longer match the header read first)")
             return resident, f"{meta['layout']}: reopened as it was saved"
 
-        return await self.add(name, meta["load_bytes"], reopen, source.describe(), layout)
+        return await self.add(name, meta["load_bytes"], reopen, recorded or source.describe(), layout)
 
     async def save(self, name: str, path: str) -> dict:
         """Write resident ``name`` as it is held to ``path`` (on this worker's file system)."""
@@ -342,17 +369,43 @@ class Shard:
 
     async def restore(self, name: str, how: dict) -> dict:
         """Hold ``name`` again after its shard was lost, or take it over from another shard (the catalog
-        names this shard its target): from its source file or saved resident, else from the bytes the
-        catalog kept of a put array. ``how``: source (or None), layout, copy (or None)."""
-        if how["source"] is not None:
+        names this shard its target): from its node-local copy where this shard can reach it (read and checked
+        before anything is claimed; a damaged one is removed), else from its source file or saved resident,
+        else from the bytes the catalog kept of a put array. ``how``: source (or None), layout, copy (or None),
+        local (the node-local copy, or None). The catalog learns where it came from (``restored_from``, and
+        ``copy_error`` when the copy could not be used)."""
+        local, copy_error, saved = how.get("local"), None, None
+        if reachable(local, self.address):
+            try:
+                saved = await self.on(self.loads, container.read, local["path"])
+            except (OSError, ValueError) as err:
+                copy_error = f"{type(err).__name__}: {err}"
+                removed(local)
+        if saved is not None:
+            record = await self.load_saved(name, Source(path=local["path"]), how["layout"], recorded=how["source"], saved=saved)
+            restored_from = "local copy"
+            try:
+                mine = taken_over(local)
+            except OSError:
+                pass  # it went meanwhile: the source remains
+            else:
+                self.copies[name] = mine
+                if not await self.worker.scheduler.qgpu_local_copy(name=name, owner=self.address, copy=mine):
+                    removed(self.copies.pop(name))
+        elif how["source"] is not None:
             described = dict(how["source"])
             if described["scan_shape"] is not None:
                 described["scan_shape"] = tuple(described["scan_shape"])
-            return await self.load(name, Source(**described), how["layout"])
-        if how["copy"] is not None:
+            record = await self.load(name, Source(**described), how["layout"])
+            restored_from = "source file"
+        elif how["copy"] is not None:
             array = np.load(io.BytesIO(how["copy"]), allow_pickle=False)
-            return await self.put(name, array, how["layout"])
-        raise ValueError(f"acquisition {name!r} has no source file and no copy to be held again from")
+            record = await self.put(name, array, how["layout"])
+            restored_from = "put copy"
+        else:
+            raise ValueError(f"acquisition {name!r} has no source file and no copy to be held again from")
+        await self.worker.scheduler.qgpu_restored(name=name, owner=self.address, restored_from=restored_from, stale=local, copy_error=copy_error)
+        return record
 
     def forget(self, name: str) -> None:
         """Drop what queries keep for ``name`` (released, moved, or its name reused)."""
@@ -360,7 +413,8 @@ class Shard:
             kept.forget(name)
 
     async def discard(self, name: str) -> None:
-        """Free ``name`` here without touching the catalog: it has moved to another shard."""
+        """Free ``name`` here without touching the catalog: it has moved to another shard (which keeps a copy of its own)."""
+        removed(self.copies.pop(name, None))
         if self.residents.pop(name, None) is not None:
             self.forget(name)
             await self.on(self.queries, self.free_device_memory)
@@ -369,6 +423,7 @@ class Shard:
         """Drop ``name`` from this shard and the catalog, returning its device memory."""
         self.resident(name)
         del self.residents[name]
+        removed(self.copies.pop(name, None))
         self.forget(name)
         await self.worker.scheduler.qgpu_drop(name=name, owner=self.address)
         await self.on(self.queries, self.free_device_memory)
