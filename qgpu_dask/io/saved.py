@@ -71,12 +71,17 @@ def compressed_bytes(meta: dict) -> int:
 
 def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = None) -> Resident:
     """The resident saved at ``path``, named ``name``, its arrays on the device of ``xp`` (default: this process's)."""
-    return resident_from(name, path, *container.read(path), xp)
+    return resident_from(name, path, *read_saved(path), xp)
+
+
+def read_saved(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
+    """The header and host arrays of the resident saved at ``path``, every checksum verified (nothing built yet:
+    a damaged file is refused before anything else is done)."""
+    return container.read(path)
 
 
 def resident_from(name: str, path: str | os.PathLike, meta: dict, arrays: dict[str, np.ndarray], xp: ModuleType | None = None) -> Resident:
-    """The resident of a saved file's header and arrays as ``container.read`` gives them (read and checked
-    first, so a damaged file is refused before anything else is done), on the device of ``xp``."""
+    """The resident of a saved file's header and arrays (``read_saved``), on the device of ``xp``."""
     xp = xp or array_module()
     where = os.fspath(path)
     layout = meta["layout"]

@@ -28,8 +28,7 @@ from tornado.ioloop import PeriodicCallback
 from ..device import array_module, cupy_or_none, default_budget, device_info, memory_bytes, synchronize, use_own_stream
 from ..io.load import describe, inspect, read_compressed, read_dense
 from ..io.registry import open_reader
-from ..formats import container
-from ..io.saved import describe_saved, is_saved, open_resident, resident_from, save_resident
+from ..io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
 from ..io.source import Source
 from ..io.stream import TcpSource
 from ..queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup
@@ -374,10 +373,10 @@ class Shard:
         else from the bytes the catalog kept of a put array. ``how``: source (or None), layout, copy (or None),
         local (the node-local copy, or None). The catalog learns where it came from (``restored_from``, and
         ``copy_error`` when the copy could not be used)."""
-        local, copy_error, saved = how.get("local"), None, None
+        local, copy_error, saved = how["local"], None, None
         if reachable(local, self.address):
             try:
-                saved = await self.on(self.loads, container.read, local["path"])
+                saved = await self.on(self.loads, read_saved, local["path"])
             except (OSError, ValueError) as err:
                 copy_error = f"{type(err).__name__}: {err}"
                 removed(local)
