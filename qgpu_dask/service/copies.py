@@ -2,11 +2,11 @@
 not by reading and encoding their source files again.
 
 After a compressed acquisition is loaded from a detector file, its shard saves it as held (``io.saved``) in a
-folder on its node, in the background, where it fits in half of that file system's free space; the catalog
-keeps the copy's path and host with the acquisition. When the shard is lost, recovery places the acquisition
-on a survivor of the same host if one has room, and that shard reopens the copy (checked, read on several
-threads, no encoding) and takes it over; a copy that is gone or damaged is removed and the source is read
-instead. The shard that holds an acquisition removes its copy when it is released or moved, or when its
+folder on its node, in the background, where the folder's copies then take at most half of the space that
+would be free without them; the catalog keeps the copy's path and host with the acquisition. When the shard
+is lost, recovery places the acquisition on a survivor of the same host if one has room, and that shard
+reopens the copy (checked, read on several threads, no encoding) and takes it over; a copy that is gone or
+damaged is removed and the source is read instead. The shard that holds an acquisition removes its copy when it is released or moved, or when its
 process exits. A copy's file name carries the process id of the shard holding it
 (``<name>-<pid>-<hex>.qgpu``): a copy whose process is gone and that no survivor took over within
 ``STALE`` seconds (a whole cluster killed) is removed by the next shard that starts on the host.
@@ -48,12 +48,14 @@ def host_of(address: str) -> str:
 
 def written(resident: Resident, address: str) -> dict | None:
     """A copy of ``resident`` saved in this worker's folder, as the catalog keeps it ({"path", "host", "bytes"});
-    None where copies are off or it would take more than half of the folder's free space."""
+    None where copies are off or the folder's copies would then take more than half of the space that would be
+    free without them (copies never crowd out the node's other users)."""
     where = folder()
     if where is None:
         return None
     where.mkdir(parents=True, exist_ok=True)
-    if 2 * resident.nbytes > shutil.disk_usage(where).free:
+    held = sum(p.stat().st_size for p in where.glob("*.qgpu") if p.is_file())
+    if 2 * (held + resident.nbytes) > shutil.disk_usage(where).free + held:
         return None
     path = where / f"{resident.name}-{os.getpid()}-{uuid.uuid4().hex[:12]}.qgpu"
     nbytes = save_resident(resident, path)

@@ -208,7 +208,7 @@ class Shard:
 
     async def keep_copy(self, name: str, resident: Resident) -> None:
         """Save a node-local copy of ``resident`` (loaded from a detector file) and tell the catalog, in the
-        background; none where copies are off or would not fit, or it failed (the source file remains)."""
+        background; none where copies are off or the disk is too full, or it failed (the source file remains)."""
         copy = None
         try:
             copy = await self.on(self.copying, written, resident, self.address)
