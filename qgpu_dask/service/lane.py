@@ -8,11 +8,12 @@ The shard listens on a socket of Linux's abstract namespace, ``"\\0qgpu-lane-<pi
 remove; visible only inside the shard's network namespace, so a client on another host or in another
 container cannot reach it and uses Dask's comm as before). It serves the methods it is given (the shard's
 ``ask_here`` as ``ask``, and ``ping``): each connection has a thread that reads a request, calls the method
-there and writes the reply; the method hops to the worker's event loop or the shard's threads as it needs
-(a frame is decoded on the connection's thread: a hop to the loop and back costs about 0.2 ms). It refuses a peer of
-another user (``SO_PEERCRED``), and greets each connection with its name, which the client checks against
-the name the shard gave it through Dask. A message is a pickle (protocol 5; cloudpickle where pickle
-fails, as Dask's) after its length (8 bytes, little-endian): a request ``(method, args, kwargs)``, a reply ``(True, value)`` or ``(False, exception)``.
+there and writes the reply; the method hops to the worker's event loop or the shard's threads as it needs (a
+frame is decoded on the connection's thread: a hop to the loop and back costs about 0.2 ms). It refuses a
+peer of another user (``SO_PEERCRED``), and greets each connection with its name, which the client checks
+against the name the shard gave it through Dask. A message is a pickle (protocol 5; cloudpickle where pickle
+fails, as Dask's) after its length (8 bytes, little-endian): a request ``(method, args, kwargs)``, a reply
+``(True, value)`` or ``(False, exception)``.
 
 A client learns a shard's lane through Dask (``Shard.lane``) and keeps its idle connections, one per call
 in flight. A lane it cannot reach at first is not tried again for that worker; one that cannot be reached
@@ -54,7 +55,7 @@ def packed(value: Any) -> bytes:
 # -- the shard's half -----------------------------------------------------------------
 
 
-def read_exactly(sock: socket.socket, n: int) -> bytes | None:
+def read_exactly(sock: socket.socket, n: int) -> bytearray | None:
     """``n`` bytes from ``sock``; None if the peer closed it first."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -63,7 +64,7 @@ def read_exactly(sock: socket.socket, n: int) -> bytes | None:
         if not k:
             return None
         got += k
-    return bytes(buf)
+    return buf
 
 
 class LaneServer:
@@ -120,7 +121,7 @@ class LaneServer:
             except OSError:
                 return  # the client went away mid-call
 
-    def answer(self, body: bytes) -> bytes:
+    def answer(self, body: bytearray) -> bytes:
         """The packed reply to one packed request."""
         try:
             method, args, kwargs = dask_pickle.loads(body)
