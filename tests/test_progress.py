@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,3 +46,20 @@ def test_a_failed_call_raises_through_its_bar(capsys, monkeypatch):
         progress.waited(pool.submit(fails), "failing", 10, count=lambda: 4)
     err = capsys.readouterr().err
     assert "failing" in err and "4/10" in err and "10/10" not in err  # the bar stops where the call did
+
+
+def test_a_series_load_advances_within_its_files(svc, names, rng, tmp_path, capsys, monkeypatch):
+    big = rng.poisson(0.5, (132, 128, 64, 64)).astype(np.uint16)  # 132 MiB: read in 3 blocks of at most 64 MiB
+    small = big[:4]
+    paths = [tmp_path / "big.h5", tmp_path / "small.h5"]
+    for path, data in zip(paths, (big, small)):
+        with h5py.File(path, "w") as f:
+            f.create_dataset("data", data=data, chunks=(1, 128, 64, 64), compression="gzip", compression_opts=1)
+    monkeypatch.setattr(progress, "DELAY", 0.0)
+    monkeypatch.setattr(progress, "POLL", 0.02)
+    series = svc.load(paths, dataset="data", name=[names(), names()], layout="dense")
+    err = capsys.readouterr().err
+    assert "136M/136M" in err and "2/2 acquisitions" in err
+    shown = {(int(n), int(done)) for n, done in re.findall(r"\| (\d+)\.?\d*M/136M [^\r]*?(\d)/2 acquisitions", err)}
+    assert any(n >= 64 and n < 132 for n, done in shown), shown  # the big file's first blocks, before it was done
+    assert (series[0].frame(7, 9) == big[7, 9]).all() and (series[1].frame(3, 9) == small[3, 9]).all()

@@ -1,15 +1,16 @@
-"""A progress bar for one call that may take long (a single-file load, a fit): tqdm (terminals and
-notebooks), shown only once the call has run ``DELAY`` seconds, so quick calls print nothing."""
+"""Progress bars (tqdm: terminals and notebooks) of calls that may take long: one call (a single-file load, a
+fit), and the loads of a series; shown only once they have run ``DELAY`` seconds, so quick calls print nothing."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from tqdm.auto import tqdm
 
 from .calls import QueryFuture
+from .shard import Shard
 
 DELAY = 1.0  # seconds a call runs before its bar appears
 POLL = 0.25  # seconds between looks at how far it is
@@ -33,3 +34,52 @@ def waited(future: concurrent.futures.Future | QueryFuture, desc: str, total: fl
         if total is not None and inner.exception() is None:
             bar.update(total - bar.n)
     return future.result()
+
+
+class LoadProgress:
+    """The bar of a series' loads in bytes, advancing as each file is read (its owner is asked how far its
+    loads are once they have run DELAY seconds), with the acquisitions done as postfix. ``loads``: the
+    futures, names, raw bytes and owners of the loads (``Service.start_loads``)."""
+
+    def __init__(self, loads, enabled: bool, verb: str, router):
+        self.loads = loads
+        self.enabled = enabled
+        self.router = router
+        self.count = 0
+        self.bar = tqdm(total=sum(loads.raw_bytes), desc=verb, unit="B", unit_scale=True, unit_divisor=1024, disable=not enabled)
+
+    def finished(self) -> Iterator[concurrent.futures.Future]:
+        """The loads' futures as they finish (the first done first), the bar kept up to date meanwhile."""
+        pending = dict(enumerate(self.loads.futures))
+        shown = time.monotonic() + DELAY
+        done_bytes = 0
+        while pending:
+            done, _ = concurrent.futures.wait(pending.values(), timeout=POLL, return_when=concurrent.futures.FIRST_COMPLETED)
+            for i in [i for i, f in pending.items() if f in done]:
+                done_bytes += self.loads.raw_bytes[i]
+                self.count += 1
+                self.show(done_bytes)
+                yield pending.pop(i)
+            if pending and self.enabled and time.monotonic() >= shown:
+                self.show(done_bytes + self.reading(pending))
+
+    def reading(self, pending: dict[int, concurrent.futures.Future]) -> int:
+        """Bytes of counts read so far by the loads still running: one call to each of their owners."""
+        names: dict[str, list[str]] = {}
+        for i in pending:
+            names.setdefault(self.loads.owners[i], []).append(self.loads.names[i])
+        calls = [self.router.call(owner, Shard.load_progress, mine) for owner, mine in names.items()]
+        total = 0
+        for call in calls:
+            try:
+                total += call.result()
+            except Exception:  # progress is a courtesy: a shard that cannot say (lost meanwhile) adds nothing
+                pass
+        return total
+
+    def show(self, nbytes: int) -> None:
+        self.bar.update(max(nbytes - self.bar.n, 0))
+        self.bar.set_postfix_str(f"{self.count}/{len(self.loads.futures)} acquisitions")
+
+    def close(self) -> None:
+        self.bar.close()

@@ -33,7 +33,7 @@ from .calls import QueryFuture
 from .catalog import PLUGIN_NAME, Catalog, check_copy_room
 from .layout import CHOICES, check_saved
 from .placement import place
-from .progress import waited
+from .progress import LoadProgress, waited
 from .routing import Router
 from .shard import Shard, shard_key
 from .spawn import check_main_guard
@@ -214,7 +214,7 @@ class Service:
         if one:
             owner, loaded = loads.owners[0], loads.names[0]
             waited(loads.futures[0], f"loading {loaded}", loads.raw_bytes[0], "B",
-                   lambda: self.router.call(owner, Shard.load_progress, loaded).result(), progress)
+                   lambda: self.router.call(owner, Shard.load_progress, [loaded]).result(), progress)
             return Acquisition(self, loads.record(loads.futures[0]))
         return Series(self, [Acquisition(self, r) for r in self.gather(loads, progress, "loading")])
 
@@ -235,12 +235,11 @@ class Service:
         error is raised; those already yielded stay.
         """
         loads = self.start_loads(list(paths), dataset, name, scan_shape, worker, layout, False)
-        bar = LoadProgress(loads, progress, "streaming")
+        bar = LoadProgress(loads, progress, "streaming", self.router)
         pending = set(loads.futures)
         try:
-            for future in concurrent.futures.as_completed(loads.futures):
+            for future in bar.finished():
                 pending.discard(future)
-                bar.done(future)
                 if future.exception() is not None:
                     self.release_loaded(pending)
                     raise future.exception()
@@ -350,10 +349,10 @@ class Service:
 
     def gather(self, loads: "Loads", progress: bool, verb: str) -> list[dict]:
         """Wait for loads; if any fails, release those that succeeded and raise the first error."""
-        bar = LoadProgress(loads, progress, verb)
+        bar = LoadProgress(loads, progress, verb, self.router)
         try:
-            for f in concurrent.futures.as_completed(loads.futures):
-                bar.done(f)
+            for _ in bar.finished():
+                pass
         finally:
             bar.close()
         errors = [f.exception() for f in loads.futures if f.exception() is not None]
@@ -441,23 +440,6 @@ class Loads:
     def record(self, future) -> dict:
         """The catalog record of a finished load, with its name and owner."""
         return future.result() | {"name": self.names[self.futures.index(future)]}
-
-
-class LoadProgress:
-    """A progress bar of loads in bytes (tqdm: terminals and notebooks), with acquisitions done as postfix."""
-
-    def __init__(self, loads: Loads, enabled: bool, verb: str):
-        self.loads = loads
-        self.count = 0
-        self.bar = tqdm(total=sum(loads.raw_bytes), desc=verb, unit="B", unit_scale=True, unit_divisor=1024, disable=not enabled)
-
-    def done(self, future) -> None:
-        self.count += 1
-        self.bar.update(self.loads.raw_bytes[self.loads.futures.index(future)])
-        self.bar.set_postfix_str(f"{self.count}/{len(self.loads.futures)} acquisitions")
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 class ServiceInfo(dict):

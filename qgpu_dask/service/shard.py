@@ -220,9 +220,9 @@ class Shard:
             pass  # a copy only speeds a re-home up
         removed(copy)  # not made, or released, moved or replaced meanwhile
 
-    async def load_progress(self, name: str) -> int:
-        """Bytes of counts read so far by the load of ``name`` under way here (0 if none is)."""
-        return self.reading.get(name, 0)
+    async def load_progress(self, names: list[str]) -> int:
+        """Bytes of counts read so far by the loads of ``names`` under way here (0 for each that is not)."""
+        return sum(self.reading.get(n, 0) for n in names)
 
     async def load_saved(self, name: str, source: Source, layout: str, recorded: dict | None = None, saved: tuple | None = None) -> dict:
         """Reopen the resident saved at ``source.path`` as it was held, admitted by its resident bytes; the
