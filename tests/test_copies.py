@@ -57,7 +57,7 @@ def test_rehomed_from_local_copies_or_the_source(own, rng, tmp_path):
                  120, f"{n} held again off {victim}")
     restored: dict[str, dict] = {}
     for event in svc.state()["events"]:
-        if event["event"] == "restored":
+        if event["event"] == "rehomed":
             restored.setdefault(event["name"], event)  # the re-home's (a move to the restarted worker may follow)
     assert restored["good"]["source"] == "local copy" and "copy_error" not in restored["good"]
     assert restored["damaged"]["source"] == "source file" and "does not match its checksum" in restored["damaged"]["copy_error"]

@@ -156,7 +156,8 @@ class Catalog(SchedulerPlugin):
 
     def restored(self, *, name: str, owner: str, restored_from: str, stale: dict | None = None, copy_error: str | None = None) -> None:
         """Where ``owner`` held ``name`` again from ("local copy", "source file", "put copy"), and why its local
-        copy could not be used; a copy ``stale`` that was not used is forgotten (the new owner saves its own)."""
+        copy could not be used, in its entry and its re-home's (or move's) event; a copy ``stale`` that was not
+        used is forgotten (the new owner saves its own)."""
         entry = self.acquisitions.get(name)
         if entry is None or entry["owner"] != owner:
             return
@@ -166,7 +167,10 @@ class Catalog(SchedulerPlugin):
             entry["copy_error"] = copy_error
         if restored_from != "local copy" and stale is not None and entry.get("local") == stale:
             del entry["local"]
-        self.log("restored", name=name, owner=owner, source=restored_from, **({"copy_error": copy_error} if copy_error else {}))
+        for event in reversed(self.events):  # the event of this re-home or move says what it came from
+            if event.get("name") == name and event["event"] in ("rehomed", "moved"):
+                event.update(source=restored_from, **({"copy_error": copy_error} if copy_error else {}))
+                break
 
     def state(self) -> dict:
         """Everything, for clients: shards, acquisitions, recent events."""
