@@ -253,11 +253,13 @@ def read(path: PathLike) -> tuple[dict, dict[str, np.ndarray]]:
             return hashlib.sha256(view[a:b]).digest()
 
         with ThreadPoolExecutor(THREADS) as threads:
-            leaves = list(threads.map(leaf, spans))
+            leaves_of: list[list[bytes]] = [[] for _ in entries]
+            for (k, _, _), leaf_digest in zip(spans, threads.map(leaf, spans)):
+                leaves_of[k].append(leaf_digest)
     arrays = {}
-    for k, entry in enumerate(entries):
+    for entry, leaves in zip(entries, leaves_of):
         name = entry["name"]
-        if tree_digest([d for (j, _, _), d in zip(spans, leaves) if j == k]) != entry["sha256"]:
+        if tree_digest(leaves) != entry["sha256"]:
             raise ValueError(f"{where!r}: array {name!r} does not match its checksum (the file is corrupted)")
         start = entry["offset"] - lo
         arrays[name] = buffer[start : start + entry["nbytes"]].view(np.dtype(entry["dtype"])).reshape(entry["shape"])

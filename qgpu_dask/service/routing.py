@@ -77,7 +77,8 @@ class Router:
         return self.lanes[address]
 
     async def close(self) -> None:
-        """Close the connections to the lanes."""
+        """Close the connections to the shards: through Dask and through their lanes."""
+        await self.pool.close()
         for lane in self.lanes.values():
             if lane is not None:
                 lane.close()

@@ -134,7 +134,6 @@ class Service:
             return
         self.closed = True
         if self.client.status == "running":
-            self.client.sync(self.router.pool.close)
             self.client.sync(self.router.close)
         self.client.close()
         if self.cluster is not None:

@@ -71,7 +71,7 @@ class Shard:
         self.copying = ThreadPoolExecutor(1, thread_name_prefix="qgpu-copy")
         self.copies: dict[str, dict] = {}  # the node-local copy of each compressed resident that has one (``copies.py``)
         sweep_copies()
-        atexit.register(lambda: [removed(c) for c in list(self.copies.values())])
+        atexit.register(self.remove_copies)
         self.ingesting: dict[str, str] = {}  # live acquisition -> the stream feeding it
         self.reading: dict[str, int] = {}  # acquisition being loaded -> bytes of counts read so far
         self.handoff = Handoff()
@@ -212,13 +212,23 @@ class Shard:
         copy = None
         try:
             copy = await self.on(self.copying, written, resident, self.address)
-            if copy is not None and self.residents.get(name) is resident \
-                    and await self.worker.scheduler.qgpu_local_copy(name=name, owner=self.address, copy=copy):
-                self.copies[name] = copy
-                return
+            if copy is not None:
+                await self.own_copy(name, resident, copy)
         except Exception:
-            pass  # a copy only speeds a re-home up
-        removed(copy)  # not made, or released, moved or replaced meanwhile
+            removed(copy)  # a copy only speeds a re-home up
+
+    async def own_copy(self, name: str, resident: Resident, copy: dict) -> None:
+        """Hold ``copy`` as ``resident``'s node-local copy once the catalog has recorded it; removed instead if
+        the catalog refuses it or ``name`` was released, moved or replaced meanwhile."""
+        if await self.worker.scheduler.qgpu_local_copy(name=name, owner=self.address, copy=copy) and self.residents.get(name) is resident:
+            self.copies[name] = copy
+        else:
+            removed(copy)
+
+    def remove_copies(self) -> None:
+        """Remove the copies this shard holds (at exit: a killed worker's stay, for a survivor to reopen)."""
+        for copy in list(self.copies.values()):
+            removed(copy)
 
     async def load_progress(self, names: list[str]) -> int:
         """Bytes of counts read so far by the loads of ``names`` under way here (0 for each that is not)."""
@@ -388,9 +398,7 @@ class Shard:
             except OSError:
                 pass  # it went meanwhile: the source remains
             else:
-                self.copies[name] = mine
-                if not await self.worker.scheduler.qgpu_local_copy(name=name, owner=self.address, copy=mine):
-                    removed(self.copies.pop(name))
+                await self.own_copy(name, self.residents[name], mine)
         elif how["source"] is not None:
             described = dict(how["source"])
             if described["scan_shape"] is not None:
