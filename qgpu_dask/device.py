@@ -87,6 +87,34 @@ def to_host(value):
     return value
 
 
+def copy_into(out: np.ndarray, array) -> None:
+    """``array`` (NumPy, or CuPy: copied from the device straight into ``out``) written into the host array
+    ``out`` of its shape and dtype."""
+    cp = cupy_or_none()
+    if cp is not None and isinstance(array, cp.ndarray):
+        cp.ascontiguousarray(array).get(out=out)
+    else:
+        np.copyto(out, array)
+
+
+def page_locked(memory: np.ndarray):
+    """Page-lock the host memory under the contiguous array ``memory`` (a long-lived buffer that device results
+    are copied into, at the speed of pinned memory); the function that lets it go again. No-op on CPU."""
+    cp = cupy_or_none()
+    if cp is None:
+        return lambda: None
+    pointer = memory.ctypes.data
+    cp.cuda.runtime.hostRegister(pointer, memory.nbytes, 0)
+
+    def unlock() -> None:
+        try:
+            cp.cuda.runtime.hostUnregister(pointer)
+        except cp.cuda.runtime.CUDARuntimeError:
+            pass  # the CUDA context went first (the process is exiting): the pages go with it
+
+    return unlock
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """What a shard reports about the device it computes on."""

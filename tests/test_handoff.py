@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.service.handoff import (HANDOFF_BYTES, POOL_PREFIX, POOL_SLOTS, REPLY_PREFIX, SHM, STALE, HandoffLost, Segment, fits,
-                                      pool_pid, sweep, take, token)
+from conftest import cupy_available
+from qgpu_dask.service.handoff import (HANDOFF_BYTES, POOL_PREFIX, POOL_SLOTS, REPLY_PREFIX, SHM, STALE, Handoff, HandoffLost, Segment,
+                                      fits, pool_pid, sweep, take, token)
 from qgpu_dask.service.shard import Shard
 
 
@@ -176,3 +177,24 @@ def counted(resident, n: int, k: int) -> np.ndarray:
 
 def owner_pid(svc, acq) -> int:
     return svc.client.run(os.getpid, workers=[acq.owner])[acq.owner]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+def test_device_arrays_of_a_reply_go_straight_into_slots():
+    import cupy
+
+    handoff = Handoff()
+    try:
+        n = HANDOFF_BYTES // 4
+        big = cupy.arange(3 * n, dtype=cupy.uint32).reshape(3, n)
+        reply = {"big": big, "strided": big[:, ::2], "small": cupy.arange(5, dtype=cupy.int64), "host": np.arange(n, dtype=np.uint32)}
+        given = handoff.give(reply, token())
+        assert all(type(given[k]) is Segment for k in ("big", "strided", "host")) and given["big"].serial
+        assert type(given["small"]) is np.ndarray and given["small"].tolist() == [0, 1, 2, 3, 4]  # small: on the host, inline
+        taken = take(given)
+        assert (taken["big"] == big.get()).all() and (taken["strided"] == big[:, ::2].get()).all() and (taken["host"] == reply["host"]).all()
+        inline = handoff.give(reply, None)  # no client to hand to: every device array comes to the host
+        assert all(type(v) is np.ndarray for v in inline.values()) and (inline["big"] == big.get()).all()
+    finally:
+        handoff.pool.close()

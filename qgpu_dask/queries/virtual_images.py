@@ -113,12 +113,13 @@ def series_plan(series: SeriesSums, weights: MaskWeights, scan_shape: tuple[int,
     return Plan(series.plan(weights), (len(series.names), weights.n_masks, *scan_shape))
 
 
-def run_together(plans: list[Plan]) -> list[np.ndarray]:
+def run_together(plans: list[Plan]) -> list:
     """Answer several residents' plans at once: each starts on one of a few CUDA streams of this thread,
-    so their kernels overlap (one resident's query rarely fills a GPU), then every result is collected."""
+    so their kernels overlap (one resident's query rarely fills a GPU), then every result is collected
+    where it was made (the device: the reply copies it to the host)."""
     cp = cupy_or_none()
     if cp is None or len(plans) < 2:
-        return [plan() for plan in plans]
+        return [plan.launch()() for plan in plans]
     if not hasattr(side, "streams"):
         side.streams = [cp.cuda.Stream(non_blocking=True) for _ in range(SIDE_STREAMS)]
     pending = []
@@ -131,6 +132,7 @@ def run_together(plans: list[Plan]) -> list[np.ndarray]:
         stream.synchronize()
         with stream:
             results.append(finish())
+        stream.synchronize()  # what finish launched (a cast) is done before the reply copies it from another stream
     return results
 
 

@@ -233,23 +233,25 @@ class Resident(AcquisitionShape, ABC):
 
 
 class Plan:
-    """A prepared virtual-image query: ``plan()`` answers it; ``plan.launch()`` only starts its kernels
-    (on the current stream) and returns ``finish()``, so a shard can run several residents' plans at once."""
+    """A prepared virtual-image query: ``plan()`` answers it on the host; ``plan.launch()`` only starts its
+    kernels (on the current stream) and returns ``finish()``, which gives the result where it was made (on the
+    device, once the stream has run), so a shard can run several residents' plans at once and copy each
+    result straight to where its reply goes."""
 
     def __init__(self, run: Callable, shape: tuple[int, ...]):
         self.run = run
         self.shape = shape
 
-    def launch(self) -> Callable[[], np.ndarray]:
+    def launch(self) -> Callable:
         start = getattr(self.run, "launch", None)
         if start is None:
-            result = self.run()  # kernels queued on the stream; the copy to the host waits for them
-            return lambda: to_host(result).reshape(self.shape)
+            result = self.run()  # kernels queued on the stream
+            return lambda: result.reshape(self.shape)
         finish = start()
-        return lambda: to_host(finish()).reshape(self.shape)
+        return lambda: finish().reshape(self.shape)
 
     def __call__(self) -> np.ndarray:
-        return self.launch()()
+        return to_host(self.launch()())
 
 
 def combine_parts(parts: list[tuple[np.ndarray, int]], op: str) -> tuple[np.ndarray, int]:

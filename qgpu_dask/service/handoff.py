@@ -1,5 +1,6 @@
-"""Replies handed over through shared memory: a shard's large NumPy arrays reach a client on the same host
-as files in /dev/shm that the client maps, not as bytes through Dask's TCP comm (~0.8 GiB/s on one host).
+"""Replies handed over through shared memory: a shard's large arrays (NumPy, or CuPy on the device) reach a
+client on the same host as files in /dev/shm that the client maps, not as bytes through Dask's TCP comm
+(~0.8 GiB/s on one host).
 
 The client makes one token per process, an empty file /dev/shm/qgpu-client-<hex> (removed at exit), and
 sends its name with every ``Shard.ask``. A shard that sees that file, owned by its own user, shares the
@@ -14,7 +15,8 @@ free /dev/shm, ``QGPU_DASK_HANDOFF=0`` on the client) replies travel inline, as 
 
 Writing into fresh /dev/shm pages costs more than the copy (the kernel allots and clears each page), so a
 shard keeps a few segments of its own, ``POOL_SLOTS`` files /dev/shm/qgpu-pool-<pid>-<hex> whose pages stay
-allotted, and writes a reply into one no client holds. The client maps it, takes a shared lock on it for as
+allotted (and page-locked on a GPU, so a device result is copied straight in, at pinned-memory speed), and
+writes a reply into one no client holds. The client maps it, takes a shared lock on it for as
 long as the array lives (the lock goes with the array, or with the client's process), and marks it taken; the
 shard reuses a slot only when it can lock it exclusively and it was taken (or handed more than ``STALE``
 seconds ago and never taken). Each hand-over has a serial number the client checks, so a reply taken that
@@ -40,6 +42,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from ..device import copy_into, cupy_or_none, page_locked, to_host
 
 SHM = Path("/dev/shm")
 CLIENT_PREFIX = "qgpu-client-"
@@ -246,16 +250,21 @@ class Handoff:
 
     def give(self, reply: Any, token: str | None) -> Any:
         """``reply`` with its arrays of at least HANDOFF_BYTES written to segments and replaced by ``Segment``s,
-        where the client of ``token`` shares this /dev/shm and they fit in half of its free space; else ``reply``."""
+        where the client of ``token`` shares this /dev/shm and they fit in half of its free space; its other device
+        arrays copied to the host. A device array is copied straight into its slot (page-locked: no host copy)."""
         if token is None or not self.shares(token):
-            return reply
-        large: list[np.ndarray] = []
-        replaced(reply, np.ndarray, lambda a: large.append(a) if handed(a) else None)
+            return to_host(reply)
+        kinds = array_kinds()
+        large: list = []
+        for kind in kinds:
+            replaced(reply, kind, lambda a: large.append(a) if handed(a) else None)
         if not large or not fits(sum(a.nbytes for a in large)):
-            return reply
+            return to_host(reply)
         written: list[str] = []
         try:
-            return replaced(reply, np.ndarray, lambda a: (self.pool.give(a) or written_segment(a, written)) if handed(a) else a)
+            for kind in kinds:
+                reply = replaced(reply, kind, lambda a: (self.pool.give(a) or written_segment(a, written)) if handed(a) else a)
+            return to_host(reply)
         except OSError as err:
             for name in written:
                 (SHM / name).unlink(missing_ok=True)
@@ -263,8 +272,15 @@ class Handoff:
                                "QGPU_DASK_HANDOFF=0 on the client sends replies inline") from None
 
 
-def handed(array: np.ndarray) -> bool:
-    """Whether ``array`` goes through a segment: at least HANDOFF_BYTES of plain values (no Python objects)."""
+def array_kinds() -> tuple[type, ...]:
+    """The array types a reply may hold: NumPy's, and CuPy's on a GPU."""
+    cp = cupy_or_none()
+    return (np.ndarray,) if cp is None else (np.ndarray, cp.ndarray)
+
+
+def handed(array) -> bool:
+    """Whether ``array`` (host or device) goes through a segment: at least HANDOFF_BYTES of plain values (no
+    Python objects)."""
     return array.nbytes >= HANDOFF_BYTES and not array.dtype.hasobject
 
 
@@ -278,13 +294,13 @@ def fits(nbytes: int) -> bool:
     return nbytes <= stats.f_bavail * stats.f_frsize // 2
 
 
-def written_segment(array: np.ndarray, written: list[str]) -> Segment:
-    """``array``'s bytes in a new segment (its name appended to ``written``); its ``Segment``."""
+def written_segment(array, written: list[str]) -> Segment:
+    """``array``'s bytes (host or device) in a new segment (its name appended to ``written``); its ``Segment``."""
     name = REPLY_PREFIX + uuid.uuid4().hex
     fd = os.open(SHM / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     written.append(name)
     try:
-        data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        data = memoryview(np.ascontiguousarray(to_host(array)).reshape(-1).view(np.uint8))
         done = 0
         while done < len(data):
             done += os.write(fd, data[done:])
@@ -304,6 +320,7 @@ class Slot:
         try:
             os.posix_fallocate(self.fd, 0, SLOT_HEADER + capacity)  # every page allotted now (ENOSPC here, not SIGBUS later)
             self.memory = mmap.mmap(self.fd, SLOT_HEADER + capacity, flags=mmap.MAP_SHARED)
+            self.unlock_pages = page_locked(np.frombuffer(self.memory, np.uint8))  # device results are copied straight in
         except BaseException:
             os.close(self.fd)
             (SHM / self.name).unlink(missing_ok=True)
@@ -327,11 +344,12 @@ class Slot:
         """Whether the slot's file was unlinked (by hand, or a sweep that took this process for dead)."""
         return os.fstat(self.fd).st_nlink == 0
 
-    def fill(self, array: np.ndarray) -> Segment:
-        """``array``'s bytes in the slot (locked by ``free``), handed over under a new serial; the lock is let go."""
+    def fill(self, array) -> Segment:
+        """``array``'s bytes (host or device) in the slot (locked by ``free``), handed over under a new serial; the
+        lock is let go."""
         try:
             view = np.frombuffer(self.memory, array.dtype, count=array.size, offset=SLOT_HEADER).reshape(array.shape)
-            np.copyto(view, array)
+            copy_into(view, array)
             self.serial += 1
             HEADER.pack_into(self.memory, 0, 1, self.serial, time.time())
         finally:
@@ -339,6 +357,7 @@ class Slot:
         return Segment(self.name, array.dtype, array.shape, self.serial)
 
     def close(self) -> None:
+        self.unlock_pages()
         self.memory.close()
         os.close(self.fd)
         (SHM / self.name).unlink(missing_ok=True)
@@ -352,8 +371,8 @@ class Pool:
         self.lock = threading.Lock()  # the event loop and the query threads both reply
         atexit.register(self.close)
 
-    def give(self, array: np.ndarray) -> Segment | None:
-        """``array`` written to a free slot that holds it (a new one while there are fewer than POOL_SLOTS, or one
+    def give(self, array) -> Segment | None:
+        """``array`` (host or device) written to a free slot that holds it (a new one while there are fewer than POOL_SLOTS, or one
         too small replaced); None when every slot is in use."""
         nbytes = array.nbytes
         with self.lock:
@@ -362,7 +381,7 @@ class Pool:
                 self.slots.remove(slot)
             for slot in self.slots:
                 if slot.capacity >= nbytes and slot.free():
-                    return slot.fill(np.ascontiguousarray(array))
+                    return slot.fill(array)
             if len(self.slots) >= POOL_SLOTS:
                 small = next((s for s in self.slots if s.capacity < nbytes and s.free()), None)
                 if small is None:
@@ -376,7 +395,7 @@ class Pool:
             if not slot.free():
                 raise HandoffLost(f"a new reply slot {slot.name} could not be locked")
             self.slots.append(slot)
-            return slot.fill(np.ascontiguousarray(array))
+            return slot.fill(array)
 
     def close(self) -> None:
         with self.lock:
