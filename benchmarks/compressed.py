@@ -46,7 +46,7 @@ import record
 from timing import timed
 
 import qgpu_dask as qd
-from qgpu_dask.device import array_module
+from qgpu_dask.device import array_module, to_host
 from qgpu_dask.resident import DenseCounts
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.masks import mask_weights
@@ -201,7 +201,7 @@ def moving_disk(xp, staging, shape, args) -> dict:
     for mask in masks:
         t0 = time.perf_counter()
         weights = mask_weights(mask, det, staging.dtype)  # once per step, as a shard does for a series query
-        answers = run_together([acq.plan_virtual_images(weights) for acq in acquisitions])
+        answers = [to_host(a) for a in run_together([acq.plan_virtual_images(weights) for acq in acquisitions])]  # as a reply brings them
         for images, answer in zip(got, answers):
             images.append(answer)
         step_ms.append((time.perf_counter() - t0) * 1e3)

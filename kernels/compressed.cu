@@ -411,9 +411,12 @@ __device__ PixelTables thread_tables(const Model& m, int p, void* smem, int tabl
     return copy_tables(m, p, cums + threadIdx.x * table_stride, luts + threadIdx.x * 2 * LUT_SIZE);
 }
 
-// Nonzero counts of stream (b, p), each handed to emit(position, count). Returns 0 or an error code.
+// Nonzero counts of stream (b, p), each handed to emit(position, count). Returns 0 or an error code. A rANS
+// stream is decoded and checked up to position upto only (from there on nothing is emitted or checked):
+// a frame needs the tokens before its position, on average half of its block's.
 template <class Emit>
-__device__ int decode_stream(const Streams& st, const Model& m, const PixelTables& tb, int b, int p, int n, Emit& emit) {
+__device__ int decode_stream(const Streams& st, const Model& m, const PixelTables& tb, int b, int p, int n, Emit& emit,
+                             int upto = 0x7FFFFFFF) {
     i64 start, end;
     int form;
     stream_bounds(st, b, p, start, end, form);
@@ -461,6 +464,7 @@ __device__ int decode_stream(const Streams& st, const Model& m, const PixelTable
     const u8 *vlut = tb.vlut, *rlut = tb.rlut;
     int i = 0;
     while (i < n) {
+        if (i >= upto) return 0;
         if (run > 0) {
             int r = get_symbol(x, rt, rlut);
             if (x < STATE_LOW) {
@@ -602,7 +606,7 @@ __global__ void frame(STREAM_PARAMS, i64 n_frames, int block, int table_stride, 
     int b = (int)(f / block);
     i64 lo = (i64)b * block;
     FrameEmit emit{(int)(f - lo), 0};
-    int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
+    int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit, emit.at + 1);
     if (code) report(err, b, p, st.frame_len, code);
     out[p] = emit.value;
 }

@@ -13,7 +13,7 @@ from qgpu_dask.resident.cpu import compressed as cpu_kernels
 from qgpu_dask.resident.dense import DenseCounts
 from qgpu_dask.resident.masks import mask_weights
 
-from conftest import cupy_available
+from conftest import BACKENDS, cupy_available, module
 
 
 def encode(counts: np.ndarray, xp=np) -> CompressedCounts:
@@ -111,6 +111,23 @@ def test_corrupted_streams_raise(rng, kind):
         resident.virtual_images(mask.reshape(8, 8))
     with pytest.raises(ValueError, match="malformed compressed stream"):
         resident.reduce(None, "sum")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_frame_reads_its_streams_up_to_its_position(rng, backend):
+    """A frame decodes each stream only as far as its position: every frame is exact, and a stream cut
+    short is reported by the frames that reach its end, as by every other query."""
+    counts = rng.poisson(1.5, (24, 25, 8, 8)).astype(np.uint16)
+    counts[3, 7, 2, 5] = 65535  # an escape
+    resident = encode(counts, module(backend))
+    assert resident.block < 600  # several scan blocks: frames at every depth of one
+    for i in range(600):
+        assert (resident.frame(*divmod(i, 25)) == counts[i // 25, i % 25]).all(), i
+    pixel = corrupt(resident, "shorten")
+    last = min(resident.block, 600) - 1  # the damaged stream's block is the first
+    with pytest.raises(ValueError, match=rf"malformed compressed stream \(scan block 0, detector pixel {pixel}\)"):
+        resident.frame(*divmod(last, 25))
+    assert (resident.frame(*divmod(last + 1, 25)) == counts.reshape(600, 8, 8)[last + 1]).all()  # the service stays usable
 
 
 def test_moving_disk_is_incremental(rng):

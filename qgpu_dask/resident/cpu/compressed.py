@@ -44,6 +44,7 @@ from ...formats.codec import (
 )
 
 SLOT_MASK = PROB_SCALE - 1
+WHOLE = 2**31 - 1  # decode_stream's ``upto`` for a whole stream
 # Decoding errors: the Numba decoders return -code, the CUDA ones (kernels/compressed.cu) report code.
 E_LENGTH, E_TRUNCATED, E_STATE, E_POSITION, E_VALUE, E_SPARSE, E_FORM = 1, 2, 3, 4, 5, 6, 7
 ERRORS = {
@@ -488,20 +489,23 @@ def escaped(nv, base, x, w, payload, start, n_words, chunks, maxval):
 
 
 @jit
-def decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, lut, at):
-    """Every count of a value-mode rANS stream into val[0:n]; n, or a negative ERRORS code."""
+def decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, lut, at, upto):
+    """Every count of a value-mode rANS stream into val[0:n]; n, or a negative ERRORS code. With ``upto < n``
+    only val[0:upto] is decoded and checked."""
     x = get_le(payload, start, 4)
     if x < STATE_LOW:
         return -E_STATE
     w = 2
     last = n_words - 1
-    for i in range(n):
+    for i in range(min(n, upto)):
         s, x, w = next_token(x, w, payload, start, last, vt, cum, lut, at)
         if s == nv:
             s, x, w = escaped(nv, 0, x, w, payload, start, n_words, chunks, maxval)
             if s < 0:
                 return s
         val[i] = s
+    if upto < n:
+        return truncated_or(n, w, n_words)
     return finished(x, w, n_words, n)
 
 
@@ -536,9 +540,10 @@ def decode_value_pair(payload, start0, n_words0, start1, n_words1, n, nv0, vt0, 
 
 
 @jit
-def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, pos, val, lut, at, top, top_c, top_f):
+def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, pos, val, lut, at, top, top_c, top_f, upto):
     """The nonzero counts of a run-mode rANS stream into (pos, val); their number, or a negative ERRORS code.
-    ``top`` is the run table's commonest symbol (``top_c`` = its T[s], ``top_f`` its frequency)."""
+    ``top`` is the run table's commonest symbol (``top_c`` = its T[s], ``top_f`` its frequency). Decoding
+    stops (unchecked from there) once the position reaches ``upto``."""
     x = get_le(payload, start, 4)
     if x < STATE_LOW:
         return -E_STATE
@@ -549,6 +554,8 @@ def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, po
     i = 0
     skips = top == run  # the commonest run symbol is "R zeros, go on": its tokens get a loop of their own
     while i < n:
+        if i >= upto:
+            return truncated_or(cnt, w, n_words)
         slot = x & SLOT_MASK
         d = slot - top_c
         if skips:
@@ -601,9 +608,10 @@ def decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, po
 
 
 @jit
-def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsize, maxval, pos, val, lut, held, k):
+def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsize, maxval, pos, val, lut, held, k, upto):
     """(count, dense) of one stream: dense, its n counts in val[0:n]; else its ``count`` nonzero counts in
-    (pos, val). A negative count is an ERRORS code. Table set ``k`` holds the pixel's tables (``load_tables``)."""
+    (pos, val). A negative count is an ERRORS code. Table set ``k`` holds the pixel's tables (``load_tables``).
+    A rANS stream is decoded and checked up to position ``upto`` (``WHOLE``: all of it) at least, as the GPU's."""
     length = end - start
     if length < 0:
         return -E_LENGTH, False
@@ -643,9 +651,9 @@ def decode_stream(payload, start, end, form, n, run, nv, vt, cum, chunks, itemsi
         return -E_LENGTH, False
     at = k * LUT_BYTES
     if run == 0:
-        return decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, lut, at), True
+        return decode_values(payload, start, n_words, n, nv, vt, cum, chunks, maxval, val, lut, at, upto), True
     h = k * HELD
-    return decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, pos, val, lut, at, held[h + 1], held[h + 2], held[h + 3]), False
+    return decode_runs(payload, start, n_words, n, run, nv, vt, cum, chunks, maxval, pos, val, lut, at, held[h + 1], held[h + 2], held[h + 3], upto), False
 
 
 class Model:
@@ -665,7 +673,8 @@ class Model:
 
 
 @jit
-def decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val, lut, held, k):
+def decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval, pos, val, lut, held, k,
+              upto=WHOLE):
     """(count, dense) of stream (b, p), as :func:`decode_stream`, with table set ``k``."""
     start, end, form = stream_bounds(index, block_base, b, p)
     n = min(block, n_frames - b * block)
@@ -674,7 +683,7 @@ def decode_at(index, block_base, payload, b, p, n_frames, block, run, values, ta
     r, nv, vt = np.int64(run[p]), np.int64(values[p]), np.int64(table_start[p])
     if form == ANS:
         load_tables(cum, p, r, nv, vt, lut, held, k)
-    return decode_stream(payload, start, end, form, n, r, nv, vt, cum, chunks, itemsize, maxval, pos, val, lut, held, k)
+    return decode_stream(payload, start, end, form, n, r, nv, vt, cum, chunks, itemsize, maxval, pos, val, lut, held, k, upto)
 
 
 @jit
@@ -980,7 +989,7 @@ def frame_loop(index, block_base, payload, n_frames, block, run, values, table_s
         pos, val, lut, held = scratch(block, np.uint32)
         for p in range(t, frame_len, n_items):
             cnt, dense = decode_at(index, block_base, payload, b, p, n_frames, block, run, values, table_start, cum, chunks, itemsize, maxval,
-                                   pos[0], val[0], lut, held, 0)
+                                   pos[0], val[0], lut, held, 0, i + 1)
             if failed(errors, t, b, p, cnt):
                 break
             v = np.uint32(0)
