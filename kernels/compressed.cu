@@ -597,11 +597,14 @@ struct FrameEmit {
     __device__ void operator()(int pos, u32 v) { if (pos == at) value = v; }
 };
 
-__global__ void frame(STREAM_PARAMS, i64 n_frames, int block, int table_stride, i64 f, u32* out, u64* err) {
+// Frame f's counts of every pixel into out. Thread t decodes pixel order[t]: the value-mode pixels (a token
+// per position, the longest streams) come first, so no warp holds both kinds and runs both decode paths.
+__global__ void frame(STREAM_PARAMS, i64 n_frames, int block, int table_stride, i64 f, const int* order, u32* out, u64* err) {
     MAKE_STREAMS
     extern __shared__ unsigned long long smem_words[];
-    int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= st.frame_len) return;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= st.frame_len) return;
+    int p = order[t];
     PixelTables tb = thread_tables(model, p, smem_words, table_stride);
     int b = (int)(f / block);
     i64 lo = (i64)b * block;

@@ -14,7 +14,7 @@ import pytest
 import qgpu_dask as qd
 from conftest import cupy_available
 from qgpu_dask.service.handoff import (HANDOFF_BYTES, POOL_PREFIX, POOL_SLOTS, REPLY_PREFIX, SHM, STALE, Handoff, HandoffLost, Segment,
-                                      fits, pool_pid, sweep, take, token)
+                                      fits, mapped_slots, pool_pid, sweep, take, token)
 from qgpu_dask.service.shard import Shard
 
 
@@ -169,6 +169,23 @@ def test_a_slot_taken_too_late_is_lost_not_another_reply(svc, names, rng):
     with pytest.raises(HandoffLost, match="hand-over"):
         take({"x": stale})
     assert (take(reply)["big"] == big_reply(acq, HANDOFF_BYTES // 8)["big"]).all()
+
+
+def test_a_client_maps_a_slot_once_and_reads_each_reply_in_it(svc, names, rng):
+    acq = svc.put(rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16), name=names())
+    owner, n = acq.owner, HANDOFF_BYTES // 4
+    seen: dict[str, object] = {}
+    for k in range(3 * POOL_SLOTS):
+        reply = svc.router.call(owner, Shard.ask, "function", [acq.name], counted, (n, k), {}, handoff=token()).result()[0]
+        segment = reply
+        assert isinstance(segment, Segment) and segment.serial
+        got = take(reply)
+        assert (got == np.arange(n, dtype=np.uint32) + np.uint32(k)).all()  # this reply's bytes, not an earlier one's
+        memory = mapped_slots[segment.name][1]
+        assert seen.setdefault(segment.name, memory) is memory  # the slot's mapping of the first reply in it
+        del got
+        gc.collect()
+    assert len(seen) < 3 * POOL_SLOTS  # slots were used again
 
 
 def counted(resident, n: int, k: int) -> np.ndarray:

@@ -16,7 +16,8 @@ free /dev/shm, ``QGPU_DASK_HANDOFF=0`` on the client) replies travel inline, as 
 Writing into fresh /dev/shm pages costs more than the copy (the kernel allots and clears each page), so a
 shard keeps a few segments of its own, ``POOL_SLOTS`` files /dev/shm/qgpu-pool-<pid>-<hex> whose pages stay
 allotted (and page-locked on a GPU, so a device result is copied straight in, at pinned-memory speed), and
-writes a reply into one no client holds. The client maps it, takes a shared lock on it for as
+writes a reply into one no client holds. The client maps it (once: it keeps its mapping of each slot for
+the next reply there, as a fresh mapping pays a page fault per 4 KiB read), takes a shared lock on it for as
 long as the array lives (the lock goes with the array, or with the client's process), and marks it taken; the
 shard reuses a slot only when it can lock it exclusively and it was taken (or handed more than ``STALE``
 seconds ago and never taken). Each hand-over has a serial number the client checks, so a reply taken that
@@ -96,10 +97,9 @@ class Segment:
         fd = os.open(path, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
-            memory = mmap.mmap(fd, SLOT_HEADER + nbytes, flags=mmap.MAP_SHARED)
+            memory = slot_mapping(self.name, fd, SLOT_HEADER + nbytes)
             _, serial, _ = HEADER.unpack_from(memory, 0)
             if serial != self.serial:
-                memory.close()
                 raise HandoffLost(f"reply slot {path} holds hand-over {serial}, not {self.serial}: taken more than {STALE:.0f} s late")
             memory[0] = 0  # taken: the shard may reuse the slot once this lock is gone
         except BaseException:
@@ -108,6 +108,36 @@ class Segment:
         flat = np.frombuffer(memory, self.dtype, count=int(np.prod(self.shape)), offset=SLOT_HEADER)
         weakref.finalize(flat, os.close, fd)  # the lock goes with the last view of the array
         return flat.reshape(self.shape)
+
+
+MAPPED_SLOTS = 32  # slot mappings a client keeps (a few shards' POOL_SLOTS each)
+mapped_slots: dict[str, tuple[int, mmap.mmap]] = {}  # slot name -> (its file's inode, the whole slot mapped)
+mapped_lock = threading.Lock()
+
+
+def slot_mapping(name: str, fd: int, nbytes: int) -> mmap.mmap:
+    """The whole slot file of the locked ``fd`` (``name``), at least ``nbytes``, mapped: this client's mapping of it
+    from an earlier reply where it has one (its pages are mapped already: reading a reply in a slot mapped
+    afresh costs a page fault per 4 KiB, 16 thousand for a 64 MiB series of images, more than the reply's
+    copy), else a new one, kept for the next reply in that slot. Mappings of slots gone are let go."""
+    stat = os.fstat(fd)
+    with mapped_lock:
+        known = mapped_slots.get(name)
+        if known is not None and known[0] == stat.st_ino and len(known[1]) == stat.st_size >= nbytes:
+            return known[1]
+        for other in [n for n in mapped_slots if not (SHM / n).exists()]:
+            del mapped_slots[other]  # its views keep their own reference while they live
+        own = os.open(SHM / name, os.O_RDWR)  # a description of its own: one the mapping holds keeps its locks
+        try:
+            if os.fstat(own).st_ino != stat.st_ino:
+                raise HandoffLost(f"reply slot {SHM / name} was replaced while it was taken")
+            memory = mmap.mmap(own, stat.st_size, flags=mmap.MAP_SHARED)
+        finally:
+            os.close(own)
+        mapped_slots[name] = (stat.st_ino, memory)
+        while len(mapped_slots) > MAPPED_SLOTS:
+            del mapped_slots[next(iter(mapped_slots))]
+        return memory
 
 
 def replaced(value: Any, kind: type, change: Callable[[Any], Any]) -> Any:

@@ -89,6 +89,8 @@ class Model(twin.Model):
             (grid(self.lut.size),), (THREADS,), (self.run, self.values, self.table_start, self.cum, np.int32(frame_len), self.lut)
         )
         self.table_stride = table_stride(self.run, self.values)
+        modes = self.run > 0
+        self.frame_order = cupy.concatenate([cupy.flatnonzero(~modes), cupy.flatnonzero(modes)]).astype(np.int32)  # value-mode pixels first
 
 
 class Streams(twin.Streams):
@@ -385,7 +387,7 @@ def frame(streams: Streams, model: Model, index: int) -> cupy.ndarray:
     kernel("frame")(
         (grid(frame_len, 128),), (128,),
         (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride), np.int64(index),
-         out, err),
+         model.frame_order, out, err),
         shared_mem=table_bytes(model, 128),
     )
     raise_error(err, frame_len)
