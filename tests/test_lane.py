@@ -11,6 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
+import qgpu_dask as qd
 from qgpu_dask.service.lane import Lane, LaneServer
 from qgpu_dask.service.shard import Shard
 
@@ -30,6 +31,7 @@ def test_queries_through_the_lane_equal_numpy(svc, names, rng):
     image = acq.virtual_image(mask)
     assert (image == data[:, :, mask].sum(axis=-1, dtype=np.uint64)).all()
     assert lane.idle  # the calls went through it, and its connection is kept for the next
+    assert lane.idle_here  # the frames from this thread, through a blocking connection (no hop to the event loop)
 
 
 def test_shard_errors_come_back_through_the_lane(svc, names, rng):
@@ -40,6 +42,36 @@ def test_shard_errors_come_back_through_the_lane(svc, names, rng):
     with pytest.raises(KeyError, match="is not resident"):
         svc.router.call(acq.owner, Shard.ask, "frame", ["no-such-acquisition"], 0, 0).result()
     assert (acq.frame(1, 2) == acq.frame(1, 2)).all()  # the shard and the lane stay usable
+
+
+class Doubled(qd.Query):
+    """A user's query that reads little: twice a frame, asked from the calling thread once the shard knows it."""
+
+    name = "doubled_frame"
+    inline = True
+
+    @staticmethod
+    def reads(residents, row, col) -> int:
+        return 0
+
+    @staticmethod
+    def run(ctx, residents, row, col) -> list:
+        if row < 0:
+            raise ValueError(f"row {row} is negative")
+        return [2 * r.frame(row, col).astype(np.int64) for r in residents]
+
+
+def test_a_users_inline_query_is_sent_first_then_asked_from_this_thread(svc, names, rng):
+    data = rng.integers(0, 9, (4, 4, 6, 6), dtype=np.uint16)
+    acq = svc.put(data, name=names())
+    lane = lane_of(svc, acq)
+    for row in (1, 2):  # the first call finds the shard without the type, which is sent; the second goes straight
+        assert (acq.ask(Doubled, row, 3) == 2 * data[row, 3].astype(np.int64)).all()
+    assert lane.idle_here
+    pending = acq.ask(Doubled, -1, 0, wait=False)
+    with pytest.raises(ValueError, match="row -1 is negative"):
+        pending.result()  # the shard's error, where the result is asked for
+    assert (acq.frame(3, 3) == data[3, 3]).all()
 
 
 def test_a_broken_lane_is_asked_for_again(svc, names, rng):

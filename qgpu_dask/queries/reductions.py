@@ -61,7 +61,7 @@ class Frame(Query):
         return [r.frame(row, col) for r in residents]
 
     def assemble(self, parts: list) -> np.ndarray:
-        return np.stack(parts)
+        return np.stack(parts) if len(parts) > 1 else parts[0][None]  # one acquisition's: no copy
 
 
 @register

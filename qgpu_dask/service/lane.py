@@ -16,7 +16,9 @@ fails or would name ``__main__``, as in Dask) after its length (8 bytes, little-
 ``(True, value)`` or ``(False, exception)``.
 
 A client learns a shard's lane through Dask (``Shard.lane``) and keeps its idle connections, one per call
-in flight. A lane it cannot reach at first is not tried again for that worker; one that cannot be reached
+in flight: those of its event loop, and blocking ones that a query reading little (a frame) is asked through
+from the caller's own thread (``Lane.call_here``; the hops to the client's loop and back cost several times a
+frame's round trip). A lane it cannot reach at first is not tried again for that worker; one that cannot be reached
 later, or a connection that breaks mid-call, raises ``ConnectionResetError`` (an ``OSError``, like Dask's
 comm errors, so the call is routed again as for a lost worker, and the lane asked for again).
 ``QGPU_DASK_LANE=0`` on the client sends every call through Dask.
@@ -155,11 +157,14 @@ def wanted() -> bool:
 
 
 class Lane:
-    """A client's way to one shard's lane: its name and idle connections (used on the client's event loop)."""
+    """A client's way to one shard's lane: its name and idle connections, those of the client's event loop
+    and the blocking ones any thread may call through (``call_here``)."""
 
     def __init__(self, name: str):
         self.name = name
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.idle_here: list[socket.socket] = []
+        self.lock = threading.Lock()  # over idle_here
 
     @classmethod
     async def opened(cls, name: str | None) -> "Lane | None":
@@ -205,10 +210,54 @@ class Lane:
             raise value
         return value
 
+    def call_here(self, method: str, *args, **kwargs) -> Any:
+        """``call`` from this thread, on a blocking connection: no hop to the event loop and back (a frame's
+        round trip is mostly such hops). Raises as ``call``."""
+        with self.lock:
+            sock = self.idle_here.pop() if self.idle_here else None
+        try:
+            if sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.connect(address(self.name))
+                if message(sock) != self.name:
+                    raise ConnectionRefusedError(f"lane {self.name!r} answered as another")
+            sock.sendall(packed((method, args, kwargs)))
+            ok, value = message(sock)
+        except (OSError, EOFError, pickle.UnpicklingError) as err:
+            if sock is not None:
+                sock.close()
+            raise ConnectionResetError(f"lane {self.name!r} could not be reached, or its connection broke mid-call ({err})") from None
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+        with self.lock:
+            keep = len(self.idle_here) < IDLE_CONNECTIONS
+            if keep:
+                self.idle_here.append(sock)
+        if not keep:
+            sock.close()
+        if not ok:
+            raise value
+        return value
+
     def close(self) -> None:
         for _, writer in self.idle:
             writer.close()
         self.idle.clear()
+        with self.lock:
+            for sock in self.idle_here:
+                sock.close()
+            self.idle_here.clear()
+
+
+def message(sock: socket.socket) -> Any:
+    """The next message on the blocking ``sock``, unpickled; EOFError if the peer closed it first."""
+    head = read_exactly(sock, LENGTH.size)
+    body = None if head is None else read_exactly(sock, LENGTH.unpack(head)[0])
+    if body is None:
+        raise EOFError("the lane closed the connection")
+    return pickle.loads(body)
 
 
 async def received(reader: asyncio.StreamReader) -> Any:

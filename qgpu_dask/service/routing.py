@@ -90,6 +90,9 @@ class Router:
         /dev/shm, ``handoff``); a future of [(reply, positions)], as ``routed``."""
         kind = type(query)
         name = wire_name(kind)
+        here = self.asked_here(query, name, names)
+        if here is not None:
+            return here
 
         async def call(owner: str, mine: list[str], *args) -> Any:
             try:
@@ -101,6 +104,29 @@ class Router:
             return take(await self.send(owner, Shard.ask, name, mine, *args, handoff=token()))
 
         return self.routed(names, lambda owner, mine: query.send(call, owner, mine))
+
+    def asked_here(self, query: Query, name: str, names: list[str]) -> concurrent.futures.Future | None:
+        """A query that reads little (``inline``: a frame) of one shard whose lane this client has, asked from
+        this thread through the lane (``Lane.call_here``: the hops to the client's event loop and back cost
+        more than the call); None where it must take the way through the loop (another owner each, no lane, a
+        type of its own ``send``), or where that way has more to do (a lost lane or shard, a moved acquisition,
+        a query type to send first), which then asks again."""
+        kind = type(query)
+        if not kind.inline or kind.send is not Query.send:
+            return None
+        owners = {self.owners.get(n) for n in names}
+        lane = self.lanes.get(owners.pop()) if len(owners) == 1 else None
+        if lane is None:
+            return None
+        self.check_open()
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            done.set_result([(take(lane.call_here("ask", name, list(names), *query.arguments(), handoff=token())), list(range(len(names))))])
+        except (OSError, KeyError, UnknownQuery):
+            return None
+        except Exception as err:
+            done.set_exception(err)
+        return done
 
     def routed(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> concurrent.futures.Future:
         """``send(owner, names of that owner)`` once per owning shard; a future of [(reply, positions in
