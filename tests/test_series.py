@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -141,3 +143,25 @@ def test_info_names_the_index_centre(svc, names, rng):
     assert abs(cy - 5) <= 0.5 and abs(cx - 11) <= 0.5  # the bright disk's centroid, to the half pixel
     disk = qd.masks.disk((16, 16), (cy, cx), 3)
     assert (acq.virtual_image(disk) == reference(counts, disk[None])[0].reshape(8, 9)).all()
+
+
+def test_series_results_reuse_memory_only_once_no_view_of_it_lives(svc, names, rng):
+    det = (6, 5)
+    data = [rng.integers(0, 50, (9, 8, *det), dtype=np.uint16) for _ in range(6)]
+    series = qd.Series(svc, [svc.put(d, name=names()) for d in data])
+    assert len({a.owner for a in series}) > 1  # assembled from several shards' replies
+    masks = [qd.masks.disk(det, (3, 2.5), r) for r in (1.5, 2.5)]
+    want = [np.stack([d[:, :, m].sum(axis=-1, dtype=np.uint64).astype(np.uint32) for d in data]) for m in masks]
+    first = series.virtual_images(masks[0])
+    kept = first[2]  # a view outlives its result
+    address = first.ctypes.data
+    del first
+    gc.collect()
+    second = series.virtual_images(masks[1])
+    assert not np.shares_memory(second, kept) and (kept == want[0][2]).all() and (second == want[1]).all()
+    addresses = {address, second.ctypes.data}
+    del kept, second
+    gc.collect()
+    third = series.virtual_images(masks[0])
+    assert (third == want[0]).all() and third.flags.writeable
+    assert third.ctypes.data in addresses  # the memory of a collected result again

@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar
@@ -118,6 +120,33 @@ class Query:
 
 LANES = min(8, os.cpu_count() or 1)  # threads a client assembles a series result with (made on first use)
 ASSEMBLERS = ThreadPoolExecutor(LANES, thread_name_prefix="qgpu-assemble")
+
+
+KEPT_BYTES = 1 << 30  # memory of collected results a client keeps for the next ones of their size
+kept_results: dict[int, list[memoryview]] = {}  # nbytes -> the memory (of a bytearray) of collected results
+kept_lock = threading.Lock()
+
+
+def result_array(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` for a result assembled from several replies, in the memory of a collected
+    earlier result of its size where this client kept one: the kernel clears every fresh page before the
+    first write, which for a series of images costs more than the copy into it."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    with kept_lock:
+        free = kept_results.get(nbytes)
+        memory = free.pop() if free else None
+    flat = np.frombuffer(bytearray(nbytes) if memory is None else memory, dtype)
+    # every view of the result refers to flat (views of a view of a bytearray stop there), so its memory is
+    # free for another result once flat is collected
+    weakref.finalize(flat, keep_result, flat.base)
+    return flat.reshape(shape)
+
+
+def keep_result(memory: memoryview) -> None:
+    with kept_lock:
+        if len(memory) + sum(len(m) for ms in kept_results.values() for m in ms) <= KEPT_BYTES:
+            kept_results.setdefault(len(memory), []).append(memory)
 
 
 def placed(out: np.ndarray, rows: list[tuple[int, np.ndarray]]) -> None:

@@ -23,7 +23,7 @@ from ..resident.base import Plan
 from ..resident.compressed import CompressedCounts
 from ..resident.masks import MaskWeights, as_mask_stack
 from ..resident.series import SeriesSums
-from .base import Context, Kept, Query, placed, register
+from .base import Context, Kept, Query, placed, register, result_array
 
 STACK_BYTES = 256 * 2**20
 PLANS = 512
@@ -215,6 +215,6 @@ class VirtualImages(Query):
         if len(parts) == 1 and (parts[0][0] == np.arange(n)).all() and parts[0][1].dtype == acc:
             out = parts[0][1]
         else:
-            out = np.empty((n,) + parts[0][1].shape[1:], dtype=acc)
+            out = result_array((n,) + parts[0][1].shape[1:], acc)
             placed(out, [(i, images[k]) for where, images in parts for k, i in enumerate(where)])
         return out[:, 0] if self.one else out
