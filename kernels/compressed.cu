@@ -597,8 +597,47 @@ struct FrameEmit {
     __device__ void operator()(int pos, u32 v) { if (pos == at) value = v; }
 };
 
-// Frame f's counts of every pixel into out. Thread t decodes pixel order[t]: the value-mode pixels (a token
-// per position, the longest streams) come first, so no warp holds both kinds and runs both decode paths.
+// The count at position `at` of a value-mode rANS stream of `length` bytes at `bytes`: decode_stream's
+// value-mode loop up to that position, less what a frame does not need (run tokens, emits; a count below the
+// escape is at most 61, so only escaped ones are held to maxval). The same checks, in the same order.
+__device__ int frame_value(const u8* bytes, i64 length, const Model& m, const PixelTables& tb, int at, u32& value) {
+    if ((length & 1) || length < 4) return E_LENGTH;
+    WordReader word(bytes);
+    u32 x = word.next();
+    x |= word.next() << 16;
+    if (x < STATE_LOW) return E_STATE;
+    int left = (int)(length / 2) - 2;
+    const int nv = tb.nv;
+    const u16* vt = tb.vt;
+    const u8* vlut = tb.vlut;
+    u64 v = 0;
+    for (int i = 0; i <= at; ++i) {
+        int s = get_symbol(x, vt, vlut);
+        if (x < STATE_LOW) {
+            if (left == 0) return E_TRUNCATED;
+            x = (x << 16) | word.next();
+            --left;
+        }
+        v = (u64)s;
+        if (s == nv) {
+            u64 excess = 0;
+            for (int c = 0; c < m.chunks; ++c) {
+                excess |= (u64)(x & 0xFFFFu) << (16 * c);
+                x >>= 16;
+                if (left == 0) return E_TRUNCATED;
+                x = (x << 16) | word.next();
+                --left;
+            }
+            v += excess;
+            if (v > m.maxval) return E_VALUE;
+        }
+    }
+    value = (u32)v;
+    return 0;
+}
+
+// Frame f's counts of every pixel into out, the first error into err. Thread t decodes pixel order[t]: the value-mode pixels (a token per
+// position, the longest streams) come first, so no warp holds both kinds and runs both decode paths.
 __global__ void frame(STREAM_PARAMS, i64 n_frames, int block, int table_stride, i64 f, const int* order, u32* out, u64* err) {
     MAKE_STREAMS
     extern __shared__ unsigned long long smem_words[];
@@ -608,8 +647,16 @@ __global__ void frame(STREAM_PARAMS, i64 n_frames, int block, int table_stride, 
     PixelTables tb = thread_tables(model, p, smem_words, table_stride);
     int b = (int)(f / block);
     i64 lo = (i64)b * block;
+    int n = (int)min((i64)block, n_frames - lo);
     FrameEmit emit{(int)(f - lo), 0};
-    int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit, emit.at + 1);
+    i64 start, end;
+    int form;
+    stream_bounds(st, b, p, start, end, form);
+    int code;
+    if (tb.run == 0 && form == ANS && start >= 0 && end >= start && end <= st.payload_bytes)
+        code = frame_value(st.payload + start, end - start, model, tb, emit.at, emit.value);
+    else
+        code = decode_stream(st, model, tb, b, p, n, emit, emit.at + 1);
     if (code) report(err, b, p, st.frame_len, code);
     out[p] = emit.value;
 }

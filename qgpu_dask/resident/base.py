@@ -133,7 +133,7 @@ class Resident(AcquisitionShape, ABC):
 
     @abstractmethod
     def frame_flat(self, index: int):
-        """One frame, (frame_len,) native dtype, on the device."""
+        """One frame, (frame_len,) native dtype, on the device (or on the host, where it was made there)."""
 
     @abstractmethod
     def frames_flat(self, lo: int, hi: int):

@@ -1003,7 +1003,7 @@ def frame_loop(index, block_base, payload, n_frames, block, run, values, table_s
 
 
 def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
-    """The counts of frame ``index`` (frame_len,) as uint32."""
+    """The counts of frame ``index`` (frame_len,) as uint32 (on the host, as the GPU twin's)."""
     frame_len = streams.index.shape[1]
     out = np.zeros(frame_len, dtype=np.uint32)
     run_checked(frame_loop, streams, model, lanes(frame_len), int(index), out)

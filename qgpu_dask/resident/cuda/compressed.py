@@ -379,19 +379,23 @@ def roi_reduce(streams: Streams, model: Model, mult: cupy.ndarray, op: str) -> c
     return out
 
 
-def frame(streams: Streams, model: Model, index: int) -> cupy.ndarray:
-    """The counts of frame ``index`` (frame_len,) as uint32."""
+def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
+    """The counts of frame ``index`` (frame_len,) as uint32, on the host: they and the kernel's error word
+    come back in one copy (a frame's time is mostly such steps beside its kernel)."""
     frame_len = streams.index.shape[1]
-    out = cupy.empty(frame_len, dtype=np.uint32)
-    err = cupy.full(1, NO_ERROR, dtype=np.uint64)
+    at = frame_len + (frame_len & 1)  # the error word's place, 8-byte aligned
+    both = cupy.empty(at + 2, dtype=np.uint32)
+    err = both[at:].view(np.uint64)
+    cupy.cuda.runtime.memsetAsync(err.data.ptr, 0xFF, 8, cupy.cuda.get_current_stream().ptr)  # NO_ERROR
     kernel("frame")(
         (grid(frame_len, 128),), (128,),
         (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride), np.int64(index),
-         model.frame_order, out, err),
+         model.frame_order, both[:frame_len], err),
         shared_mem=table_bytes(model, 128),
     )
-    raise_error(err, frame_len)
-    return out
+    host = both.get()
+    check_word(int(host[at:].view(np.uint64)[0]), frame_len)
+    return host[:frame_len]
 
 
 def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bool, frames: tuple[int, int] | None = None) -> cupy.ndarray:
