@@ -20,7 +20,9 @@ in flight: those of its event loop, and blocking ones that a query reading littl
 from the caller's own thread (``Lane.call_here``; the hops to the client's loop and back cost several times a
 frame's round trip). A lane it cannot reach at first is not tried again for that worker; one that cannot be reached
 later, or a connection that breaks mid-call, raises ``ConnectionResetError`` (an ``OSError``, like Dask's
-comm errors, so the call is routed again as for a lost worker, and the lane asked for again).
+comm errors, so the call is routed again as for a lost worker, and the lane asked for again). A lane that
+refuses a connection is gone with its process (``LaneGone``): the client then calls that worker no more, not
+even through Dask (whose connect would wait out its timeout), until the catalog says what became of it.
 ``QGPU_DASK_LANE=0`` on the client sends every call through Dask.
 """
 
@@ -151,6 +153,12 @@ class LaneServer:
 # -- the client's half ---------------------------------------------------------------
 
 
+class LaneGone(ConnectionResetError):
+    """A lane refused a connection: nothing listens on its socket any more, so its shard's process is gone
+    (an abstract socket goes with its process); the worker need not be asked through Dask, whose connect
+    would wait out its timeout."""
+
+
 def wanted() -> bool:
     """Whether this client sends calls through lanes (``QGPU_DASK_LANE=0``: through Dask alone)."""
     return os.environ.get("QGPU_DASK_LANE") != "0" and sys.platform.startswith("linux")
@@ -183,7 +191,7 @@ class Lane:
         greeting = await received(reader)
         if greeting != self.name:
             writer.close()
-            raise ConnectionRefusedError(f"lane {self.name!r} answered as {greeting!r}")
+            raise ConnectionResetError(f"lane {self.name!r} answered as {greeting!r}")
         return reader, writer
 
     async def call(self, method: str, *args, **kwargs) -> Any:
@@ -197,7 +205,7 @@ class Lane:
         except (OSError, EOFError, asyncio.IncompleteReadError) as err:
             if writer is not None:
                 writer.close()
-            raise ConnectionResetError(f"lane {self.name!r} could not be reached, or its connection broke mid-call ({err})") from None
+            raise broken(self.name, err) from None
         except BaseException:
             if writer is not None:
                 writer.close()  # cancelled mid-call, or a reply this process cannot unpickle: the connection goes
@@ -220,13 +228,13 @@ class Lane:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.connect(address(self.name))
                 if message(sock) != self.name:
-                    raise ConnectionRefusedError(f"lane {self.name!r} answered as another")
+                    raise ConnectionResetError(f"lane {self.name!r} answered as another")
             sock.sendall(packed((method, args, kwargs)))
             ok, value = message(sock)
         except (OSError, EOFError, pickle.UnpicklingError) as err:
             if sock is not None:
                 sock.close()
-            raise ConnectionResetError(f"lane {self.name!r} could not be reached, or its connection broke mid-call ({err})") from None
+            raise broken(self.name, err) from None
         except BaseException:
             if sock is not None:
                 sock.close()
@@ -249,6 +257,14 @@ class Lane:
             for sock in self.idle_here:
                 sock.close()
             self.idle_here.clear()
+
+
+def broken(name: str, err: BaseException) -> ConnectionResetError:
+    """The error of a call through lane ``name`` that failed with ``err``: LaneGone where the lane refused
+    the connection, else the connection broke (or its greeting was wrong)."""
+    if isinstance(err, ConnectionRefusedError):
+        return LaneGone(f"lane {name!r} refused a connection: its shard's process is gone ({err})")
+    return ConnectionResetError(f"lane {name!r} could not be reached, or its connection broke mid-call ({err})")
 
 
 def message(sock: socket.socket) -> Any:

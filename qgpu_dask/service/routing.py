@@ -14,11 +14,12 @@ from distributed import Client
 from ..queries.base import Query, UnknownQuery, built_in, wire_name
 from .calls import call_async, shard_pool
 from .handoff import take, token
-from .lane import Lane
+from .lane import Lane, LaneGone
 from .placement import place
 from .shard import Shard, shard_key
 
 REHOME_WAIT = 600.0  # seconds a query waits for an acquisition of a lost shard to be held again
+GONE_SECONDS = 10.0  # at most this long a worker whose lane refused a connection is taken for gone
 
 
 class AcquisitionLost(RuntimeError):
@@ -43,6 +44,7 @@ class Router:
         self.owners: dict[str, str] = {}  # the owner last seen of each acquisition name
         self.pool = shard_pool(client)
         self.lanes: dict[str, Lane | None] = {}  # each shard's local lane (None: it has none this client can reach)
+        self.gone: dict[str, float] = {}  # workers whose lane refused a connection, until when they count as gone
 
     def on_loop(self, coroutine) -> concurrent.futures.Future:
         """Run ``coroutine`` on the client's event loop; a thread-safe future of its result."""
@@ -60,13 +62,17 @@ class Router:
     async def send(self, address: str, method: Callable, *args, **kwargs) -> Any:
         """Call shard method ``method`` on worker ``address`` (on the client's event loop): ``ask`` and ``ping``
         through the shard's local lane where this client can reach it (``lane.py``), the rest through Dask."""
+        if self.gone.get(address, 0.0) > time.monotonic():
+            raise ConnectionResetError(f"worker {address} is gone: its lane refused a connection")
         if method in (Shard.ask, Shard.ping):
             lane = await self.lane(address)
             if lane is not None:
                 try:
                     return await lane.call(method.__name__, *args, **kwargs)
-                except ConnectionResetError:
+                except ConnectionResetError as err:
                     self.lanes.pop(address, None)  # looked up again next time (a new worker at this address has another)
+                    if isinstance(err, LaneGone):
+                        self.gone[address] = time.monotonic() + GONE_SECONDS  # until the catalog says what became of it
                     raise
         return await call_async(self.pool, address, shard_key(address), method.__name__, *args, **kwargs)
 
@@ -173,6 +179,7 @@ class Router:
                 if isinstance(error, KeyError):
                     return False  # the shard is there and says so: a real error
                 if time.monotonic() > started + 1.0:
+                    self.gone.pop(owner, None)  # the catalog has it alive: ask it (through Dask, for a new lane) again
                     return True  # still the owner a second later: the connection failed, not the worker
             if time.monotonic() > deadline:
                 raise TimeoutError(f"acquisitions {names} of worker {owner} were not held again within {REHOME_WAIT:.0f} s ({error})")
