@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
 
 import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.service.lane import Lane, LaneServer
+from qgpu_dask.service.lane import Lane, LaneGone, LaneServer
 from qgpu_dask.service.shard import Shard
 
 
@@ -118,3 +119,21 @@ def test_no_lane_when_turned_off(svc, names, rng, monkeypatch):
     assert name.startswith("qgpu-lane-")
     monkeypatch.setenv("QGPU_DASK_LANE", "0")
     assert svc.client.sync(Lane.opened, name) is None
+
+
+def test_a_lane_whose_process_is_gone_is_told_from_a_broken_connection():
+    server = LaneServer.started({"ping": lambda: None})
+
+    async def calls():
+        lane = await Lane.opened(server.name)
+        assert await lane.call("ping") is None and lane.idle
+        server.listener.shutdown(socket.SHUT_RDWR)  # nothing listens on the socket any more, as when the shard's process is gone
+        server.listener.close()
+        for _, writer in lane.idle:
+            writer.transport.abort()  # and its connections break
+        with pytest.raises(LaneGone, match="refuses connections"):
+            await lane.call("ping")  # a broken connection, then a refused one: gone
+        with pytest.raises(LaneGone):
+            lane.call_here("ping")
+
+    asyncio.run(calls())

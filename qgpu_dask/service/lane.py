@@ -260,11 +260,26 @@ class Lane:
 
 
 def broken(name: str, err: BaseException) -> ConnectionResetError:
-    """The error of a call through lane ``name`` that failed with ``err``: LaneGone where the lane refused
-    the connection, else the connection broke (or its greeting was wrong)."""
-    if isinstance(err, ConnectionRefusedError):
-        return LaneGone(f"lane {name!r} refused a connection: its shard's process is gone ({err})")
+    """The error of a call through lane ``name`` that failed with ``err``: LaneGone where the lane refuses
+    connections (this one, or a new one made to ask, after a connection broke), else the connection broke
+    (or its greeting was wrong)."""
+    if isinstance(err, ConnectionRefusedError) or not listening(name):
+        return LaneGone(f"lane {name!r} refuses connections: its shard's process is gone ({err})")
     return ConnectionResetError(f"lane {name!r} could not be reached, or its connection broke mid-call ({err})")
+
+
+def listening(name: str) -> bool:
+    """Whether something listens on lane ``name``'s socket (a local connect: microseconds)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(address(name))
+        return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return True  # not known to be gone
+    finally:
+        probe.close()
 
 
 def message(sock: socket.socket) -> Any:
