@@ -149,76 +149,63 @@ def token_histogram(flat: np.ndarray, block: int, run: np.ndarray, values: np.nd
 
 
 @jit
-def emit(payload, at, k, ktot, word, write):
-    """Emitted word ``k`` lands at word ``2 + ktot - 1 - k`` of the stream (the decoder reads forward)."""
-    if write:
-        w = at + 2 * (2 + ktot - 1 - k)
-        payload[w] = word & 0xFF
-        payload[w + 1] = (word >> 8) & 0xFF
-    return k + 1
-
-
-@jit
-def put_symbol(x, c, f, payload, at, k, ktot, write):
-    if x >= (f << (32 - PROB_BITS)):
-        k = emit(payload, at, k, ktot, x & 0xFFFF, write)
-        x >>= 16
-    q = np.int64(np.uint32(x) // np.uint32(f))  # a 32-bit division: the state fits, and it is the costly step
-    x = (q << PROB_BITS) + (x - q * f) + c
-    return x, k
-
-
-@jit
-def put_raw(x, chunk, payload, at, k, ktot, write):
-    k = emit(payload, at, k, ktot, x & 0xFFFF, write)
-    return ((x >> 16) << 16) | chunk, k
-
-
-@jit
-def put_value(x, v, run, nv, vt, cum, chunks, payload, at, k, ktot, write):
-    """Encode count ``v`` (reversed order: escape chunks first, then its symbol)."""
-    s = value_symbol(v, run, nv)
-    if s == nv:
-        excess = v - nv - (1 if run > 0 else 0)
-        if chunks == 2:
-            x, k = put_raw(x, (excess >> 16) & 0xFFFF, payload, at, k, ktot, write)
-        x, k = put_raw(x, excess & 0xFFFF, payload, at, k, ktot, write)
-    c = np.int64(cum[vt + s])
-    return put_symbol(x, c, np.int64(cum[vt + s + 1]) - c, payload, at, k, ktot, write)
-
-
-@jit
-def put_run(x, s, rt, cum, payload, at, k, ktot, write):
-    c = np.int64(cum[rt + s])
-    return put_symbol(x, c, np.int64(cum[rt + s + 1]) - c, payload, at, k, ktot, write)
-
-
-@jit
-def encode_ans(col, run, nv, vt, cum, chunks, payload, at, ktot, write):
-    """rANS-code one stream backwards; returns (words emitted, final state)."""
+def encode_ans(col, run, nv, vt, cum, chunks, payload, at, ktot):
+    """rANS-code one stream backwards (its tokens of §3, last first); returns (words emitted, final state).
+    Emitted word ``k`` lands at word ``2 + ktot - 1 - k`` of the stream at ``payload[at:]`` (the decoder reads
+    forward). One loop, the coder written out: Numba's calls between small helpers cost more than the coding."""
     n = col.shape[0]
     x = np.int64(STATE_LOW)
     k = 0
-    if run == 0:
-        for i in range(n - 1, -1, -1):
-            x, k = put_value(x, np.int64(col[i]), run, nv, vt, cum, chunks, payload, at, k, ktot, write)
-        return k, x
     rt = vt + nv + 2
+    base = 1 if run > 0 else 0
+    last = at + 2 * (2 + ktot - 1)  # where emitted word 0 goes
     i = n - 1
-    while i >= 0 and col[i] == 0:
-        i -= 1
-    if i < n - 1:
-        x, k = put_run(x, run + 1, rt, cum, payload, at, k, ktot, write)
-    while i >= 0:
-        x, k = put_value(x, np.int64(col[i]), run, nv, vt, cum, chunks, payload, at, k, ktot, write)
-        j = i - 1
-        while j >= 0 and col[j] == 0:
-            j -= 1
-        zeros = i - j - 1
-        x, k = put_run(x, zeros % run, rt, cum, payload, at, k, ktot, write)
-        for _ in range(zeros // run):
-            x, k = put_run(x, run, rt, cum, payload, at, k, ktot, write)
-        i = j
+    rest = -1  # run mode: a run token still to code before the next value (-1: none)
+    rep = 0  # run mode: R-zero run tokens still to code
+    if run > 0:
+        while i >= 0 and col[i] == 0:
+            i -= 1
+        if i < n - 1:
+            rest = run + 1  # the rest of the stream is zeros
+    while True:
+        if run > 0 and rest >= 0:
+            t, s = rt, rest
+            rest = -1
+        elif rep > 0:
+            t, s = rt, run
+            rep -= 1
+        else:
+            if i < 0:
+                break
+            v = np.int64(col[i])
+            if run > 0:
+                j = i - 1
+                while j >= 0 and col[j] == 0:
+                    j -= 1
+                zeros = i - j - 1
+                rest, rep = zeros % run, zeros // run
+                i = j
+            else:
+                i -= 1
+            t, s = vt, min(v - base, nv)
+            if s == nv:  # escape chunks, coded before the symbol (uint32: the high chunk first)
+                excess = v - nv - base
+                for c in range(chunks - 1, -1, -1):
+                    w = last - 2 * k
+                    payload[w] = x & 0xFF
+                    payload[w + 1] = (x >> 8) & 0xFF
+                    k += 1
+                    x = ((x >> 16) << 16) | ((excess >> (16 * c)) & 0xFFFF)
+        c = np.int64(cum[t + s])
+        f = np.int64(cum[t + s + 1]) - c
+        if x >= (f << (32 - PROB_BITS)):
+            w = last - 2 * k
+            payload[w] = x & 0xFF
+            payload[w + 1] = (x >> 8) & 0xFF
+            k += 1
+            x >>= 16
+        q = np.int64(np.uint32(x) // np.uint32(f))  # a 32-bit division: the state fits, and it is the costly step
+        x = (q << PROB_BITS) + (x - q * f) + c
     return k, x
 
 
@@ -274,7 +261,7 @@ def encode_stream(col, run, nv, vt, cum, chunks, itemsize, scratch, out, at):
     lie there in reading order, and are copied behind the final state if rANS wins.
     """
     cap = ans_capacity(col.shape[0])
-    k, x = encode_ans(col, run, nv, vt, cum, chunks, scratch, 0, cap, True)
+    k, x = encode_ans(col, run, nv, vt, cum, chunks, scratch, 0, cap)
     form, size = choose_form(col, itemsize, k)
     if form == ANS:
         put_le(out, at, x, 4)
