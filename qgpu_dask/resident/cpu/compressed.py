@@ -149,6 +149,13 @@ def token_histogram(flat: np.ndarray, block: int, run: np.ndarray, values: np.nd
 
 
 @jit
+def put_word(payload, w, x):
+    """The low 16 bits of ``x`` at ``payload[w:w + 2]``, little-endian."""
+    payload[w] = x & 0xFF
+    payload[w + 1] = (x >> 8) & 0xFF
+
+
+@jit
 def encode_ans(col, run, nv, vt, cum, chunks, payload, at, ktot):
     """rANS-code one stream backwards (its tokens of §3, last first); returns (words emitted, final state).
     Emitted word ``k`` lands at word ``2 + ktot - 1 - k`` of the stream at ``payload[at:]`` (the decoder reads
@@ -187,21 +194,17 @@ def encode_ans(col, run, nv, vt, cum, chunks, payload, at, ktot):
                 i = j
             else:
                 i -= 1
-            t, s = vt, min(v - base, nv)
+            t, s = vt, value_symbol(v, run, nv)
             if s == nv:  # escape chunks, coded before the symbol (uint32: the high chunk first)
                 excess = v - nv - base
                 for c in range(chunks - 1, -1, -1):
-                    w = last - 2 * k
-                    payload[w] = x & 0xFF
-                    payload[w + 1] = (x >> 8) & 0xFF
+                    put_word(payload, last - 2 * k, x)
                     k += 1
                     x = ((x >> 16) << 16) | ((excess >> (16 * c)) & 0xFFFF)
         c = np.int64(cum[t + s])
         f = np.int64(cum[t + s + 1]) - c
         if x >= (f << (32 - PROB_BITS)):
-            w = last - 2 * k
-            payload[w] = x & 0xFF
-            payload[w + 1] = (x >> 8) & 0xFF
+            put_word(payload, last - 2 * k, x)
             k += 1
             x >>= 16
         q = np.int64(np.uint32(x) // np.uint32(f))  # a 32-bit division: the state fits, and it is the costly step
