@@ -38,9 +38,9 @@ import threading
 import uuid
 from typing import Any, Callable
 
-from ..device import use_own_stream
-
 import cloudpickle
+
+from ..device import use_own_stream
 
 LANE_PREFIX = "qgpu-lane-"
 LENGTH = struct.Struct("<Q")
@@ -78,6 +78,12 @@ def read_exactly(sock: socket.socket, n: int) -> bytearray | None:
             return None
         got += k
     return buf
+
+
+def read_body(sock: socket.socket) -> bytearray | None:
+    """The next message's pickled bytes from the blocking ``sock``; None if the peer closed it first."""
+    head = read_exactly(sock, LENGTH.size)
+    return None if head is None else read_exactly(sock, LENGTH.unpack(head)[0])
 
 
 class LaneServer:
@@ -125,13 +131,7 @@ class LaneServer:
         with conn:
             try:
                 conn.sendall(packed(self.name))
-                while True:
-                    head = read_exactly(conn, LENGTH.size)
-                    if head is None:
-                        return
-                    body = read_exactly(conn, LENGTH.unpack(head)[0])
-                    if body is None:
-                        return
+                while (body := read_body(conn)) is not None:
                     conn.sendall(self.answer(body))
             except OSError:
                 return  # the client went away mid-call
@@ -284,8 +284,7 @@ def listening(name: str) -> bool:
 
 def message(sock: socket.socket) -> Any:
     """The next message on the blocking ``sock``, unpickled; EOFError if the peer closed it first."""
-    head = read_exactly(sock, LENGTH.size)
-    body = None if head is None else read_exactly(sock, LENGTH.unpack(head)[0])
+    body = read_body(sock)
     if body is None:
         raise EOFError("the lane closed the connection")
     return pickle.loads(body)
