@@ -140,14 +140,15 @@ def slot_mapping(name: str, fd: int, nbytes: int) -> mmap.mmap:
         return memory
 
 
-def replaced(value: Any, kind: type, change: Callable[[Any], Any]) -> Any:
-    """``value`` with ``change(x)`` for every ``x`` of exactly type ``kind`` in it, inside lists, tuples and dicts."""
-    if type(value) is kind:
+def replaced(value: Any, kinds: tuple[type, ...], change: Callable[[Any], Any]) -> Any:
+    """``value`` with ``change(x)`` for every ``x`` of exactly one of the types ``kinds`` in it, inside lists,
+    tuples and dicts."""
+    if type(value) in kinds:
         return change(value)
     if type(value) in (list, tuple):
-        return type(value)(replaced(v, kind, change) for v in value)
+        return type(value)(replaced(v, kinds, change) for v in value)
     if type(value) is dict:
-        return {k: replaced(v, kind, change) for k, v in value.items()}
+        return {k: replaced(v, kinds, change) for k, v in value.items()}
     return value
 
 
@@ -249,7 +250,7 @@ def take(reply: Any) -> Any:
             lost.append(f"{segment.name}: {err}")
             return None
 
-    out = replaced(reply, Segment, mapped)
+    out = replaced(reply, (Segment,), mapped)
     if lost:
         raise HandoffLost(f"a shard's reply was handed over in /dev/shm but {len(lost)} of its segments could not be taken "
                           f"(removed by something else, or taken more than {STALE:.0f} s late): {'; '.join(lost)}")
@@ -286,15 +287,12 @@ class Handoff:
             return to_host(reply)
         kinds = array_kinds()
         large: list = []
-        for kind in kinds:
-            replaced(reply, kind, lambda a: large.append(a) if handed(a) else None)
+        replaced(reply, kinds, lambda a: large.append(a) if handed(a) else None)
         if not large or not fits(sum(a.nbytes for a in large)):
             return to_host(reply)
         written: list[str] = []
         try:
-            for kind in kinds:
-                reply = replaced(reply, kind, lambda a: (self.pool.give(a) or written_segment(a, written)) if handed(a) else a)
-            return to_host(reply)
+            return to_host(replaced(reply, kinds, lambda a: (self.pool.give(a) or written_segment(a, written)) if handed(a) else a))
         except OSError as err:
             for name in written:
                 (SHM / name).unlink(missing_ok=True)
