@@ -193,11 +193,11 @@ def commonest_per_group(n_masks: int, masks: np.ndarray, pixels: np.ndarray, val
     return out
 
 
-def members_of(geometry: Geometry, groups: np.ndarray) -> np.ndarray:
-    """The pixels of ``groups`` (CSR slices of the geometry's members, concatenated)."""
-    if groups.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate([geometry.members[geometry.starts[g] : geometry.starts[g + 1]] for g in groups])
+@lru_cache(maxsize=16)
+def planning_arrays(geometry: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ring, leaf - n_rings, band of each pixel, group sizes) of ``geometry`` as int64: made once, not per mask."""
+    ring = geometry.ring.astype(np.int64)
+    return ring, geometry.leaf.astype(np.int64) - geometry.n_rings, ring // BAND, np.diff(geometry.starts)
 
 
 def decompose(full: np.ndarray, geometry: Geometry) -> Decomposition:
@@ -211,9 +211,7 @@ def decompose(full: np.ndarray, geometry: Geometry) -> Decomposition:
         raise ValueError(f"weights to decompose must be integer (n_masks, {geometry.frame_len}), got {full.dtype} of shape {full.shape}")
     full = full.astype(np.int64, copy=False)
     n_masks, n_rings, n_bands = full.shape[0], geometry.n_rings, geometry.n_bands
-    ring = geometry.ring.astype(np.int64)
-    band = ring // BAND
-    sizes = np.diff(geometry.starts)
+    ring, leaf, band, sizes = planning_arrays(geometry)
     nonzero = full != 0
     where = np.flatnonzero(nonzero)  # np.take and flatnonzero: several times faster than fancy indexing here
     masks, pixels = np.divmod(where, geometry.frame_len)
@@ -221,12 +219,11 @@ def decompose(full: np.ndarray, geometry: Geometry) -> Decomposition:
     any_weight = nonzero.any(axis=0)
     weighted = np.flatnonzero(any_weight)
     levels = []  # per level: (first group id, coefficients, its groups' bands, residual pixels)
-    for first, group, n in ((0, ring, n_rings), (n_rings, geometry.leaf.astype(np.int64) - n_rings, geometry.n_leaves)):
+    for first, group, n in ((0, ring, n_rings), (n_rings, leaf, geometry.n_leaves)):
         coef = commonest_per_group(n_masks, masks, pixels, values, group, sizes[first : first + n])
-        used = np.flatnonzero(coef.any(axis=0))
-        looked = any_weight.copy()
-        looked[members_of(geometry, first + used)] = True
-        looked = np.flatnonzero(looked)
+        in_use = coef.any(axis=0)
+        used = np.flatnonzero(in_use)
+        looked = np.flatnonzero(any_weight | np.take(in_use, group))  # the weighted pixels and those of used groups
         residual = looked[(np.take(full, looked, axis=1) != np.take(coef, np.take(group, looked), axis=1)).any(axis=0)]
         levels.append((first, coef, group, used, residual))
     group_band = (np.arange(n_rings) // BAND, np.arange(geometry.n_leaves) // OCTANTS)
