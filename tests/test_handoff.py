@@ -14,7 +14,10 @@ import pytest
 import qgpu_dask as qd
 from conftest import cupy_available
 from qgpu_dask.service.handoff import (HANDOFF_BYTES, POOL_PREFIX, POOL_SLOTS, REPLY_PREFIX, SHM, STALE, Handoff, HandoffLost, Segment,
-                                      fits, mapped_slots, pool_pid, sweep, take, token)
+                                      fits, mapped_slots, pid_in, sweep, take, token)
+from qgpu_dask.queries import results
+from qgpu_dask.queries.results import RESULT_PREFIX, Target, memory_of, result_array, spoil, target_of
+from qgpu_dask.queries.virtual_images import mask_digest
 from qgpu_dask.service.shard import Shard
 
 
@@ -50,6 +53,59 @@ def test_series_virtual_images_handed_over_equal_inline(svc, names, rng):
     assert handed.flags.writeable
     handed[0, 0, 0, 0] += 1  # the caller's own memory
     assert segments() <= before
+
+
+def test_each_shard_writes_its_images_straight_into_the_clients_result(svc, names, rng):
+    det = (8, 8)
+    data = [rng.integers(0, 3000, (64, 64) + det, dtype=np.uint16) for _ in range(7)]
+    series = qd.Series(svc, [svc.put(d, name=names()) for d in data])
+    assert len({a.owner for a in series}) > 1
+    stack = np.stack([qd.masks.disk(det, (4, 4), r) for r in (1.5, 3, 5)])
+    reference = np.stack([np.einsum("xyij,mij->mxy", d.astype(np.uint64), stack.astype(np.uint64)) for d in data]).astype(np.uint32)
+    got = series.virtual_images(stack)
+    assert got.dtype == np.uint32 and (got == reference).all() and got.flags.writeable
+    assert memory_of(got).name.startswith(RESULT_PREFIX) and target_of(got).shape == got.shape  # the client's own segment
+
+    # what a shard sends back: the rows it wrote, not the images
+    out = result_array(reference.shape, np.uint32)
+    out[:] = 7
+    mine = [i for i, a in enumerate(series) if a.owner == series[2].owner]
+    ask = lambda into, handoff=token(): svc.router.call(series[2].owner, Shard.ask, "virtual_images", [series.names[i] for i in mine],  # noqa: E731
+                                                      mask_digest(stack), stack, handoff=handoff, into=into).result()
+    reply = ask((target_of(out), mine))
+    assert [images for _, images in reply["parts"]] == [None] * len(reply["parts"])
+    assert (out[mine] == reference[mine]).all() and (np.delete(out, mine, axis=0) == 7).all()  # its rows, and only those
+    elsewhere = ask((target_of(out), mine), handoff=None)  # a client the shard cannot reach: the images travel
+    assert all(images is not None for _, images in elsewhere["parts"])
+    gone = Target(f"{RESULT_PREFIX}{os.getpid()}-{'0' * 32}", np.dtype(np.uint32), out.shape)
+    assert all(images is not None for _, images in ask((gone, mine))["parts"])  # a segment gone: the images travel
+    wrong = Target(target_of(out).name, np.dtype(np.uint64), out.shape)
+    assert all(images is not None for _, images in ask((wrong, mine))["parts"])  # another dtype: not written
+    with pytest.raises(ValueError, match="not one a client makes"):
+        ask((Target("../etc/passwd", np.dtype(np.uint32), out.shape), mine))
+    assert (series.virtual_images(stack) == reference).all()  # the service still answers
+
+
+def test_result_memory_is_reused_once_collected_unless_spoiled():
+    first = result_array((3, 1000), np.uint64)
+    name = memory_of(first).name
+    view = first[1]
+    del first
+    gc.collect()
+    other = result_array((3, 1000), np.uint64)
+    other_name = memory_of(other).name
+    assert other_name != name  # a view of the first still lives
+    del view, other
+    gc.collect()
+    again = result_array((3, 1000), np.uint64)
+    assert memory_of(again).name in {name, other_name}  # the memory of a collected result
+    names_kept = {m.name for ms in results.kept.values() for m in ms}
+    spoil(again)
+    spoiled = memory_of(again).name
+    del again
+    gc.collect()
+    assert not (SHM / spoiled).exists() and spoiled not in {m.name for ms in results.kept.values() for m in ms}
+    assert all((SHM / n).exists() for n in names_kept)
 
 
 def test_nested_reply_and_what_travelled(svc, names, rng):
@@ -133,6 +189,20 @@ def test_token_file_removed_at_exit_or_swept_once_its_client_was_killed():
     assert mine.name not in gone and mine.exists()  # locked by this live process
 
 
+def test_result_segments_go_at_exit_or_with_a_sweep_once_their_client_was_killed():
+    made = ("from qgpu_dask.queries.results import result_array, memory_of; a = result_array((4, 100), 'u4'); "
+            "print(memory_of(a).name, flush=True)")
+    left = subprocess.run([sys.executable, "-c", made], capture_output=True, text=True, check=True).stdout.split()[0]
+    assert left.startswith(RESULT_PREFIX) and not (SHM / left).exists()
+    killed = subprocess.Popen([sys.executable, "-c", made + "; import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    left = SHM / killed.stdout.readline().split()[0]
+    killed.kill()
+    killed.wait()
+    live = result_array((4, 100), np.uint32)
+    assert left.exists() and left.name in sweep() and not left.exists()
+    assert (SHM / memory_of(live).name).exists()  # this live client's stays
+
+
 def test_room_rule():
     free = os.statvfs(SHM).f_bavail * os.statvfs(SHM).f_frsize
     assert fits(HANDOFF_BYTES) and not fits(free)  # a reply that would fill the free /dev/shm travels inline
@@ -151,13 +221,13 @@ def test_pool_slots_are_reused_only_once_taken_and_let_go(svc, names, rng):
     for k, array in enumerate(held):
         assert (array == counted(None, n, k)).all()  # none overwritten by a later reply
     pid = owner_pid(svc, acq)
-    mine = {s for s in pool_slots() if pool_pid(s) == pid}
+    mine = {s for s in pool_slots() if pid_in(s, POOL_PREFIX) == pid}
     assert len(mine) == POOL_SLOTS  # no more slots than that: the last two replies went as one-shot segments
     del held, array
     gc.collect()
     again = [svc.submit(counted, acq, n, 100 + k).result() for k in range(3)]
     assert all((a == counted(None, n, 100 + k)).all() for k, a in enumerate(again))
-    assert {s for s in pool_slots() if pool_pid(s) == pid} == mine  # the same slots, reused
+    assert {s for s in pool_slots() if pid_in(s, POOL_PREFIX) == pid} == mine  # the same slots, reused
 
 
 def test_a_slot_taken_too_late_is_lost_not_another_reply(svc, names, rng):

@@ -5,6 +5,8 @@ A query type is one class, in one module of ``queries/`` (or in a user's noteboo
 - the client half: ``__init__(series, *args)`` checks the arguments against the series before anything is
   sent (a bad argument is an error here, on the client); ``arguments()`` is what travels to the owners;
   ``merge(replies, positions)`` turns the per-shard replies into one exact result, in series order.
+  A type whose result is one large array may give it beforehand (``destination``, in ``results`` memory):
+  the owners on the client's host then write their parts straight into it (``written``).
 - the owner half: ``run(ctx, residents, *arguments)``, a static method run once per shard on the shard's
   residents of the series (in series order), returning one part per resident (``assemble`` stacks them).
 
@@ -19,8 +21,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import threading
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar
@@ -105,6 +105,18 @@ class Query:
         """Bytes of counts the owner reads (with ``inline``: whether it runs on the event loop)."""
         return sum(r.raw_bytes for r in residents)
 
+    def destination(self, n: int) -> np.ndarray | None:
+        """On the client, before anything is sent: the array the result of a series of ``n`` is assembled in,
+        which the owners on this host write their parts into (``written``); None: the replies are merged."""
+        return None
+
+    @staticmethod
+    def written(reply: Any, write: Callable[[list[int], Any], bool]) -> Any:
+        """On the owner, where the client's ``destination`` is in reach: ``reply`` less the arrays that
+        ``write(places, rows)`` put there (rows of the result for the residents at ``places``; False: not put,
+        a shape or dtype that does not fit)."""
+        return reply
+
     def merge(self, replies: list, positions: list[list[int]]) -> Any:
         """The result from each shard's reply and the series positions of its acquisitions."""
         return self.assemble(ordered(replies, positions))
@@ -120,33 +132,6 @@ class Query:
 
 LANES = min(8, os.cpu_count() or 1)  # threads a client assembles a series result with (made on first use)
 ASSEMBLERS = ThreadPoolExecutor(LANES, thread_name_prefix="qgpu-assemble")
-
-
-KEPT_BYTES = 1 << 30  # memory of collected results a client keeps for the next ones of their size
-kept_results: dict[int, list[memoryview]] = {}  # nbytes -> the memory (of a bytearray) of collected results
-kept_lock = threading.Lock()
-
-
-def result_array(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """``np.empty(shape, dtype)`` for a result assembled from several replies, in the memory of a collected
-    earlier result of its size where this client kept one: the kernel clears every fresh page before the
-    first write, which for a series of images costs more than the copy into it."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    with kept_lock:
-        free = kept_results.get(nbytes)
-        memory = free.pop() if free else None
-    flat = np.frombuffer(bytearray(nbytes) if memory is None else memory, dtype)
-    # every view of the result refers to flat (views of a view of a bytearray stop there), so its memory is
-    # free for another result once flat is collected
-    weakref.finalize(flat, keep_result, flat.base)
-    return flat.reshape(shape)
-
-
-def keep_result(memory: memoryview) -> None:
-    with kept_lock:
-        if len(memory) + sum(len(m) for ms in kept_results.values() for m in ms) <= KEPT_BYTES:
-            kept_results.setdefault(len(memory), []).append(memory)
 
 
 def placed(out: np.ndarray, rows: list[tuple[int, np.ndarray]]) -> None:

@@ -23,7 +23,8 @@ from ..resident.base import Plan
 from ..resident.compressed import CompressedCounts
 from ..resident.masks import MaskWeights, as_mask_stack
 from ..resident.series import SeriesSums
-from .base import Context, Kept, Query, placed, register, result_array
+from .base import Context, Kept, Query, placed, register
+from .results import result_array
 
 STACK_BYTES = 256 * 2**20
 PLANS = 512
@@ -154,6 +155,14 @@ class VirtualImages(Query):
         series.same("scan_shape")
         self.one = (np.ndim(masks) == 2 and not isinstance(masks, (list, tuple))) if one is None else one
         self.digest = mask_digest(self.stack)
+        self.images_shape = (len(self.stack), *series.same("scan_shape"))
+        self.acc = mask_weights(self.stack, self.stack.shape[1:], series[0].dtype).acc_dtype  # as the owner of the first chooses it
+        self.out: np.ndarray | None = None
+
+    def destination(self, n: int) -> np.ndarray:
+        """The (n, n_masks, rows, cols) result, in the sums' dtype the owner of the first acquisition chooses."""
+        self.out = result_array((n, *self.images_shape), self.acc)
+        return self.out
 
     async def send(self, call, owner: str, names: list[str]) -> np.ndarray:
         """The digest alone where this shard has been sent the stack (the stack again if it has dropped it)."""
@@ -206,15 +215,24 @@ class VirtualImages(Query):
         acc = prepared(residents[0]).acc_dtype
         return {"acc": acc.str, "parts": [(p, im if im.ndim == 4 else im[None]) for p, im in zip(places, images)]}
 
+    @staticmethod
+    def written(reply: dict, write) -> dict:
+        """The reply less the images written into the client's result."""
+        return {"acc": reply["acc"], "parts": [(places, None if write(places, images) else images) for places, images in reply["parts"]]}
+
     def merge(self, replies: list[dict], positions: list[list[int]]) -> np.ndarray:
-        """The images in series order, in the first reply's sums' dtype; one shard's reply holding the whole
-        series in order, in that dtype, is the result as it came (no copy)."""
+        """The images in series order, in the first reply's sums' dtype: the client's result array with the
+        parts the owners did not write into it placed there; one shard's reply holding the whole series in
+        order, in that dtype, is the result as it came (no copy)."""
         parts = [(np.asarray(where)[places], images) for reply, where in zip(replies, positions) for places, images in reply["parts"]]
+        left = [(where, images) for where, images in parts if images is not None]
         acc = np.dtype(replies[0]["acc"])
         n = sum(map(len, positions))
-        if len(parts) == 1 and (parts[0][0] == np.arange(n)).all() and parts[0][1].dtype == acc:
+        if len(parts) == len(left) == 1 and (parts[0][0] == np.arange(n)).all() and parts[0][1].dtype == acc:
             out = parts[0][1]
         else:
-            out = result_array((n,) + parts[0][1].shape[1:], acc)
-            placed(out, [(i, images[k]) for where, images in parts for k, i in enumerate(where)])
+            out = self.out
+            if out is None or (len(left) == len(parts) and (out.dtype != acc or len(out) != n)):  # none written there
+                out = result_array((n, *self.images_shape), acc)
+            placed(out, [(i, images[k]) for where, images in left for k, i in enumerate(where)])
         return out[:, 0] if self.one else out

@@ -201,7 +201,7 @@ class Acquisition(AcquisitionShape, Series):
 
     def call(self, method: Callable, *args) -> QueryFuture:
         """Shard method ``method(name, *args)`` of one acquisition on its owner, followed when it moves."""
-        future = self.service.router.routed([self.name], lambda owner, names: self.service.router.send(owner, method, names[0], *args))
+        future = self.service.router.routed([self.name], lambda owner, names, rows: self.service.router.send(owner, method, names[0], *args))
         return QueryFuture(future, lambda replies, positions: replies[0])
 
     def virtual_image(self, mask, wait: bool = True):

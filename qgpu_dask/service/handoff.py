@@ -23,11 +23,17 @@ shard reuses a slot only when it can lock it exclusively and it was taken (or ha
 seconds ago and never taken). Each hand-over has a serial number the client checks, so a reply taken that
 late is HandoffLost, never another reply's bytes. A shard's slots go when its process exits (or, if it was
 killed, with the sweep of any process on the host once no client holds them).
+
+A query whose result is one large array (a series of virtual images) skips the slot: the client gives its
+result array beforehand, in a segment of its own (``queries.results``), and each shard on its host writes
+its rows straight into it (``Handoff.written``; ``Targets`` keeps each such segment mapped, page-locked on
+a GPU, for the next result there), so a result of several shards is not copied again on the client.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import fcntl
 import functools
 import mmap
@@ -45,12 +51,15 @@ from typing import Any, Callable
 import numpy as np
 
 from ..device import copy_into, cupy_or_none, page_locked, to_host
+from ..queries.base import Query
+from ..queries.results import RESULT_NAME, RESULT_PREFIX, Target
 
 SHM = Path("/dev/shm")
 CLIENT_PREFIX = "qgpu-client-"
 REPLY_PREFIX = "qgpu-reply-"
 POOL_PREFIX = "qgpu-pool-"
 POOL_SLOTS = 4  # segments a shard keeps allotted for replies
+MAPPED_TARGETS = 16  # clients' result segments a shard keeps mapped (and page-locked on a GPU)
 SLOT_HEADER = 4096  # bytes before a slot's data: its state (HEADER), one page so the data stays page-aligned
 HEADER = struct.Struct("<BxxxxxxxQd")  # taken (0: the client has it, or never handed), serial, time handed
 MIN_SLOT = 8 << 20  # a slot holds at least this many bytes of data (a power of two above what it first holds)
@@ -162,7 +171,13 @@ def sweep(stale: float = STALE) -> list[str]:
     except OSError:
         return gone
     for entry in entries:
-        if entry.name.startswith(POOL_PREFIX) and not alive(pool_pid(entry.name)):
+        if entry.name.startswith(RESULT_PREFIX) and not alive(pid_in(entry.name, RESULT_PREFIX)):
+            try:
+                os.unlink(entry.path)  # its client was killed
+                gone.append(entry.name)
+            except OSError:
+                pass
+        elif entry.name.startswith(POOL_PREFIX) and not alive(pid_in(entry.name, POOL_PREFIX)):
             try:
                 if unlocked(entry.path):
                     os.unlink(entry.path)
@@ -179,10 +194,10 @@ def sweep(stale: float = STALE) -> list[str]:
     return gone
 
 
-def pool_pid(name: str) -> int:
-    """The process id in a pool slot's name (qgpu-pool-<pid>-<hex>)."""
+def pid_in(name: str, prefix: str) -> int:
+    """The process id in the name of a pool slot or a client's result segment (<prefix><pid>-<hex>)."""
     try:
-        return int(name[len(POOL_PREFIX) :].split("-", 1)[0])
+        return int(name[len(prefix) :].split("-", 1)[0])
     except ValueError:
         return -1
 
@@ -266,6 +281,7 @@ class Handoff:
     def __init__(self):
         self.shared: dict[str, bool] = {}
         self.pool = Pool()
+        self.targets = Targets()
 
     def shares(self, token: str) -> bool:
         """Whether the client of ``token`` shares this process's /dev/shm: its token file is there, made by this
@@ -278,6 +294,31 @@ class Handoff:
             except OSError:
                 self.shared[token] = False
         return self.shared[token]
+
+    def written(self, query: type[Query], reply: Any, into: tuple[Target, list[int]], token: str | None) -> Any:
+        """``reply`` less what ``query.written`` put into the client's result array ``into`` (its Target, and the
+        series position of each resident asked), where the client of ``token`` shares this /dev/shm."""
+        target, rows = into
+        if token is None or not self.shares(token):
+            return reply
+        out = self.targets.array(target)
+        if out is None:
+            return reply
+        at_rows = np.asarray(rows, dtype=np.int64)
+
+        def write(places, array) -> bool:
+            at = at_rows[np.asarray(places, dtype=np.int64)]
+            if (array.dtype != out.dtype or tuple(array.shape) != (at.size, *out.shape[1:]) or not at.size
+                    or at.min() < 0 or at.max() >= len(out)):
+                return False
+            if (np.diff(at) == 1).all():
+                copy_into(out[at[0] : at[-1] + 1], array)
+            else:
+                for k, i in enumerate(at):
+                    copy_into(out[i], array[k])
+            return True
+
+        return query.written(reply, write)
 
     def give(self, reply: Any, token: str | None) -> Any:
         """``reply`` with its arrays of at least HANDOFF_BYTES written to segments and replaced by ``Segment``s,
@@ -430,3 +471,53 @@ class Pool:
             for slot in self.slots:
                 slot.close()
             self.slots.clear()
+
+
+class Targets:
+    """The clients' result segments this shard writes into (``queries.results``), each mapped, and page-locked on
+    a GPU, the first time (20 ms for 64 MiB: a client reuses its segments), at most MAPPED_TARGETS of them."""
+
+    def __init__(self):
+        self.mapped: collections.OrderedDict[str, tuple[int, mmap.mmap, Callable[[], None]]] = collections.OrderedDict()
+        self.lock = threading.Lock()  # the query threads write replies
+        atexit.register(self.close)
+
+    def array(self, target: Target) -> np.ndarray | None:
+        """The client's result array of ``target``, mapped here; None where its segment is gone or too small."""
+        if not RESULT_NAME.fullmatch(target.name):
+            raise ValueError(f"result segment {target.name!r} is not one a client makes ({RESULT_PREFIX}<pid>-<32 hex digits>)")
+        path = SHM / target.name
+        with self.lock:
+            try:
+                stat = os.stat(path)
+                known = self.mapped.get(target.name)
+                if known is None or known[0] != stat.st_ino:
+                    if known is not None:
+                        self.let_go(target.name)
+                    fd = os.open(path, os.O_RDWR)
+                    try:
+                        memory = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED)
+                    finally:
+                        os.close(fd)
+                    known = (stat.st_ino, memory, page_locked(np.frombuffer(memory, np.uint8)))
+                    self.mapped[target.name] = known
+                    for name in [n for n in self.mapped if n != target.name and not (SHM / n).exists()] + list(self.mapped)[:-MAPPED_TARGETS]:
+                        self.let_go(name)  # its client let it go (or died): so does this shard
+                self.mapped.move_to_end(target.name)
+            except (OSError, ValueError):
+                return None  # gone meanwhile, or empty: the reply carries the arrays
+        memory = known[1]
+        if target.nbytes > len(memory):
+            return None
+        return np.frombuffer(memory, target.dtype, count=int(np.prod(target.shape))).reshape(target.shape)
+
+    def let_go(self, name: str) -> None:
+        """Unmap segment ``name`` here (its pages go once no view of them lives and no process maps them)."""
+        entry = self.mapped.pop(name, None)
+        if entry is not None:
+            entry[2]()
+
+    def close(self) -> None:
+        with self.lock:
+            for name in list(self.mapped):
+                self.let_go(name)

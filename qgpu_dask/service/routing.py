@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import time
 from typing import Any, Awaitable, Callable
 
 from distributed import Client
 
 from ..queries.base import Query, UnknownQuery, built_in, wire_name
+from ..queries.results import spoil, target_of
 from .calls import call_async, shard_pool
 from .handoff import take, token
 from .lane import Lane, LaneGone
@@ -99,17 +101,25 @@ class Router:
         here = self.asked_here(query, name, names)
         if here is not None:
             return here
+        out = query.destination(len(names))
+        target = None if out is None or token() is None else target_of(out)
 
-        async def call(owner: str, mine: list[str], *args) -> Any:
+        async def call(owner: str, mine: list[str], *args, rows: list[int]) -> Any:
+            into = None if target is None else (target, rows)
             try:
-                return take(await self.send(owner, Shard.ask, name, mine, *args, handoff=token()))
-            except UnknownQuery:
-                if built_in(kind):
-                    raise
-            await self.send(owner, Shard.learn, name, kind)
-            return take(await self.send(owner, Shard.ask, name, mine, *args, handoff=token()))
+                try:
+                    return take(await self.send(owner, Shard.ask, name, mine, *args, handoff=token(), into=into))
+                except UnknownQuery:
+                    if built_in(kind):
+                        raise
+                await self.send(owner, Shard.learn, name, kind)
+                return take(await self.send(owner, Shard.ask, name, mine, *args, handoff=token(), into=into))
+            except (OSError, asyncio.CancelledError):
+                if out is not None:
+                    spoil(out)  # the shard may be writing into it still
+                raise
 
-        return self.routed(names, lambda owner, mine: query.send(call, owner, mine))
+        return self.routed(names, lambda owner, mine, rows: query.send(functools.partial(call, rows=rows), owner, mine))
 
     def asked_here(self, query: Query, name: str, names: list[str]) -> concurrent.futures.Future | None:
         """A query that reads little (``inline``: a frame) of one shard whose lane this client has, asked from
@@ -134,12 +144,12 @@ class Router:
             done.set_exception(err)
         return done
 
-    def routed(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> concurrent.futures.Future:
-        """``send(owner, names of that owner)`` once per owning shard; a future of [(reply, positions in
-        ``names``)]. Names whose shard was lost, or that moved, go again to their new owner."""
+    def routed(self, names: list[str], send: Callable[[str, list[str], list[int]], Awaitable]) -> concurrent.futures.Future:
+        """``send(owner, names of that owner, their positions in names)`` once per owning shard; a future of
+        [(reply, positions in ``names``)]. Names whose shard was lost, or that moved, go again to their new owner."""
         return self.on_loop(self.routed_async(names, send))
 
-    async def routed_async(self, names: list[str], send: Callable[[str, list[str]], Awaitable]) -> list[tuple[Any, list[int]]]:
+    async def routed_async(self, names: list[str], send: Callable[[str, list[str], list[int]], Awaitable]) -> list[tuple[Any, list[int]]]:
         todo = list(range(len(names)))
         replies = []
         deadline = time.monotonic() + REHOME_WAIT
@@ -147,7 +157,7 @@ class Router:
             groups: dict[str, list[int]] = {}
             for i in todo:
                 groups.setdefault(self.owners[names[i]], []).append(i)
-            calls = [send(o, [names[i] for i in idx]) for o, idx in groups.items()]
+            calls = [send(o, [names[i] for i in idx], idx) for o, idx in groups.items()]
             outcomes = [await returned(calls[0])] if len(calls) == 1 else await asyncio.gather(*calls, return_exceptions=True)
             todo = []
             for (owner, idx), outcome in zip(groups.items(), outcomes):

@@ -123,27 +123,30 @@ class Shard:
 
     # -- queries -----------------------------------------------------------
 
-    async def ask(self, name: str, names: list[str], *args, handoff: str | None = None) -> Any:
+    async def ask(self, name: str, names: list[str], *args, handoff: str | None = None, into: tuple | None = None) -> Any:
         """Run the registered query ``name`` on this shard's residents ``names`` (in that order): its
         ``run(ctx, residents, *args)``, on the event loop when it reads little, else on its thread.
         Large arrays of the reply are handed over in /dev/shm to a client on this host (``handoff``, its
-        token: ``handoff.py``). UnknownQuery for a user's query type not sent here yet (``learn``)."""
-        query, answer, pool = self.asked(name, names, args, handoff)
+        token: ``handoff.py``), or written into the client's result array there (``into``: its Target and the
+        series position of each of ``names``). UnknownQuery for a user's query type not sent here yet (``learn``)."""
+        query, answer, pool = self.asked(name, names, args, handoff, into)
         reply = answer() if pool is None else await self.on(pool, answer)
         if query.settles:
             for n in names:  # worker-side code may have appended the last frames of live ones (should this fail,
                 await self.settle(n)  # the sweep unlinks the reply's segments)
         return reply
 
-    def ask_here(self, name: str, names: list[str], *args, handoff: str | None = None) -> Any:
+    def ask_here(self, name: str, names: list[str], *args, handoff: str | None = None, into: tuple | None = None) -> Any:
         """``ask`` from the local lane's thread (``lane.py``): a query that reads little runs on that thread, not
         the event loop (the hop there and back would cost more than it does), the rest as ``ask`` runs them."""
-        query, answer, pool = self.asked(name, names, args, handoff)
+        query, answer, pool = self.asked(name, names, args, handoff, into)
         if query.settles:
-            return asyncio.run_coroutine_threadsafe(self.ask(name, names, *args, handoff=handoff), self.worker.loop.asyncio_loop).result()
+            asked = self.ask(name, names, *args, handoff=handoff, into=into)
+            return asyncio.run_coroutine_threadsafe(asked, self.worker.loop.asyncio_loop).result()
         return answer() if pool is None else pool.submit(answer).result()
 
-    def asked(self, name: str, names: list[str], args: tuple, handoff: str | None) -> tuple[type[Query], Callable[[], Any], ThreadPoolExecutor | None]:
+    def asked(self, name: str, names: list[str], args: tuple, handoff: str | None,
+              into: tuple | None) -> tuple[type[Query], Callable[[], Any], ThreadPoolExecutor | None]:
         """The query ``name``, its answer on ``names`` and the pool it runs on (None: where it is asked, as it
         reads at most INLINE_BYTES)."""
         query = self.learned.get(name) or (lookup(name) if "@" not in name else None)
@@ -152,7 +155,10 @@ class Shard:
         on = names if query.on_names else [self.resident(n) for n in names]
 
         def answer() -> Any:
-            return self.handoff.give(query.run(self.ctx, on, *args), handoff)
+            reply = query.run(self.ctx, on, *args)
+            if into is not None:
+                reply = self.handoff.written(query, reply, into, handoff)
+            return self.handoff.give(reply, handoff)
 
         if query.inline and query.reads(on, *args) <= INLINE_BYTES:
             return query, answer, None
