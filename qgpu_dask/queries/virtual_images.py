@@ -152,10 +152,9 @@ class VirtualImages(Query):
 
     def __init__(self, series, masks, one: bool | None = None):
         self.stack = as_mask_stack(masks, series.same("det_shape"))
-        series.same("scan_shape")
+        self.images_shape = (len(self.stack), *series.same("scan_shape"))
         self.one = (np.ndim(masks) == 2 and not isinstance(masks, (list, tuple))) if one is None else one
         self.digest = mask_digest(self.stack)
-        self.images_shape = (len(self.stack), *series.same("scan_shape"))
         self.acc = mask_weights(self.stack, self.stack.shape[1:], series[0].dtype).acc_dtype  # as the owner of the first chooses it
         self.out: np.ndarray | None = None
 
