@@ -11,7 +11,7 @@ import qgpu_dask as qd
 from qgpu_dask.resident.masks import mask_weights
 from qgpu_dask.resident.series import SeriesSums
 
-from conftest import BACKENDS, host, module
+from conftest import BACKENDS, cupy_available, host, module
 from test_compressed import corrupt, encode
 
 
@@ -165,3 +165,29 @@ def test_series_results_reuse_memory_only_once_no_view_of_it_lives(svc, names, r
     third = series.virtual_images(masks[0])
     assert (third == want[0]).all() and third.flags.writeable
     assert third.ctypes.data in addresses  # the memory of a collected result again
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+def test_processes_sharing_a_gpu_take_turns_for_a_series_pass_and_a_killed_one_lets_go():
+    import subprocess
+    import sys
+    import time
+
+    from qgpu_dask.device import gpu_turn
+
+    hold = "from qgpu_dask.device import gpu_turn; import time\nwith gpu_turn():\n    print('in', flush=True); time.sleep({})"
+    holder = subprocess.Popen([sys.executable, "-c", hold.format(1.5)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "in"
+    t0 = time.perf_counter()
+    with gpu_turn():
+        waited = time.perf_counter() - t0
+    holder.wait()
+    assert waited > 0.5  # the other process's turn ran to its end first
+    killed = subprocess.Popen([sys.executable, "-c", hold.format(60)], stdout=subprocess.PIPE, text=True)
+    assert killed.stdout.readline().strip() == "in"
+    killed.kill()
+    killed.wait()
+    t0 = time.perf_counter()
+    with gpu_turn():
+        assert time.perf_counter() - t0 < 5  # its lock went with it

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..device import cupy_or_none
+from ..device import cupy_or_none, gpu_turn
 from ..resident import Resident, mask_weights
 from ..resident.base import Plan
 from ..resident.compressed import CompressedCounts
@@ -115,26 +115,31 @@ def series_plan(series: SeriesSums, weights: MaskWeights, scan_shape: tuple[int,
 
 
 def run_together(plans: list[Plan]) -> list:
-    """Answer several residents' plans at once: each starts on one of a few CUDA streams of this thread,
-    so their kernels overlap (one resident's query rarely fills a GPU), then every result is collected
-    where it was made (the device: the reply copies it to the host)."""
+    """Answer several residents' plans at once, in this process's turn on its GPU (``gpu_turn``): each starts
+    on one of a few CUDA streams of this thread, so their kernels overlap (one resident's query rarely fills
+    a GPU), then every result is collected where it was made (the device: the reply copies it to the host)."""
     cp = cupy_or_none()
-    if cp is None or len(plans) < 2:
+    if cp is None:
         return [plan.launch()() for plan in plans]
-    if not hasattr(side, "streams"):
-        side.streams = [cp.cuda.Stream(non_blocking=True) for _ in range(SIDE_STREAMS)]
-    pending = []
-    for i, plan in enumerate(plans):
-        stream = side.streams[i % SIDE_STREAMS]
-        with stream:
-            pending.append((stream, plan.launch()))
-    results = []
-    for stream, finish in pending:
-        stream.synchronize()
-        with stream:
-            results.append(finish())
-        stream.synchronize()  # what finish launched (a cast) is done before the reply copies it from another stream
-    return results
+    with gpu_turn():
+        if len(plans) < 2:
+            results = [plan.launch()() for plan in plans]
+            cp.cuda.get_current_stream().synchronize()  # all of it done in this turn (finish waits for its error word only)
+            return results
+        if not hasattr(side, "streams"):
+            side.streams = [cp.cuda.Stream(non_blocking=True) for _ in range(SIDE_STREAMS)]
+        pending = []
+        for i, plan in enumerate(plans):
+            stream = side.streams[i % SIDE_STREAMS]
+            with stream:
+                pending.append((stream, plan.launch()))
+        results = []
+        for stream, finish in pending:
+            stream.synchronize()
+            with stream:
+                results.append(finish())
+            stream.synchronize()  # what finish launched (a cast) is done before the reply copies it from another stream
+        return results
 
 
 sent: set[tuple[str, str]] = set()  # (shard address, digest) of the stacks this client has sent
