@@ -16,7 +16,7 @@ from conftest import cupy_available
 from qgpu_dask.service.handoff import (HANDOFF_BYTES, POOL_PREFIX, POOL_SLOTS, REPLY_PREFIX, SHM, STALE, Handoff, HandoffLost, Segment,
                                       fits, mapped_slots, pid_in, sweep, take, token)
 from qgpu_dask.queries import results
-from qgpu_dask.queries.results import RESULT_PREFIX, Target, memory_of, result_array, spoil, target_of
+from qgpu_dask.queries.results import RESULT_PREFIX, SEGMENT_BYTES, Target, memory_of, result_array, spoil, target_of
 from qgpu_dask.queries.virtual_images import mask_digest
 from qgpu_dask.service.shard import Shard
 
@@ -57,14 +57,16 @@ def test_series_virtual_images_handed_over_equal_inline(svc, names, rng):
 
 def test_each_shard_writes_its_images_straight_into_the_clients_result(svc, names, rng):
     det = (8, 8)
-    data = [rng.integers(0, 3000, (64, 64) + det, dtype=np.uint16) for _ in range(7)]
+    data = [rng.integers(0, 3000, (128, 128) + det, dtype=np.uint16) for _ in range(7)]
     series = qd.Series(svc, [svc.put(d, name=names()) for d in data])
     assert len({a.owner for a in series}) > 1
     stack = np.stack([qd.masks.disk(det, (4, 4), r) for r in (1.5, 3, 5)])
     reference = np.stack([np.einsum("xyij,mij->mxy", d.astype(np.uint64), stack.astype(np.uint64)) for d in data]).astype(np.uint32)
     got = series.virtual_images(stack)
     assert got.dtype == np.uint32 and (got == reference).all() and got.flags.writeable
-    assert memory_of(got).name.startswith(RESULT_PREFIX) and target_of(got).shape == got.shape  # the client's own segment
+    assert got.nbytes >= SEGMENT_BYTES and memory_of(got).name.startswith(RESULT_PREFIX) and target_of(got).shape == got.shape
+    small = series[:2].virtual_images(stack[0])  # under SEGMENT_BYTES: in plain memory, the images sent inline
+    assert memory_of(small).name is None and target_of(small) is None and (small == reference[:2, 0]).all()
 
     # what a shard sends back: the rows it wrote, not the images
     out = result_array(reference.shape, np.uint32)
@@ -87,19 +89,19 @@ def test_each_shard_writes_its_images_straight_into_the_clients_result(svc, name
 
 
 def test_result_memory_is_reused_once_collected_unless_spoiled():
-    first = result_array((3, 1000), np.uint64)
+    first = result_array((3, 1 << 17), np.uint64)
     name = memory_of(first).name
     view = first[1]
     del first
     gc.collect()
-    other = result_array((3, 1000), np.uint64)
+    other = result_array((3, 1 << 17), np.uint64)
     other_name = memory_of(other).name
     assert other_name != name  # a view of the first still lives
     del view, other
     gc.collect()
-    again = result_array((3, 1000), np.uint64)
+    again = result_array((3, 1 << 17), np.uint64)
     assert memory_of(again).name in {name, other_name}  # the memory of a collected result
-    names_kept = {m.name for ms in results.kept.values() for m in ms}
+    names_kept = {m.name for ms in results.kept.values() for m in ms if m.name is not None}
     spoil(again)
     spoiled = memory_of(again).name
     del again
@@ -190,7 +192,7 @@ def test_token_file_removed_at_exit_or_swept_once_its_client_was_killed():
 
 
 def test_result_segments_go_at_exit_or_with_a_sweep_once_their_client_was_killed():
-    made = ("from qgpu_dask.queries.results import result_array, memory_of; a = result_array((4, 100), 'u4'); "
+    made = ("from qgpu_dask.queries.results import result_array, memory_of; a = result_array((4, 1 << 18), 'u4'); "
             "print(memory_of(a).name, flush=True)")
     left = subprocess.run([sys.executable, "-c", made], capture_output=True, text=True, check=True).stdout.split()[0]
     assert left.startswith(RESULT_PREFIX) and not (SHM / left).exists()
@@ -198,7 +200,7 @@ def test_result_segments_go_at_exit_or_with_a_sweep_once_their_client_was_killed
     left = SHM / killed.stdout.readline().split()[0]
     killed.kill()
     killed.wait()
-    live = result_array((4, 100), np.uint32)
+    live = result_array((4, 1 << 18), np.uint32)
     assert left.exists() and left.name in sweep() and not left.exists()
     assert (SHM / memory_of(live).name).exists()  # this live client's stays
 

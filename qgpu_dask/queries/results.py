@@ -9,7 +9,7 @@ costs more than the copy into it, and a shard page-locks a segment once, not onc
 that a shard may still write into late (its call failed or was sent again elsewhere) is ``spoiled``:
 never handed out again. Segments go when the client exits (or, if it was killed, with the sweep of any
 shard on the host: ``service.handoff``). Without a usable /dev/shm (none, or less than twice the result
-free) the memory is a plain bytearray that no shard can reach.
+free), and for a small result, the memory is a plain bytearray that no shard can reach: the parts travel.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ SHM = Path("/dev/shm")
 RESULT_PREFIX = "qgpu-result-"
 RESULT_NAME = re.compile(re.escape(RESULT_PREFIX) + "[0-9]+-[0-9a-f]{32}")
 KEPT_BYTES = 1 << 30  # memory of collected results a client keeps for the next ones of their size
+SEGMENT_BYTES = 1 << 20  # results at least this large are made in a segment; smaller ones cost less sent inline
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def shared_room(nbytes: int) -> bool:
 
 def result_array(shape: tuple[int, ...], dtype) -> np.ndarray:
     """``np.empty(shape, dtype)`` in result memory: a kept segment of its size where there is one, else a new
-    segment (or a bytearray where /dev/shm has no room)."""
+    segment (a bytearray where /dev/shm has no room, or for a result under SEGMENT_BYTES)."""
     dtype = np.dtype(dtype)
     nbytes = max(1, int(np.prod(shape)) * dtype.itemsize)
     with lock:
@@ -106,7 +107,7 @@ def result_array(shape: tuple[int, ...], dtype) -> np.ndarray:
         memory = free.pop() if free else None
     if memory is None:
         memory = Memory(nbytes)
-        if shared_room(nbytes):
+        if nbytes >= SEGMENT_BYTES and shared_room(nbytes):
             try:
                 memory = Memory.shared(nbytes)
             except OSError:
