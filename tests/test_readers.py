@@ -316,3 +316,29 @@ def test_zarr_group_arrays_at_any_depth(svc, names, rng, tmp_path):
     reader = open_reader(Source(str(tmp_path / "scan.zspy"), "/Experiments/other/stack", (3, 4)))
     assert reader.shape == (3, 4, 6, 5)
     reader.close()
+
+
+def test_readers_read_any_frames_as_their_blocks_give_them(tmp_path, rng):
+    from qgpu_dask.io.readers.base import ReadsFrames
+    from qgpu_dask.samples import write_arina
+
+    data = rng.poisson(0.8, (7, 9, 6, 5)).astype(np.uint16)
+    flat = data.reshape(63, 6, 5)
+    np.save(tmp_path / "a.npy", data)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("/four", data=data, chunks=(1, 3, 6, 5), compression="gzip")
+        f.create_dataset("/three", data=flat, chunks=(4, 6, 5))
+    zarr.save_array(str(tmp_path / "a.zarr"), data)
+    master = write_arina(tmp_path, flat, per_file=10)  # seven data files, the last one short
+    sources = [Source(str(tmp_path / "a.npy"), None, None), Source(str(tmp_path / "a.h5"), "/four", None),
+               Source(str(tmp_path / "a.h5"), "/three", (7, 9)), Source(str(tmp_path / "a.zarr"), None, None),
+               Source(str(master), None, (7, 9))]
+    for source in sources:
+        reader = open_reader(source)
+        try:
+            assert isinstance(reader, ReadsFrames), reader.kind
+            for start, n in ((0, 63), (5, 13), (9, 18), (18, 1), (29, 25), (62, 1)):  # within a row, across rows and data files
+                got = reader.frames(start, n)
+                assert got.dtype == np.uint16 and got.shape == (n, 6, 5) and (got == flat[start : start + n]).all(), (reader.kind, start, n)
+        finally:
+            reader.close()

@@ -13,10 +13,12 @@ from ..resident.base import Resident, check_dtype
 from ..resident.dense import DenseCounts
 from ..resident.live import LiveCounts
 from ..resident.staging import PinnedStaging
-from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ScanShapeNeeded, frames_per_block
+from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ReadsFrames, ScanShapeNeeded, frames_per_block
 from .registry import open_reader
 from .saved import describe_saved, is_saved
 from .source import Source
+
+SAMPLE_RUNS, SAMPLE_RUN = 8, 128  # runs of consecutive frames (a chunk read each) a coded load's model is chosen from
 
 
 def describe(reader: Reader) -> dict:
@@ -92,10 +94,27 @@ def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_by
 def read_compressed(name: str, reader: Reader, block_bytes: int = BLOCK_BYTES,
                     progress: Callable[[int], None] = lambda frames: None) -> Resident:
     """A compressed resident in host memory, coded scan block by scan block as ``reader``'s frames arrive
-    (as a live acquisition is: the model from the first blocks), so a load never holds the dense counts."""
-    live = LiveCounts(name, reader.shape, check_dtype(reader.dtype), "compressed", np)
+    (as a live acquisition is), so a load never holds the dense counts; its model from ``model_sample``
+    where the reader can read any frames, else from the first blocks."""
+    live = LiveCounts(name, reader.shape, check_dtype(reader.dtype), "compressed", np, sample=model_sample(reader))
     read_blocks(reader, block_bytes, lambda start, frames: live.append(np.ascontiguousarray(frames)), progress)
     return live.finished()
+
+
+def model_sample(reader: Reader) -> np.ndarray | None:
+    """SAMPLE_RUNS runs of SAMPLE_RUN consecutive frames spread evenly over the scan (all frames of a shorter
+    one), for a reader that reads any frames (``ReadsFrames``); None for the others. A model from the first
+    frames alone fits a scan whose dose or thickness drifts badly: 1.22x the bytes of a model from every
+    frame for a dose ramp of 0.5x to 1.5x, against 1.008x from 8 runs of 128 frames."""
+    if not isinstance(reader, ReadsFrames):
+        return None
+    n_frames = reader.shape[0] * reader.shape[1]
+    starts = [0] if n_frames <= SAMPLE_RUNS * SAMPLE_RUN else np.linspace(0, n_frames - SAMPLE_RUN, SAMPLE_RUNS).astype(int).tolist()
+    length = min(n_frames, SAMPLE_RUNS * SAMPLE_RUN) if len(starts) == 1 else SAMPLE_RUN
+    try:
+        return np.concatenate([reader.frames(start, length) for start in starts])
+    except (OSError, RuntimeError) as err:  # the file library's own read errors
+        raise ValueError(f"reading frames spread over the scan for the coding model failed: {err}") from err
 
 
 def read_blocks(reader: Reader, block_bytes: int, write: Callable[[int, np.ndarray], object], progress: Callable[[int], None]) -> None:

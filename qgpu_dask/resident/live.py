@@ -5,7 +5,8 @@ A live acquisition is held as parts covering the received frames [0, received): 
 counts written into the acquisition's zeroed array); compressed, the coded scan blocks (one
 ``CompressedCounts`` over every complete codec block) and the frames of the block still filling, kept
 dense until it completes. The compressed model and block are chosen from the first PROBE frames (held
-dense until then), with every symbol of every pixel's alphabets given a nonzero frequency, so later
+dense until then), or at once from a sample of frames spread over the scan (a load from a file that
+can read any frames), with every symbol of every pixel's alphabets given a nonzero frequency, so later
 blocks may hold any count. Queries see frames not received yet as zeros (a virtual image is 0 there);
 reductions take only received positions. Once every frame is in, ``finished()`` is the plain dense or
 compressed resident, which the shard then holds instead.
@@ -46,7 +47,9 @@ def start_bytes(shape, dtype, layout: str) -> int:
 class LiveCounts(Resident):
     """A growing acquisition of a fixed ``shape``: ``append`` the next scan positions, query at any time."""
 
-    def __init__(self, name: str, shape, dtype, layout: str, xp: ModuleType):
+    def __init__(self, name: str, shape, dtype, layout: str, xp: ModuleType, sample=None):
+        """``sample``: frames (n, det_rows, det_cols) spread over the scan that a compressed one takes its model
+        from at once (a load from a file); without it, the model comes from the first PROBE frames received."""
         super().__init__(name, shape, dtype, xp)
         check_layout(layout, self.dtype)
         self.layout = layout
@@ -65,6 +68,7 @@ class LiveCounts(Resident):
         self.payload = xp.zeros(0, np.uint8)
         self.payload_bytes = 0
         self.totals = xp.zeros(self.n_frames, np.uint64)
+        self.sample = None if sample is None else xp.asarray(sample, dtype=self.dtype).reshape(-1, self.frame_len)
         self.view: CompressedCounts | None = None  # the coded blocks, made again when more are coded
         self.room: Callable[[int], None] = lambda nbytes: None  # raises if nbytes more do not fit (the shard's budget)
 
@@ -126,10 +130,12 @@ class LiveCounts(Resident):
         tail (and the last, short block once the scan is complete)."""
         held = self.received - self.coded
         if self.model is None:
-            if held < min(PROBE, self.n_frames):
+            if self.sample is None and held < min(PROBE, self.n_frames):
                 return
-            self.block, self.model, _ = chosen_model(self.tail[:held], every_symbol=True)
-            self.geometry = centered_geometry(self.tail[:held], self.det_shape)
+            chosen_from = self.tail[:held] if self.sample is None else self.sample
+            self.block, self.model, _ = chosen_model(chosen_from, every_symbol=True)
+            self.geometry = centered_geometry(chosen_from, self.det_shape)
+            self.sample = None
             n_blocks = -(-self.n_frames // self.block)
             self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
             self.base = self.xp.zeros(n_blocks + 1, np.uint64)

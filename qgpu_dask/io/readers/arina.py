@@ -134,6 +134,17 @@ class ArinaReader:
         finally:
             decoder.shutdown(wait=True, cancel_futures=True)
 
+    def frames(self, start: int, n: int) -> np.ndarray:
+        """Frames start .. start + n, decoded from the stored chunks of the data files that hold them."""
+        out = np.empty((n, *self.shape[2:]), dtype=self.dtype)
+        first = 0
+        for stack in self.stacks:
+            lo, hi = max(start, first) - first, min(start + n, first + stack.frames) - first
+            if lo < hi:
+                self.decode(stack, lo, hi, first, self.fetch(stack, lo, hi), out[first + lo - start : first + hi - start])
+            first += stack.frames
+        return out
+
     def fetch(self, stack: Stack, lo: int, hi: int) -> tuple | None:
         """The stored chunks of frames lo:hi as StoredChunks.read gives them; None when HDF5 must read them."""
         if not stack.lz4_frames:

@@ -44,6 +44,16 @@ class DecodesInto(Protocol):
         ...
 
 
+@runtime_checkable
+class ReadsFrames(Protocol):
+    """A reader that reads any scan positions at little cost (a chunked or mapped file), so a coded load can take
+    its model from frames spread over the scan; ``isinstance(reader, ReadsFrames)`` tells."""
+
+    def frames(self, start: int, n: int) -> np.ndarray:
+        """Frames start .. start + n, (n, det_rows, det_cols) in native byte order."""
+        ...
+
+
 @dataclass(frozen=True)
 class Format:
     """A file format a reader module registers: ``detect(path, dataset)`` tells from the content at ``path``
@@ -103,13 +113,17 @@ def array_blocks(array, shape: tuple[int, int, int, int], block_bytes: int) -> I
     order, from any sliceable 3-D or 4-D array (h5py dataset, memmap, Zarr array)."""
     n_frames = shape[0] * shape[1]
     step = frames_per_block(shape, array.dtype, block_bytes)
-    cols = shape[1]
     for start in range(0, n_frames, step):
-        stop = min(start + step, n_frames)
-        if array.ndim == 3:
-            block = array[start:stop]
-        elif start % cols == 0 and stop % cols == 0:
-            block = array[start // cols : stop // cols].reshape(-1, shape[2], shape[3])
-        else:
-            block = np.stack([array[i // cols, i % cols] for i in range(start, stop)])
-        yield start, np.asarray(block, dtype=native_order(block.dtype))
+        yield start, array_frames(array, shape, start, min(step, n_frames - start))
+
+
+def array_frames(array, shape: tuple[int, int, int, int], start: int, n: int) -> np.ndarray:
+    """Frames start .. start + n (n, det_rows, det_cols) in native byte order, from any sliceable 3-D or 4-D array."""
+    stop, cols = start + n, shape[1]
+    if array.ndim == 3:
+        block = array[start:stop]
+    elif start % cols == 0 and stop % cols == 0:
+        block = array[start // cols : stop // cols].reshape(-1, shape[2], shape[3])
+    else:
+        block = np.stack([array[i // cols, i % cols] for i in range(start, stop)])
+    return np.asarray(block, dtype=native_order(block.dtype))

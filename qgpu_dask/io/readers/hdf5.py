@@ -10,7 +10,7 @@ import hdf5plugin  # noqa: F401  (registers Bitshuffle/LZ4 and other filters wit
 import numpy as np
 
 from ..source import Source
-from .base import BLOCK_BYTES, Format, array_blocks, as_4d, native_order
+from .base import BLOCK_BYTES, Format, array_blocks, array_frames, as_4d, native_order
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -84,6 +84,9 @@ class HDF5Reader:
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
         return array_blocks(self.dataset, self.shape, block_bytes)
+
+    def frames(self, start: int, n: int) -> np.ndarray:
+        return array_frames(self.dataset, self.shape, start, n)
 
     def close(self) -> None:
         self.file.close()

@@ -8,7 +8,7 @@ from typing import Iterator
 import numpy as np
 
 from ..source import Source
-from .base import BLOCK_BYTES, Format, array_blocks, as_4d, native_order
+from .base import BLOCK_BYTES, Format, array_blocks, array_frames, as_4d, native_order
 
 MAGIC = b"\x93NUMPY"
 
@@ -37,6 +37,9 @@ class NpyReader:
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
         return array_blocks(self.array, self.shape, block_bytes)
+
+    def frames(self, start: int, n: int) -> np.ndarray:
+        return array_frames(self.array, self.shape, start, n)
 
     def close(self) -> None:
         self.array = None

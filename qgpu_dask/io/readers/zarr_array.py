@@ -10,7 +10,7 @@ import numpy as np
 import zarr
 
 from ..source import Source
-from .base import BLOCK_BYTES, Format, array_blocks, as_4d, native_order
+from .base import BLOCK_BYTES, Format, array_blocks, array_frames, as_4d, native_order
 
 METADATA = ("zarr.json", ".zarray", ".zgroup")  # v3, v2 array, v2 group
 
@@ -55,6 +55,9 @@ class ZarrReader:
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
         return array_blocks(self.array, self.shape, block_bytes)
+
+    def frames(self, start: int, n: int) -> np.ndarray:
+        return array_frames(self.array, self.shape, start, n)
 
     def close(self) -> None:
         self.array = None
