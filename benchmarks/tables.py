@@ -156,6 +156,8 @@ MEASURES: dict[str, list[str]] = {
     "tensor_rates": [],
     "cpu_vs_libertem": SERVICE + DENSE + COMPRESSED + LOADS,
     "series_gpu": SERVICE + DENSE + COMPRESSED + ["qgpu_dask/io/saved.py"],
+    "load_series_gpu": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py", "qgpu_dask/io/saved.py",
+                        "qgpu_dask/formats/container.py"] + LOADS + COMPRESSED + SERVICE,
 }
 
 
@@ -385,6 +387,17 @@ TABLES: tuple[Table | Figure, ...] = (
          F("doses/0/two_shards/moving_disk_over_one_shard", bold=True)),
         ("new BF disk", F("doses/0/two_shards/new_bf/ms_per_acquisition", "{:.3f}"), F("doses/0/two_shards/new_bf_over_one_shard", bold=True)),
         ("acquisitions per shard", (F("doses/0/two_shards/load/owners/0"), " / ", F("doses/0/two_shards/load/owners/1")), ""))),
+    Table("load_series_gpu", PAGE, "load_series_gpu", "load_series_gpu", ("figure", "value", "target"), (
+        ("series: s per acquisition", F("series/s_per_acquisition", "{:.3f}", bold=True), F("targets/series_s_per_acquisition_max")),
+        ("series: GB/s of counts", F("series/GBps", "{:.1f}", bold=True), F("targets/series_GBps_min")),
+        ("series: counts over held bytes", F("series/raw_over_held", "{:.1f}"), ""),
+        ("layout held", F("layout"), ""),
+        ("every checksum equal to h5py's", F("series/checksums_equal"), ""),
+        ("cold start: first load minus a warm one, s", F("cold_start/cold_minus_warm_s", "{:.2f}", bold=True), F("targets/cold_minus_warm_s_max")),
+        ("saved form reopened, GB/s of file", F("saved_reopen/GBps", "{:.2f}", bold=True), F("targets/saved_reopen_GBps_min")),
+        ("baseline: stored bytes read in 1 thread, GB/s of counts", F("baselines/raw_read_1_thread_GBps", "{:.1f}"), ""),
+        ("baseline: stored bytes read on every core, GB/s of counts", F("baselines/raw_read_all_threads_GBps", "{:.1f}"), ""),
+        ("baseline: h5py + hdf5plugin in 1 thread, GB/s of counts", F("baselines/h5py_hdf5plugin_1_thread_GBps", "{:.2f}"), ""))),
     Table("load_arina_cuda", PAGE, "load_arina_cuda", "load_arina",
           ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin", "against the raw read's GB/s of file bytes"), arina_cuda_rows()),
     Table("load_arina_cpu", PAGE, "load_arina_cpu", "load_arina", ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin"),
