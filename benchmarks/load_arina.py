@@ -19,6 +19,7 @@ GB/s of decompressed counts:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import sys
 import tempfile
@@ -39,24 +40,30 @@ from qgpu_dask.io.readers.arina import ArinaReader
 FRAMES_PER_FILE = 10000
 
 
-def write_master(folder: Path, scan: tuple[int, int], det: tuple[int, int], dose: float, seed: int) -> tuple[Path, list[Path]]:
-    """A master and its data files, written a few thousand frames at a time."""
+def write_master(folder: Path, scan: tuple[int, int], det: tuple[int, int], dose: float, seed: int, stem: str = "scan",
+                 mean: np.ndarray | None = None) -> tuple[Path, list[Path], str]:
+    """A master and its data files of Poisson counts (``mean`` per detector pixel, default ``dose`` everywhere),
+    written a few thousand frames at a time; (master, data files, SHA-256 of the counts in scan order)."""
     rng = np.random.default_rng(seed)
+    mean = np.full(det, dose) if mean is None else mean
     n = scan[0] * scan[1]
+    digest = hashlib.sha256()
     files = []
-    with h5py.File(folder / "scan_master.h5", "w") as master:
+    with h5py.File(folder / f"{stem}_master.h5", "w") as master:
         for k, lo in enumerate(range(0, n, FRAMES_PER_FILE), start=1):
             count = min(FRAMES_PER_FILE, n - lo)
-            path = folder / f"scan_data_{k:06d}.h5"
+            path = folder / f"{stem}_data_{k:06d}.h5"
             with h5py.File(path, "w") as f:
                 d = f.create_dataset("/entry/data/data", shape=(count, *det), dtype=np.uint16, chunks=(1, *det),
                                      **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
                 for a in range(0, count, 2000):
                     b = min(a + 2000, count)
-                    d[a:b] = rng.poisson(dose, (b - a, *det)).astype(np.uint16)
+                    frames = rng.poisson(mean, (b - a, *det)).astype(np.uint16)
+                    d[a:b] = frames
+                    digest.update(frames.tobytes())
             master[f"/entry/data/data_{k:06d}"] = h5py.ExternalLink(path.name, "/entry/data/data")
             files.append(path)
-    return folder / "scan_master.h5", files
+    return folder / f"{stem}_master.h5", files, digest.hexdigest()
 
 
 def best(fn, repeats: int) -> float:
@@ -82,7 +89,7 @@ def main() -> int:
     folder = args.folder or Path(tempfile.mkdtemp(prefix="qgpu-arina-"))
     counts_bytes = scan[0] * scan[1] * det[0] * det[1] * 2
     try:
-        master, files = write_master(folder, scan, det, args.dose, seed=0)
+        master, files, _ = write_master(folder, scan, det, args.dose, seed=0)
         file_bytes = sum(p.stat().st_size for p in files)
         print(f"{scan + det} uint16, {counts_bytes / 1e9:.2f} GB of counts in {len(files)} data file(s) of "
               f"{file_bytes / 1e9:.3f} GB (ratio {counts_bytes / file_bytes:.1f})", flush=True)

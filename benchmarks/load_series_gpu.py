@@ -23,7 +23,6 @@ Results: ``benchmarks/results/load_series_gpu.json`` (``_small`` with ``--small`
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import sys
@@ -33,47 +32,27 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
-import hdf5plugin
+import hdf5plugin  # noqa: F401 (registers the bitshuffle-LZ4 filter h5py decodes with)
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record
 from compressed import mark
+from load_arina import write_master
 
 import qgpu_dask as qd
 
 TARGETS = {"series_s_per_acquisition_max": 0.5, "series_s_per_acquisition_stretch": 0.25, "series_GBps_min": 40.0,
            "series_GBps_stretch": 80.0, "saved_reopen_GBps_min": 10.0, "cold_minus_warm_s_max": 2.0}
-FRAMES_PER_FILE = 10000
 BF_RADIUS, BF_FRACTION = 30.0, 0.6  # at 192 x 192, as series_gpu's counts
 
 
-def write_master(folder: Path, stem: str, scan: tuple[int, int], det: tuple[int, int], dose: float, seed: int) -> tuple[Path, list[Path], str]:
-    """A master and its data files, written a few thousand frames at a time; (master, data files, SHA-256 of
-    the counts in scan order)."""
-    rng = np.random.default_rng(seed)
+def bf_means(det: tuple[int, int], dose: float) -> np.ndarray:
+    """Per-pixel Poisson means: ``BF_FRACTION`` of a frame's counts inside the bright-field disk, as series_gpu's."""
     inside = qd.masks.disk(det, (det[0] * 0.49, det[1] * 0.51), BF_RADIUS * min(det) / 192)
     pixels = det[0] * det[1]
-    mean = dose * pixels * np.where(inside, BF_FRACTION / inside.sum(), (1 - BF_FRACTION) / (pixels - inside.sum()))
-    n = scan[0] * scan[1]
-    digest = hashlib.sha256()
-    files = []
-    with h5py.File(folder / f"{stem}_master.h5", "w") as master:
-        for k, lo in enumerate(range(0, n, FRAMES_PER_FILE), start=1):
-            count = min(FRAMES_PER_FILE, n - lo)
-            path = folder / f"{stem}_data_{k:06d}.h5"
-            with h5py.File(path, "w") as f:
-                d = f.create_dataset("/entry/data/data", shape=(count, *det), dtype=np.uint16, chunks=(1, *det),
-                                     **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
-                for a in range(0, count, 1000):
-                    b = min(a + 1000, count)
-                    frames = rng.poisson(mean, (b - a, *det)).astype(np.uint16)
-                    d[a:b] = frames
-                    digest.update(frames.tobytes())
-            master[f"/entry/data/data_{k:06d}"] = h5py.ExternalLink(path.name, "/entry/data/data")
-            files.append(path)
-    return folder / f"{stem}_master.h5", files, digest.hexdigest()
+    return dose * pixels * np.where(inside, BF_FRACTION / inside.sum(), (1 - BF_FRACTION) / (pixels - inside.sum()))
 
 
 def best(fn, repeats: int) -> float:
@@ -138,7 +117,7 @@ def main() -> int:
     try:
         masters, digests, files = [], [], []
         for k in range(args.distinct):
-            master, data_files, digest = write_master(folder, f"m{k}", scan, det, args.dose, seed=k)
+            master, data_files, digest = write_master(folder, scan, det, args.dose, seed=k, stem=f"m{k}", mean=bf_means(det, args.dose))
             masters.append(master)
             digests.append(digest)
             files.append(data_files)
