@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record
 from compressed import mark
-from load_arina import write_master
+from load_arina import best, write_master
 
 import qgpu_dask as qd
 
@@ -53,16 +53,6 @@ def bf_means(det: tuple[int, int], dose: float) -> np.ndarray:
     inside = qd.masks.disk(det, (det[0] * 0.49, det[1] * 0.51), BF_RADIUS * min(det) / 192)
     pixels = det[0] * det[1]
     return dose * pixels * np.where(inside, BF_FRACTION / inside.sum(), (1 - BF_FRACTION) / (pixels - inside.sum()))
-
-
-def best(fn, repeats: int) -> float:
-    """Fastest of ``repeats`` runs, in seconds."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def baselines(master: Path, files: list[Path], shape: tuple[int, ...], counts_bytes: int, repeats: int) -> dict:
