@@ -31,15 +31,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import h5py
-import hdf5plugin  # noqa: F401 (registers the bitshuffle-LZ4 filter h5py decodes with)
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record
 from compressed import mark
-from load_arina import best, write_master
+from load_arina import best, read_with_h5py, write_master
 
 import qgpu_dask as qd
 
@@ -76,12 +74,7 @@ def baselines(master: Path, files: list[Path], shape: tuple[int, ...], counts_by
     out = np.empty((shape[0] * shape[1], *shape[2:]), np.uint16)
 
     def h5py_read():
-        with h5py.File(master, "r") as f:
-            at = 0
-            for name in sorted(f["/entry/data"]):
-                d = f["/entry/data"][name]
-                d.read_direct(out, dest_sel=np.s_[at : at + d.shape[0]])
-                at += d.shape[0]
+        read_with_h5py(master, out)
 
     one_thread()  # into the page cache
     t_one, t_all, t_h5 = best(one_thread, repeats), best(every_core, repeats), best(h5py_read, repeats)
