@@ -138,7 +138,7 @@ def main() -> None:
             write_frames(Path(tmp) / "frames.npy", scan, args.det, args.dose)
             streams["raw"] = [str(Path(tmp) / "frames.npy")]
         if "bitshuffle_lz4" in args.streams:
-            master, _ = write_master(Path(tmp), scan, (args.det, args.det), args.dose, seed=4)
+            master, _, _ = write_master(Path(tmp), scan, (args.det, args.det), args.dose, seed=4)
             streams["bitshuffle_lz4"] = [str(master), "--compressed", "--scan-shape", *map(str, scan)]
         results: dict = {"frames": args.frames * args.repeat, "det": args.det, "dose": args.dose, "runs": args.runs,
                          "arina_rate_frames_per_s": 120000}
