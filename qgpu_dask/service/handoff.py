@@ -52,7 +52,7 @@ import numpy as np
 
 from ..device import copy_into, cupy_or_none, page_locked, to_host
 from ..queries.base import Query
-from ..queries.results import RESULT_NAME, RESULT_PREFIX, Target
+from ..queries.results import RESULT_NAME, RESULT_PREFIX, SEGMENT_BYTES, Target
 
 SHM = Path("/dev/shm")
 CLIENT_PREFIX = "qgpu-client-"
@@ -63,7 +63,7 @@ MAPPED_TARGETS = 16  # clients' result segments a shard keeps mapped (and page-l
 SLOT_HEADER = 4096  # bytes before a slot's data: its state (HEADER), one page so the data stays page-aligned
 HEADER = struct.Struct("<BxxxxxxxQd")  # taken (0: the client has it, or never handed), serial, time handed
 MIN_SLOT = 8 << 20  # a slot holds at least this many bytes of data (a power of two above what it first holds)
-HANDOFF_BYTES = 1 << 20  # arrays at least this large are handed over; smaller ones cost less inline
+HANDOFF_BYTES = SEGMENT_BYTES  # arrays at least this large are handed over; smaller ones cost less inline (as results)
 STALE = 60.0  # seconds after which a segment no client took is unlinked
 TOKEN = re.compile(re.escape(CLIENT_PREFIX) + "[0-9a-f]{32}")
 
