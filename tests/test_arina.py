@@ -178,6 +178,34 @@ def test_device_load_through_pinned_buffers(rng, tmp_path):
         reader.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+def test_a_coded_load_decodes_the_stored_chunks_on_the_gpu_into_the_bytes_of_the_cpu_twin(rng, tmp_path):
+    """The GPU reads stored chunks, decodes and codes them; the resident's streams are the CPU load's, byte for byte."""
+    import cupy as cp
+
+    from qgpu_dask.io.load import model_sample, read_coded
+    from qgpu_dask.io.readers.arina import ArinaReader
+    from qgpu_dask.resident.live import Coding
+
+    frames = rng.poisson(0.8, (1600, 12, 10)).astype(np.uint16)
+    frames[7] = 65535  # escapes
+    master = write_arina(tmp_path, frames, per_file=300)
+    held = {}
+    for xp in (np, cp):
+        reader = ArinaReader(master, (40, 40))
+        try:
+            coding = Coding.chosen(model_sample(reader), (12, 10), xp)
+            held[xp] = read_coded("coded", reader, coding, xp, block_bytes=130 * 12 * 10 * 2)
+        finally:
+            reader.close()
+    on_gpu, on_cpu = held[cp], held[np]
+    assert (cp.asnumpy(on_gpu.data).reshape(frames.shape) == frames).all()
+    for key in ("payload", "index", "block_base"):
+        assert (cp.asnumpy(getattr(on_gpu.streams, key)) == getattr(on_cpu.streams, key)).all(), key
+    assert (cp.asnumpy(on_gpu.totals) == on_cpu.totals).all()
+
+
 def test_inspect_without_the_scan_shape(svc, names, rng, tmp_path):
     """A master whose frame count is not a square (and any 3-D stack) is described by its frames, and says
     that scan_shape is needed to load it."""

@@ -6,6 +6,7 @@ The full load test (8 threads x 500 queries, with latencies) is
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import numpy as np
@@ -79,8 +80,48 @@ def test_release_returns_the_memory(svc, names):
     acq.release()
     after = {s["worker"]: s for s in svc.info()["shards"]}[shards[1]]
     assert after["resident_bytes"] == before["resident_bytes"] and after["reserved_bytes"] == 0
-    if after["device"]["kind"] == "cuda":  # the GPU's own count: CuPy's pool handed the blocks back
-        assert after["device"]["free_bytes"] - held["device"]["free_bytes"] >= 0.9 * 128 * 2**20
+    if after["device"]["kind"] == "cuda":  # CuPy's pool handed the blocks back to the GPU
+        assert held["pool_bytes"] - after["pool_bytes"] >= 0.9 * 128 * 2**20
+
+
+def test_a_coded_load_is_admitted_by_its_expected_size_and_refused_cleanly_once_it_outgrows_it(svc, names, rng, tmp_path):
+    """A shard with less free than the raw counts holds a compressed load that its sample says will fit; a file
+    whose sampled frames are quiet and the rest loud outgrows that and is refused, nothing of it left behind."""
+    from qgpu_dask.io.load import SAMPLE_RUN, SAMPLE_RUNS
+
+    shape = (128, 128, 32, 32)
+    n = shape[0] * shape[1]
+    quiet = rng.poisson(0.1, shape).astype(np.uint16)
+    loud = quiet.reshape(n, 32, 32).copy()
+    sampled = np.zeros(n, bool)
+    for start in np.linspace(0, n - SAMPLE_RUN, SAMPLE_RUNS).astype(int):
+        sampled[start : start + SAMPLE_RUN] = True
+    loud[~sampled] = rng.poisson(40.0, (int((~sampled).sum()), 32, 32))
+    np.save(tmp_path / "quiet.npy", quiet)
+    np.save(tmp_path / "loud.npy", loud.reshape(shape))
+    shard = sorted(s["worker"] for s in svc.info()["shards"])[0]
+
+    def mine() -> dict:
+        return {s["worker"]: s for s in svc.info()["shards"]}[shard]
+
+    free = mine()["budget"] - mine()["resident_bytes"]
+    filler = svc.put(np.zeros(((free - 28 * 2**20) // 2**20, 1, 1024, 512), np.uint16), name=names(), worker=shard, layout="dense")
+    try:
+        before = mine()
+        left = before["budget"] - before["resident_bytes"]
+        assert left < quiet.nbytes  # the raw counts would not fit
+        acq = svc.load(tmp_path / "quiet.npy", name=names(), worker=shard, layout="compressed", progress=False)
+        assert acq.checksum() == hashlib.sha256(quiet.tobytes()).hexdigest()
+        held = mine()
+        name = names()
+        with pytest.raises(ValueError, match=r"loud\.npy.*outgrew the .* reserved for it from a sample of its frames: it needs"):
+            svc.load(tmp_path / "loud.npy", name=name, worker=shard, layout="compressed", progress=False)
+        after = mine()
+        assert name not in svc and after["resident_bytes"] == held["resident_bytes"] and after["reserved_bytes"] == 0
+        assert acq.checksum() == hashlib.sha256(quiet.tobytes()).hexdigest()
+        acq.release()
+    finally:
+        filler.release()
 
 
 def test_shards_sharing_a_gpu_share_its_memory():

@@ -37,23 +37,30 @@ def test_checksum_of_a_loaded_file(svc, names, rng, tmp_path):
     assert acq.checksum() != sha256(data)
 
 
-def test_compressed_load_codes_block_by_block(rng, tmp_path):
-    # 40 x 30 frames in reads of 7 frames: many reads per codec block, and a short last block.
-    from qgpu_dask.io.load import read_compressed
+@pytest.mark.parametrize("sampled", [False, True])
+def test_compressed_load_codes_block_by_block(rng, tmp_path, sampled):
+    # 40 x 30 frames in reads of 7 frames: many reads per codec block, and a short last block; the model from
+    # the first frames, or from frames spread over the scan with the payload sized from them.
+    from qgpu_dask.io.load import model_sample, read_coded
     from qgpu_dask.io.registry import open_reader
     from qgpu_dask.io.source import Source
+    from qgpu_dask.resident.live import Coding
 
     data = rng.poisson(0.6, (40, 30, 6, 5)).astype(np.uint16)
     write_h5(tmp_path / "a.h5", data)
     reader = open_reader(Source(str(tmp_path / "a.h5"), "/entry/data", None))
     try:
-        resident = read_compressed("a", reader, block_bytes=7 * 6 * 5 * 2)
+        coding = Coding.chosen(model_sample(reader), (6, 5), np) if sampled else None
+        resident = read_coded("a", reader, coding, np, block_bytes=7 * 6 * 5 * 2)
     finally:
         reader.close()
     assert resident.describe()["layout"] == "compressed" and resident.nbytes < data.nbytes
     assert (resident.data == data).all()
     mask = rng.integers(0, 3, (6, 5))
     assert (resident.virtual_images(mask[None]) == (data.astype(np.int64) * mask).sum(axis=(2, 3))).all()
+    if sampled:
+        assert resident.streams.payload.size == int(resident.streams.block_base[-1])  # the room left over went back
+        assert abs(resident.nbytes / coding.expected_bytes(data.shape, data.dtype) - 1) < 0.1
 
 
 def test_a_coded_load_takes_its_model_from_frames_spread_over_the_scan(svc, names, rng, tmp_path):

@@ -193,7 +193,17 @@ def test_loads_in_flight_finish_on_a_survivor(own, rng, tmp_path):
         np.save(paths[-1], a)
     victim = sorted(svc.state()["shards"])[0]
     pid = worker_pid(svc, victim)
-    killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+
+    def kill_while_it_loads() -> None:  # or once all are in: on a GPU they may be done before a poll sees one
+        def loading_there_or_done() -> bool:
+            entries = [e for n, e in svc.state()["acquisitions"].items() if n.startswith("s")]
+            return any(e["owner"] == victim and e["state"] == "loading" for e in entries) or (
+                len(entries) == 12 and all(e["state"] == "ready" for e in entries))
+
+        wait_for(loading_there_or_done, 60, "a load under way on the victim")
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_while_it_loads)
     killer.start()
     series = svc.load(paths, name=[f"s{i}" for i in range(12)], layout="compressed", progress=False)
     killer.join()

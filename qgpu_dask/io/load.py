@@ -11,13 +11,15 @@ import numpy as np
 from ..formats import codec
 from ..resident.base import Resident, check_dtype
 from ..resident.dense import DenseCounts
-from ..resident.live import LiveCounts
+from ..resident.live import APPEND, Coding, LiveCounts
 from ..resident.staging import PinnedStaging
-from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ReadsFrames, ScanShapeNeeded, frames_per_block
+from .batches import AHEAD, decoded, host_buffers, prefetched
+from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ReadsFrames, ScanShapeNeeded, SendsChunks, frames_per_block
 from .registry import open_reader
 from .saved import describe_saved, is_saved
 from .source import Source
 
+GPU_BATCH_BYTES = 4 * BLOCK_BYTES  # counts a GPU decodes at a time from stored chunks: thousands of chunks, a warp each
 SAMPLE_RUNS, SAMPLE_RUN = 8, 128  # runs of consecutive frames (a chunk read each) a coded load's model is chosen from
 
 
@@ -91,13 +93,39 @@ def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_by
     return resident
 
 
-def read_compressed(name: str, reader: Reader, block_bytes: int = BLOCK_BYTES,
-                    progress: Callable[[int], None] = lambda frames: None) -> Resident:
-    """A compressed resident in host memory, coded scan block by scan block as ``reader``'s frames arrive
-    (as a live acquisition is), so a load never holds the dense counts; its model from ``model_sample``
-    where the reader can read any frames, else from the first blocks."""
-    live = LiveCounts(name, reader.shape, check_dtype(reader.dtype), "compressed", np, sample=model_sample(reader))
-    read_blocks(reader, block_bytes, lambda start, frames: live.append(np.ascontiguousarray(frames)), progress)
+def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType, block_bytes: int = BLOCK_BYTES,
+               progress: Callable[[int], None] = lambda frames: None, reserved: int = 0,
+               beyond: Callable[[int], None] = lambda nbytes: None) -> Resident:
+    """A compressed resident on ``xp``'s device, coded scan block by scan block as ``reader``'s frames arrive
+    (as a live acquisition is), so a load never holds the dense counts: a few batches of frames at most. Coded
+    with ``coding`` (chosen from frames spread over the scan, ``model_sample``), else with a model from the
+    first frames. For a GPU, a reader of bitshuffle-LZ4 frames hands on their stored chunks, read into pinned
+    buffers and decoded there, in batches of GPU_BATCH_BYTES of counts; the reads run AHEAD of the decoding
+    and coding in a thread of their own. ``beyond(nbytes)`` raises where the resident would hold ``nbytes``
+    more than the ``reserved`` (nothing is added then)."""
+    live = LiveCounts(name, reader.shape, check_dtype(reader.dtype), "compressed", xp, coding)
+    live.room = lambda nbytes: beyond(live.nbytes + nbytes - reserved)
+    det_shape = reader.shape[2:]
+    if xp is np:
+        batches = reader.blocks(block_bytes)
+    elif isinstance(reader, SendsChunks):
+        batches = prefetched(reader.chunk_batches(host_buffers(xp), GPU_BATCH_BYTES), AHEAD)
+    else:
+        batches = prefetched(reader.blocks(block_bytes), AHEAD)
+    done = 0
+    try:
+        for start, batch in batches:
+            frames, bad = decoded(batch, det_shape, live.dtype, xp)
+            if bad is not None:  # a chunk the GPU found malformed (only SendsChunks readers hand chunks on)
+                raise ValueError(f"{reader.where(start + bad.index)}: {bad.problem}")
+            for at in range(0, len(frames), APPEND):
+                live.append(frames[at : at + APPEND])
+            done = start + len(frames)
+            progress(done)
+    except (OSError, RuntimeError) as err:  # the file library's own read errors (HDF5 filters, Zarr codecs)
+        raise ValueError(f"reading frame {done} or one after it failed: {err}") from err
+    finally:
+        batches.close()  # a read running ahead stops
     return live.finished()
 
 

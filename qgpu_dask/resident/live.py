@@ -5,9 +5,9 @@ A live acquisition is held as parts covering the received frames [0, received): 
 counts written into the acquisition's zeroed array); compressed, the coded scan blocks (one
 ``CompressedCounts`` over every complete codec block) and the frames of the block still filling, kept
 dense until it completes. The compressed model and block are chosen from the first PROBE frames (held
-dense until then), or at once from a sample of frames spread over the scan (a load from a file that
-can read any frames), with every symbol of every pixel's alphabets given a nonzero frequency, so later
-blocks may hold any count. Queries see frames not received yet as zeros (a virtual image is 0 there);
+dense until then), or at once from a sample of frames spread over the scan (``Coding``: a load from a
+file that can read any frames, admitted by the bytes the sample's coding makes it expect), with every
+symbol of every pixel's alphabets given a nonzero frequency, so later blocks may hold any count. Queries see frames not received yet as zeros (a virtual image is 0 there);
 reductions take only received positions. Once every frame is in, ``finished()`` is the plain dense or
 compressed resident, which the shard then holds instead.
 """
@@ -15,6 +15,7 @@ compressed resident, which the shard then holds instead.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from ..device import synchronize
 from ..formats import codec
+from ..formats.groups import Geometry
 from .base import Resident, kernels_for
 from .compressed import MODEL_KEYS, CompressedCounts, check_layout, chosen_model
 from .groups import GroupIndex, centered_geometry, index_piece, worst_bytes
@@ -30,9 +32,19 @@ from .dense import DenseCounts
 from .masks import MaskWeights
 
 PROBE = codec.MIN_BLOCK  # frames a compressed live acquisition holds dense before it chooses its model
+APPEND = codec.MIN_BLOCK  # frames a load appends at a time, so the payload room its coding sizes is enough
+MARGIN = 1.1  # payload room over what a sample's coding gives, before the payload grows (by GROWTH)
+GROWTH = 1.25  # a full payload grows to this many times its size, or as much as the frames appended need
+
+
 def tail_frames(n_frames: int) -> int:
     """Frames a compressed live acquisition holds dense at most: the largest block a model may choose."""
     return min(n_frames, codec.MAX_BLOCK)
+
+
+def worst_coded_bytes(n_frames: int, frame_len: int, dtype) -> int:
+    """The most that coding ``n_frames`` held frames can write: every frame raw, plus a padding byte per stream."""
+    return n_frames * frame_len * np.dtype(dtype).itemsize + (n_frames // codec.MIN_BLOCK + 1) * frame_len
 
 
 def start_bytes(shape, dtype, layout: str) -> int:
@@ -44,12 +56,58 @@ def start_bytes(shape, dtype, layout: str) -> int:
     return tail_frames(n_frames) * frame_len * itemsize + 8 * n_frames
 
 
+@dataclass(frozen=True)
+class Coding:
+    """The model, scan block and group geometry a compressed acquisition is coded with, chosen from sample frames
+    spread over its scan, and the bytes per frame its sample took coded (streams and group index): what the
+    acquisition is expected to hold, known before any of it is read."""
+
+    block: int
+    model: dict
+    geometry: Geometry
+    frame_bytes: float
+
+    @classmethod
+    def chosen(cls, sample, det_shape: tuple[int, int], xp: ModuleType) -> "Coding":
+        """The coding of ``sample`` (n, det_rows, det_cols) frames, coded once to measure it (on ``xp``'s device)."""
+        flat = xp.asarray(sample).reshape(len(sample), -1)
+        block, model, _ = chosen_model(flat, every_symbol=True)
+        geometry = centered_geometry(flat, det_shape)
+        streams = kernels_for(xp, "compressed").encode(flat, block, *(model[k] for k in MODEL_KEYS))
+        piece = index_piece(flat, geometry, xp)
+        nbytes = int(streams.block_base[-1]) + sum(int(a.nbytes) for a in piece[:3])
+        return cls(block, model, geometry, nbytes / len(flat))
+
+    def expected_bytes(self, shape, dtype) -> int:
+        """Bytes a resident of ``shape`` coded this way is expected to hold: every frame at its sample's coded
+        bytes, the stream index and block bases, the frame totals and the model."""
+        n_frames, frame_len = shape[0] * shape[1], shape[2] * shape[3]
+        n_blocks = -(-n_frames // self.block)
+        fixed = n_blocks * frame_len * 4 + (n_blocks + 1) * 8 + 8 * n_frames + sum(int(a.nbytes) for a in self.model.values())
+        return int(n_frames * self.frame_bytes) + fixed
+
+    def payload_room(self, shape, dtype) -> int:
+        """The payload a load coded this way starts with: MARGIN over the expected streams, and room to code the
+        block still filling and an append of APPEND frames after it, so only a load past MARGIN grows it."""
+        n_frames = shape[0] * shape[1]
+        return int(MARGIN * n_frames * self.frame_bytes) + worst_coded_bytes(min(n_frames, self.block + APPEND), shape[2] * shape[3], dtype)
+
+    def reserved_bytes(self, shape, dtype) -> int:
+        """What a load coded this way reserves: the payload it starts with, the rest of what it is expected to
+        hold, and the block still filling."""
+        n_frames = shape[0] * shape[1]
+        streams = int(n_frames * self.frame_bytes)
+        held = min(n_frames, self.block) * shape[2] * shape[3] * np.dtype(dtype).itemsize
+        return self.expected_bytes(shape, dtype) - streams + self.payload_room(shape, dtype) + held
+
+
 class LiveCounts(Resident):
     """A growing acquisition of a fixed ``shape``: ``append`` the next scan positions, query at any time."""
 
-    def __init__(self, name: str, shape, dtype, layout: str, xp: ModuleType, sample=None):
-        """``sample``: frames (n, det_rows, det_cols) spread over the scan that a compressed one takes its model
-        from at once (a load from a file); without it, the model comes from the first PROBE frames received."""
+    def __init__(self, name: str, shape, dtype, layout: str, xp: ModuleType, coding: Coding | None = None):
+        """``coding``: the model a compressed one is coded with from its first frame (a load from a file, from
+        frames spread over its scan), its payload made with MARGIN room over the bytes expected; without it,
+        the model comes from the first PROBE frames received."""
         super().__init__(name, shape, dtype, xp)
         check_layout(layout, self.dtype)
         self.layout = layout
@@ -58,17 +116,19 @@ class LiveCounts(Resident):
         if layout == "dense":
             self.flat = xp.zeros((self.n_frames, self.frame_len), self.dtype)
             return
-        self.tail = xp.zeros((tail_frames(self.n_frames), self.frame_len), self.dtype)  # frames not coded yet
+        held = tail_frames(self.n_frames) if coding is None else min(self.n_frames, coding.block)
+        self.tail = xp.zeros((held, self.frame_len), self.dtype)  # frames not coded yet
         self.coded = 0  # frames in complete, coded blocks
         self.block = 0  # chosen with the model
         self.model: dict | None = None
         self.index = self.base = None
         self.geometry = None  # of the group index, centred with the model's choice
         self.group_pieces: list[tuple] = []  # the coded blocks' group index pieces
-        self.payload = xp.zeros(0, np.uint8)
+        self.payload = xp.zeros(0 if coding is None else coding.payload_room(shape, self.dtype), np.uint8)
         self.payload_bytes = 0
         self.totals = xp.zeros(self.n_frames, np.uint64)
-        self.sample = None if sample is None else xp.asarray(sample, dtype=self.dtype).reshape(-1, self.frame_len)
+        if coding is not None:
+            self.use(coding.block, coding.model, coding.geometry)
         self.view: CompressedCounts | None = None  # the coded blocks, made again when more are coded
         self.room: Callable[[int], None] = lambda nbytes: None  # raises if nbytes more do not fit (the shard's budget)
 
@@ -117,8 +177,10 @@ class LiveCounts(Resident):
         nothing; the budget is asked for that growth and for the most their group index pieces can take (held
         apart from the payload)."""
         held = self.received + n - self.coded
-        worst = held * self.frame_len * self.dtype.itemsize + (held // codec.MIN_BLOCK + 1) * self.frame_len
-        size = max(2 * self.payload.size, self.payload_bytes + worst) if self.payload_bytes + worst > self.payload.size else self.payload.size
+        worst = worst_coded_bytes(held, self.frame_len, self.dtype)
+        size = self.payload.size
+        if self.payload_bytes + worst > size:
+            size = max(int(GROWTH * size), self.payload_bytes + worst)
         self.room(size - self.payload.size + worst_bytes(self.det_shape, held))
         if size > self.payload.size:
             grown = self.xp.zeros(size, np.uint8)
@@ -130,15 +192,10 @@ class LiveCounts(Resident):
         tail (and the last, short block once the scan is complete)."""
         held = self.received - self.coded
         if self.model is None:
-            if self.sample is None and held < min(PROBE, self.n_frames):
+            if held < min(PROBE, self.n_frames):
                 return
-            chosen_from = self.tail[:held] if self.sample is None else self.sample
-            self.block, self.model, _ = chosen_model(chosen_from, every_symbol=True)
-            self.geometry = centered_geometry(chosen_from, self.det_shape)
-            self.sample = None
-            n_blocks = -(-self.n_frames // self.block)
-            self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
-            self.base = self.xp.zeros(n_blocks + 1, np.uint64)
+            block, model, _ = chosen_model(self.tail[:held], every_symbol=True)
+            self.use(block, model, centered_geometry(self.tail[:held], self.det_shape))
         start = 0  # of the blocks coded here; what is left after them moves to the front once
         while held - start >= self.block or (self.complete and held > start):
             n = min(self.block, held - start)
@@ -147,6 +204,13 @@ class LiveCounts(Resident):
             start += n
         if start and held > start:
             self.tail[: held - start] = self.tail[start:held].copy()
+
+    def use(self, block: int, model: dict, geometry: Geometry) -> None:
+        """Code with ``model`` in scan blocks of ``block`` frames and index with ``geometry`` from now on."""
+        self.block, self.model, self.geometry = block, model, geometry
+        n_blocks = -(-self.n_frames // block)
+        self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
+        self.base = self.xp.zeros(n_blocks + 1, np.uint64)
 
     def code_block(self, flat) -> None:
         """Code one scan block with the model and add its streams behind the others."""
@@ -207,6 +271,8 @@ class LiveCounts(Resident):
             if self.layout == "dense":
                 dense = DenseCounts(self.name, self.flat, self.shape)
                 return dense.indexed() if index else dense
+            if self.payload.size > self.payload_bytes:  # the room left over goes back
+                self.payload = self.payload[: self.payload_bytes].copy()
             return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, self.coded_streams(), {},
                                     self.coded_groups())  # all coded
 

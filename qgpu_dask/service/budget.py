@@ -3,9 +3,11 @@ of an allocation that would not fit, before anything is allocated."""
 
 from __future__ import annotations
 
+import threading
+
 from dask.utils import format_bytes
 
-from ..device import device_info
+from ..device import cupy_or_none, device_info
 from ..queries.base import Kept
 from ..resident import Resident
 
@@ -21,6 +23,7 @@ class Budget:
         self.residents = residents
         self.kept = kept
         self.reserved = 0
+        self.lock = threading.Lock()  # loads reserve more from their threads while the event loop admits and ends others
 
     def held_bytes(self) -> int:
         """Bytes held by residents, loads under way and what queries keep until dropped."""
@@ -49,12 +52,26 @@ class Budget:
         """Reserve ``nbytes`` for a new resident ``name``, or refuse before anything is allocated."""
         if name in self.residents:
             raise ValueError(f"an acquisition named {name!r} is already resident on {self.address}")
-        self.check_room(f"acquisition {name!r} needs", nbytes)
-        if self.kind == "cuda":
-            device_free = device_info().free_bytes
-            if nbytes > 0.95 * device_free:
-                raise ValueError(
-                    f"acquisition {name!r} needs {format_bytes(nbytes)}, but the GPU of {self.address} has only "
-                    f"{format_bytes(device_free)} free (shared with other processes?)"
-                )
-        self.reserved += nbytes
+        with self.lock:
+            self.check_room(f"acquisition {name!r} needs", nbytes)
+            if self.kind == "cuda":
+                device_free = device_info().free_bytes
+                if nbytes > 0.95 * device_free:  # CuPy's cached blocks (freed batches and payload room) go back first
+                    cupy_or_none().get_default_memory_pool().free_all_blocks()
+                    device_free = device_info().free_bytes
+                if nbytes > 0.95 * device_free:
+                    raise ValueError(
+                        f"acquisition {name!r} needs {format_bytes(nbytes)}, but the GPU of {self.address} has only "
+                        f"{format_bytes(device_free)} free (shared with other processes?)"
+                    )
+            self.reserved += nbytes
+
+    def reserve_more(self, what_needs: str, nbytes: int) -> None:
+        """Reserve ``nbytes`` more for a load under way (``what_needs`` as in :meth:`check_room`), or refuse."""
+        with self.lock:
+            self.check_room(what_needs, nbytes)
+            self.reserved += nbytes
+
+    def unreserve(self, nbytes: int) -> None:
+        with self.lock:
+            self.reserved -= nbytes

@@ -10,12 +10,14 @@ compressed kernels keep pace with dense ones), but never compressed when the est
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Callable
 
 import numpy as np
 from dask.utils import format_bytes
 
 from ..resident import DenseCounts, Resident
+from ..resident.live import Coding
 from ..resident.compressed import LAYOUTS, MIN_RATIO, CompressedCounts, check_layout, compressible, estimated_ratio
 
 CHOICES = ("auto", *LAYOUTS)  # what a load may ask for: a layout, or "auto"
@@ -31,15 +33,40 @@ class Choice:
     index: bool = True
 
 
-def planned(asked: str, shape, dtype, kind: str, free_bytes: int) -> tuple[int, Callable[[DenseCounts | None], Choice]]:
-    """(bytes to reserve, the choice for the dense counts once they are read, or None where they are coded
-    as read) of a new resident on a ``kind`` worker with ``free_bytes`` free: "auto" decides on them now,
-    estimating the ratio only where it matters."""
+@dataclass(frozen=True)
+class Plan:
+    """How a new resident is made: ``reserve`` bytes admitted for its load, the ``expected`` bytes it will hold
+    (what placement counts), and either the ``coding`` it is coded with as it is read (compressed) or, read
+    dense first, the ``choice`` made on its dense counts."""
+
+    reserve: int
+    expected: int
+    coding: Coding | None
+    choice: Callable[[DenseCounts | None], Choice]
+
+
+def planned(asked: str, shape, dtype, kind: str, free_bytes: int, sample: Callable[[], np.ndarray | None] = lambda: None,
+            xp: ModuleType = np) -> Plan:
+    """The plan of a new resident on a ``kind`` worker with ``free_bytes`` free. Where it may be held
+    compressed, ``sample()`` gives frames spread over its scan (None where the source cannot): "auto" decides
+    on them, and a compressed one is coded as read, admitted by the bytes its sample's coding makes it expect
+    (on ``xp``'s device; the batches on their way are working memory, as a query's scratch is); else it is
+    read dense first and "auto" decides on its counts, estimating the ratio only where it matters."""
     check_layout(asked, dtype, CHOICES)
     dense_bytes = DenseCounts.held_bytes(shape, dtype)
     raw = int(np.prod(shape)) * np.dtype(dtype).itemsize
     reserve = dense_bytes if asked != "compressed" and dense_bytes <= free_bytes else raw
-    return reserve, lambda dense: choose(asked, dtype, kind, dense_bytes, free_bytes, lambda: estimated_ratio(dense.flat))
+    may_code = compressible(dtype) and (asked == "compressed" or (asked == "auto" and not (kind == "cpu" and dense_bytes <= free_bytes)))
+    frames = sample() if may_code else None
+    if frames is None:
+        return Plan(reserve, reserve, None,
+                    lambda dense: choose(asked, dtype, kind, dense_bytes, free_bytes, lambda: estimated_ratio(dense.flat)))
+    flat = xp.asarray(frames).reshape(len(frames), -1)
+    chosen = choose(asked, dtype, kind, dense_bytes, free_bytes, lambda: estimated_ratio(flat))
+    if not chosen.compressed:
+        return Plan(reserve, reserve, None, lambda dense: chosen)
+    coding = Coding.chosen(flat, tuple(shape[2:]), xp)
+    return Plan(coding.reserved_bytes(shape, dtype), coding.expected_bytes(shape, dtype), coding, lambda dense: chosen)
 
 
 def held_as(dense: DenseCounts, choice: Choice) -> Resident:

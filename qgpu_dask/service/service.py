@@ -255,8 +255,7 @@ class Service:
         self.ensure_shards()
         state = self.state()
         self.check_new_names(names, state)
-        inspector = worker or next(iter(state["shards"]))
-        metas = self.router.call(inspector, Shard.inspect, sources).result()
+        metas = self.inspected(sources, layout, [worker] if worker else sorted(state["shards"]))
         for meta in metas:
             if "layout" in meta:  # a saved resident
                 check_saved(layout, meta["layout"])
@@ -268,6 +267,16 @@ class Service:
             for o, n, s, m in zip(owners, names, sources, metas)
         ]
         return Loads(futures, names, [m["raw_bytes"] for m in metas], owners)
+
+    def inspected(self, sources: list[Source], layout: str, shards: list[str]) -> list[dict]:
+        """``Shard.inspect`` of ``sources`` on the first of ``shards`` that answers (a worker lost meanwhile
+        passes it on to the next)."""
+        for i, shard in enumerate(shards):
+            try:
+                return self.router.call(shard, Shard.inspect, sources, layout).result()
+            except OSError:
+                if i == len(shards) - 1:
+                    raise
 
     def release_loaded(self, futures) -> None:
         """Wait for ``futures`` (loads) and release the acquisitions they made."""

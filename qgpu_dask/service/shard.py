@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from dask.utils import format_bytes
 from distributed import get_worker
 from tornado.ioloop import PeriodicCallback
 
 from ..device import array_module, cupy_or_none, default_budget, device_info, memory_bytes, synchronize, use_own_stream
-from ..io.load import describe, inspect, read_compressed, read_dense
+from ..io.load import describe, inspect, model_sample, read_coded, read_dense
 from ..io.registry import open_reader
 from ..io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
 from ..io.source import Source
@@ -40,7 +41,20 @@ from .budget import Budget
 from .copies import reachable, removed, sweep as sweep_copies, taken_over, written
 from .handoff import STALE, Handoff, sweep
 from .lane import LaneServer
-from .layout import check_saved, held_as, planned
+from .layout import Plan, check_saved, held_as, planned
+
+
+INSPECTORS = 8  # sources inspected at a time (each may read a sample of its frames)
+
+
+def named(source: Source, fn: Callable[[], Any]) -> Any:
+    """``fn()``, its ValueError naming ``source``'s file where it does not already."""
+    try:
+        return fn()
+    except ValueError as err:
+        if source.path in str(err):
+            raise
+        raise ValueError(f"{source.path!r}: {err}") from err
 
 
 def shard_key(address: str) -> str:
@@ -99,14 +113,17 @@ class Shard:
 
     async def info(self) -> dict:
         """Device, budget, bytes held and the residents of this shard, and the bytes its queries keep
-        (``<key>_bytes``: "ssb_cache", the phase preparations; "ptycho", reconstruction objects)."""
+        (``<key>_bytes``: "ssb_cache", the phase preparations; "ptycho", reconstruction objects), and
+        "pool_bytes": the device memory this worker's CuPy pool holds, used and cached (0 on CPU workers)."""
         kept = {f"{key}_bytes": k.held_bytes() + k.spare_bytes() for key, k in self.ctx.kept.items()}
+        cp = cupy_or_none()
         return {
             "worker": self.address,
             "device": asdict(device_info()),
             "budget": self.budget.limit,
             "resident_bytes": sum(r.nbytes for r in self.residents.values()),
             "reserved_bytes": self.budget.reserved,
+            "pool_bytes": 0 if cp is None else int(cp.get_default_memory_pool().total_bytes()),
             **kept,
             "acquisitions": {n: r.describe() for n, r in self.residents.items()},
         }
@@ -171,40 +188,71 @@ class Shard:
 
     # -- loading -----------------------------------------------------------
 
-    async def inspect(self, sources: list[Source]) -> list[dict]:
-        """Shape, dtype and bytes of each source as this worker sees the files."""
-        return await self.on(self.loads, lambda: [inspect(s) for s in sources])
+    async def inspect(self, sources: list[Source], layout: str = "auto") -> list[dict]:
+        """Shape, dtype and bytes of each source as this worker sees the files, its "load_bytes" those a load
+        here would hold (for a compressed one, what a sample of its frames makes it expect), several at a time."""
+        def one(source: Source) -> dict:
+            if is_saved(source):
+                return inspect(source)
+            reader = open_reader(source)
+            try:
+                meta = describe(reader)
+                return {**meta, "load_bytes": self.plan(source, reader, layout, meta).expected}
+            finally:
+                reader.close()
+
+        def every() -> list[dict]:
+            with ThreadPoolExecutor(min(INSPECTORS, len(sources)), thread_name_prefix="qgpu-inspect") as pool:
+                return list(pool.map(one, sources))
+
+        return await self.on(self.loads, every)
+
+    def plan(self, source: Source, reader, layout: str, meta: dict) -> Plan:
+        """The plan of loading ``reader`` here (``layout.planned``), a sample of its frames read where it may be
+        coded as read; a failed sample read names the file."""
+        return named(source, lambda: planned(layout, meta["shape"], meta["dtype"], self.device.kind, self.budget.free_bytes(),
+                                              lambda: model_sample(reader), array_module()))
 
     async def load(self, name: str, source: Source, layout: str = "auto") -> dict:
-        """Read ``source`` into a new resident named ``name`` (the file is opened once; a saved resident is reopened as saved)."""
+        """Read ``source`` into a new resident named ``name`` (the file is opened once; a saved resident is
+        reopened as saved). A compressed one is coded as it is read and admitted by the bytes it is expected
+        to hold; one that outgrows them and the shard's free budget is refused, nothing of it left."""
         if await self.on(self.loads, is_saved, source):
             return await self.load_saved(name, source, layout)
         reader = await self.on(self.loads, open_reader, source)
         try:
             meta = describe(reader)
-            reserve, choice = planned(layout, meta["shape"], meta["dtype"], self.device.kind, self.budget.free_bytes())
+            plan = await self.on(self.loads, self.plan, source, reader, layout, meta)
             frame_bytes = meta["raw_bytes"] // (meta["shape"][0] * meta["shape"][1])
 
             def seen(frames: int) -> None:
                 self.reading[name] = frames * frame_bytes
 
             def read() -> tuple[Resident, str]:
+                more = 0  # reserved beyond plan.reserve by a load that outgrew it
+
+                def beyond(nbytes: int) -> None:
+                    nonlocal more
+                    if nbytes > more:
+                        self.budget.reserve_more(f"acquisition {name!r} outgrew the {format_bytes(plan.reserve)} reserved for it "
+                                                 f"from a sample of its frames: it needs", nbytes - more)
+                        more = nbytes
+
                 try:
-                    if layout == "compressed" and array_module() is np:  # coded as read: host memory never holds the dense counts
-                        chosen = choice(None)
-                        resident = read_compressed(name, reader, progress=seen)
+                    if plan.coding is not None or layout == "compressed":  # coded as read: the dense counts are never held
+                        chosen = plan.choice(None)
+                        resident = read_coded(name, reader, plan.coding, array_module(), progress=seen, reserved=plan.reserve,
+                                              beyond=beyond)
                     else:
                         dense = read_dense(name, reader, progress=seen)
-                        chosen = choice(dense)
+                        chosen = plan.choice(dense)
                         resident = held_as(dense, chosen)
-                except ValueError as err:
-                    if source.path in str(err):
-                        raise
-                    raise ValueError(f"{source.path!r}: {err}") from err
-                synchronize()
-                return resident, chosen.reason
+                    synchronize()
+                    return resident, chosen.reason
+                finally:
+                    self.budget.unreserve(more)
 
-            record = await self.add(name, reserve, read, source.describe(), layout)
+            record = await self.add(name, plan.reserve, lambda: named(source, read), source.describe(), layout)
         finally:
             self.reading.pop(name, None)
             reader.close()
@@ -267,17 +315,17 @@ class Shard:
         array = np.asarray(array)
         shape = check_shape(array.shape)
         dtype = check_dtype(array.dtype)
-        reserve, choice = planned(layout, shape, dtype, self.device.kind, self.budget.free_bytes())
+        plan = planned(layout, shape, dtype, self.device.kind, self.budget.free_bytes())
 
         def place() -> tuple[Resident, str]:
             dense = DenseCounts.empty(name, shape, dtype)
             dense.write(0, array.reshape(-1, shape[2], shape[3]))
-            chosen = choice(dense)
+            chosen = plan.choice(dense)
             resident = held_as(dense, chosen)
             synchronize()
             return resident, chosen.reason
 
-        return await self.add(name, reserve, place, None, layout)
+        return await self.add(name, plan.reserve, place, None, layout)
 
     async def add(self, name: str, nbytes: int, build: Callable[[], tuple[Resident, str]], source: dict | None, asked: str) -> dict:
         """Admit ``nbytes``, claim the name in the catalog, build the resident (and the reason for its layout),
@@ -286,7 +334,7 @@ class Shard:
         try:
             await self.worker.scheduler.qgpu_claim(name=name, owner=self.address, nbytes=nbytes)
         except BaseException:
-            self.budget.reserved -= nbytes
+            self.budget.unreserve(nbytes)
             raise
         try:
             resident, reason = await self.on(self.loads, build)
@@ -303,7 +351,7 @@ class Shard:
             self.free_device_memory()
             raise
         finally:
-            self.budget.reserved -= nbytes
+            self.budget.unreserve(nbytes)
 
     # -- live acquisitions ------------------------------------------------------
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the Bitshuffle filter for stacks read through HDF5)
 import numpy as np
 
 from ...formats.bitshuffle_lz4 import ChunkError, decompress_stored
+from ..batches import Chunks
 from ..source import Source
 from .base import BLOCK_BYTES, Format, ScanShapeNeeded, as_4d, frames_per_block, native_order
 from .hdf5 import filter_pipeline, is_hdf5
@@ -134,6 +135,31 @@ class ArinaReader:
         finally:
             decoder.shutdown(wait=True, cancel_futures=True)
 
+    def chunk_batches(self, buffer: Callable[[int], np.ndarray], block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray | Chunks]]:
+        """(first frame, batch) of every block, its stored bytes read into ``buffer(nbytes)``: the block's
+        chunks as stored (``Chunks``, for the resident's device to decode) where all are bitshuffle-LZ4
+        frames, else its frames decoded here (a stack HDF5 reads, or a chunk stored unfiltered)."""
+        step = frames_per_block(self.shape, self.dtype, block_bytes)
+        start = 0
+        for stack in self.stacks:
+            for lo in range(0, stack.frames, step):
+                hi = min(lo + step, stack.frames)
+                stored = stack.stored.read(lo, hi, buffer) if stack.lz4_frames else None
+                if stored is not None and not (stored[3] & 1).any():
+                    yield start + lo, Chunks(*stored[:3])
+                else:
+                    yield start + lo, self.decode(stack, lo, hi, start, stored, np.empty((hi - lo, *self.shape[2:]), self.dtype))
+            start += stack.frames
+
+    def where(self, frame: int) -> str:
+        """Where frame ``frame`` is stored: the master, its data file and the chunk in it."""
+        first = 0
+        for stack in self.stacks:
+            if frame < first + stack.frames:
+                return f"{stack.where}: frame {frame} (chunk {frame - first} of its file)"
+            first += stack.frames
+        return f"{str(self.path)!r}: frame {frame}"
+
     def frames(self, start: int, n: int) -> np.ndarray:
         """Frames start .. start + n, decoded from the stored chunks of the data files that hold them."""
         out = np.empty((n, *self.shape[2:]), dtype=self.dtype)
@@ -168,8 +194,7 @@ class ArinaReader:
             try:
                 decompress_stored(data, starts[coded], ends[coded], target)
             except ChunkError as err:
-                k = coded[err.index]
-                raise ValueError(f"{stack.where}: frame {first + lo + k} (chunk {lo + k} of its file): {err.problem}") from None
+                raise ValueError(f"{self.where(first + lo + coded[err.index])}: {err.problem}") from None
             if target is not out:
                 out[coded] = target
         return out

@@ -127,6 +127,13 @@ class GzipStackReader:
             tasks.append(pool.submit(self.unfilter_all, start + first, chunks, block[first:last]))
         return start, block, tasks
 
+    def frames(self, start: int, n: int) -> np.ndarray:
+        """Frames start .. start + n, inflated from their stored chunks."""
+        out = np.empty((n, *self.shape[2:]), self.dtype)
+        data, starts, ends, masks = self.stored.read(start, start + n)
+        self.unfilter_all(start, [(int(masks[k]), data[starts[k] : ends[k]]) for k in range(n)], out)
+        return out
+
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
         n_frames = self.shape[0] * self.shape[1]
         step = frames_per_block(self.shape, self.dtype, block_bytes)

@@ -11,6 +11,8 @@ decoders keep running. The offsets HDF5 reports are absolute file positions
 
 from __future__ import annotations
 
+from typing import Callable
+
 import h5py
 import numpy as np
 
@@ -47,9 +49,11 @@ class StoredChunks:
         except OSError as err:
             raise ValueError(f"{self.where}: its file cannot be opened for reading ({err})") from None
 
-    def read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The stored bytes of frames lo:hi as (bytes, starts, ends, filter masks): frame lo + k is
-        bytes[starts[k]:ends[k]]. ValueError naming the frame when the file ends inside its chunk."""
+    def read(self, lo: int, hi: int, buffer: Callable[[int], np.ndarray] = lambda nbytes: np.empty(nbytes, np.uint8)
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The stored bytes of frames lo:hi as (bytes, starts, ends, filter masks), the bytes in ``buffer(nbytes)``
+        (pinned memory, for a GPU to decode them): frame lo + k is bytes[starts[k]:ends[k]]. ValueError naming
+        the frame when the file ends inside its chunk."""
         if self.file is None:
             self.open()
         offsets = self.offsets[lo:hi]
@@ -58,11 +62,11 @@ class StoredChunks:
         span = int((offsets + sizes).max()) - first
         need = int(sizes.sum())
         if span <= SPAN_SLACK * need:
-            data = np.empty(span, np.uint8)
+            data = buffer(span)
             got = self.read_at(first, data)
             starts = offsets - first
         else:  # chunks scattered through the file: one read each
-            data = np.empty(need, np.uint8)
+            data = buffer(need)
             starts = np.zeros(hi - lo, np.int64)
             np.cumsum(sizes[:-1], out=starts[1:])
             got = need
