@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import mmap
+import multiprocessing
+import os
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -38,32 +42,63 @@ import qgpu_dask as qd
 from qgpu_dask.io.readers.arina import ArinaReader
 
 FRAMES_PER_FILE = 10000
+POOL_FRAMES = 8192  # distinct frames a master's frames are drawn from
+POOL_PART = 256  # pool frames a drawing task draws
+shared: dict = {}  # in a worker process: write_master's pool and Poisson means (see share)
 
 
 def write_master(folder: Path, scan: tuple[int, int], det: tuple[int, int], dose: float, seed: int, stem: str = "scan",
                  mean: np.ndarray | None = None) -> tuple[Path, list[Path], str]:
-    """A master and its data files of Poisson counts (``mean`` per detector pixel, default ``dose`` everywhere),
-    written a few thousand frames at a time; (master, data files, SHA-256 of the counts in scan order)."""
+    """A master and its data files of Poisson counts (``mean`` per detector pixel, default ``dose`` everywhere);
+    (master, data files, SHA-256 of the counts in scan order).
+
+    Frame i is ``pool[index[i]]``, ``POOL_FRAMES`` distinct frames drawn once and ``index`` drawn from ``seed``
+    (drawing a Poisson value for every pixel of every frame took most of the time); each frame is its own
+    chunk, so compressing and decoding cost as much as for frames all distinct. The pool is drawn and the data
+    files are written in worker processes (h5py runs one call at a time per process) while this one hashes."""
     rng = np.random.default_rng(seed)
     mean = np.full(det, dose) if mean is None else mean
     n = scan[0] * scan[1]
-    digest = hashlib.sha256()
-    files = []
+    # anonymous shared memory: the forked workers draw into it and all read it
+    pool = np.frombuffer(mmap.mmap(-1, min(POOL_FRAMES, n) * det[0] * det[1] * 2), np.uint16).reshape(-1, *det)
+    index = rng.integers(0, len(pool), n)
+    parts = range(0, len(pool), POOL_PART)
+    starts = range(0, n, FRAMES_PER_FILE)
+    files = [folder / f"{stem}_data_{k:06d}.h5" for k in range(1, len(starts) + 1)]
+    with ProcessPoolExecutor(min(os.cpu_count() or 1, max(len(parts), len(files))), mp_context=multiprocessing.get_context("fork"),
+                             initializer=share, initargs=(pool, mean)) as workers:
+        list(workers.map(draw, parts, rng.spawn(len(parts))))
+        written = [workers.submit(write_data_file, path, index[lo : lo + FRAMES_PER_FILE]) for path, lo in zip(files, starts)]
+        digest = hashlib.sha256()
+        for i in index:
+            digest.update(pool[i])
+        for w in written:
+            w.result()
     with h5py.File(folder / f"{stem}_master.h5", "w") as master:
-        for k, lo in enumerate(range(0, n, FRAMES_PER_FILE), start=1):
-            count = min(FRAMES_PER_FILE, n - lo)
-            path = folder / f"{stem}_data_{k:06d}.h5"
-            with h5py.File(path, "w") as f:
-                d = f.create_dataset("/entry/data/data", shape=(count, *det), dtype=np.uint16, chunks=(1, *det),
-                                     **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
-                for a in range(0, count, 2000):
-                    b = min(a + 2000, count)
-                    frames = rng.poisson(mean, (b - a, *det)).astype(np.uint16)
-                    d[a:b] = frames
-                    digest.update(frames.tobytes())
+        for k, path in enumerate(files, start=1):
             master[f"/entry/data/data_{k:06d}"] = h5py.ExternalLink(path.name, "/entry/data/data")
-            files.append(path)
     return folder / f"{stem}_master.h5", files, digest.hexdigest()
+
+
+def share(pool: np.ndarray, mean: np.ndarray) -> None:
+    """In a worker process: keep write_master's pool (memory shared with it) and Poisson means for the tasks below."""
+    shared.update(pool=pool, mean=mean)
+
+
+def draw(start: int, rng: np.random.Generator) -> None:
+    """Draw the pool's frames from ``start`` on, ``POOL_PART`` of them (the pool is the same on any core count)."""
+    part = shared["pool"][start : start + POOL_PART]
+    part[:] = rng.poisson(shared["mean"], part.shape)
+
+
+def write_data_file(path: Path, index: np.ndarray) -> None:
+    """A data file of the pool's frames ``index``, one bitshuffle-LZ4 chunk a frame."""
+    pool = shared["pool"]
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("/entry/data/data", shape=(len(index), *pool.shape[1:]), dtype=np.uint16, chunks=(1, *pool.shape[1:]),
+                             **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
+        for a in range(0, len(index), 1000):
+            d[a : a + 1000] = pool[index[a : a + 1000]]
 
 
 def best(fn, repeats: int) -> float:
