@@ -10,7 +10,7 @@ against NumPy with ``==``. In the same run:
 2. the same mix from ``--threads`` threads: p50/p95/p99 and their ratio to (1);
 3. again under load while a worker process is SIGKILLed ``--kills`` times:
    errors, wrong results, seconds to re-home and GB/s against the first load;
-4. memory pressure: a load larger than any shard's free budget is refused
+4. memory pressure: a dense load larger than any shard's free budget is refused
    before allocating, queries go on, and releasing returns the memory.
 
     python benchmarks/reliability.py                            # GPU machine
@@ -230,7 +230,7 @@ def main() -> int:
         np.lib.format.open_memmap(big, mode="w+", dtype=np.uint16, shape=(frames // scan[1], scan[1], *det)).flush()  # sparse file
         t0 = time.perf_counter()
         try:
-            svc.load(big, name="too-big", progress=False)
+            svc.load(big, name="too-big", layout="dense", progress=False)  # zeros: compressed, they would fit
             refused = None
         except ValueError as err:
             refused = str(err)

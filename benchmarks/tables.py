@@ -393,6 +393,8 @@ TABLES: tuple[Table | Figure, ...] = (
         ("series: counts over held bytes", F("series/raw_over_held", "{:.1f}"), ""),
         ("layout held", F("layout"), ""),
         ("every checksum equal to h5py's", F("series/checksums_equal"), ""),
+        ("acquisitions held on the shard (filled until one was refused, where filled)", F("held/acquisitions", bold=True),
+         F("targets/held_acquisitions_min")),
         ("cold start: first load minus a warm one, s", F("cold_start/cold_minus_warm_s", "{:.2f}", bold=True), F("targets/cold_minus_warm_s_max")),
         ("saved form reopened, GB/s of file", F("saved_reopen/GBps", "{:.2f}", bold=True), F("targets/saved_reopen_GBps_min")),
         ("baseline: stored bytes read in 1 thread, GB/s of counts", F("baselines/raw_read_1_thread_GBps", "{:.1f}"), ""),

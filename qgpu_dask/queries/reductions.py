@@ -12,7 +12,7 @@ from ..resident import Resident, combine_parts, finish_reduce
 from ..resident.base import REDUCE_OPS
 from .base import Context, Query, ordered, register
 
-HASHERS = max(1, (os.cpu_count() or 1) // 2)  # acquisitions of a series hashed at a time
+HASHERS = os.cpu_count() or 1  # acquisitions of a series hashed at a time
 
 
 @register

@@ -27,10 +27,11 @@ class Budget:
 
     def held_bytes(self) -> int:
         """Bytes held by residents, loads under way and what queries keep until dropped."""
-        return sum(r.nbytes for r in self.residents.values()) + self.reserved + sum(k.held_bytes() for k in self.kept.values())
+        residents, kept = list(self.residents.values()), list(self.kept.values())  # taken at once: loads ask from their threads
+        return sum(r.nbytes for r in residents) + self.reserved + sum(k.held_bytes() for k in kept)
 
     def spare_bytes(self) -> int:
-        return sum(k.spare_bytes() for k in self.kept.values())
+        return sum(k.spare_bytes() for k in list(self.kept.values()))
 
     def free_bytes(self) -> int:
         """Bytes not held (what queries keep to spare makes room when asked, so it counts as free)."""
@@ -40,7 +41,7 @@ class Budget:
         """ValueError ("<what_needs> <bytes>, but ...") if ``nbytes`` more do not fit beside what is held
         (what queries keep to spare makes room first)."""
         short = nbytes - (self.limit - self.held_bytes() - self.spare_bytes())
-        for kept in self.kept.values():
+        for kept in list(self.kept.values()):
             if short > 0:
                 short -= kept.release(short)
         free = self.limit - self.held_bytes() - self.spare_bytes()

@@ -197,9 +197,11 @@ class Shard:
             reader = open_reader(source)
             try:
                 meta = describe(reader)
-                return {**meta, "load_bytes": self.plan(source, reader, layout, meta).expected}
+                return {**meta, "load_bytes": self.plan(source, reader, layout, meta, free).expected}
             finally:
                 reader.close()
+
+        free = self.budget.free_bytes()  # here, on the event loop that changes what is held
 
         def every() -> list[dict]:
             with ThreadPoolExecutor(min(INSPECTORS, len(sources)), thread_name_prefix="qgpu-inspect") as pool:
@@ -207,10 +209,10 @@ class Shard:
 
         return await self.on(self.loads, every)
 
-    def plan(self, source: Source, reader, layout: str, meta: dict) -> Plan:
-        """The plan of loading ``reader`` here (``layout.planned``), a sample of its frames read where it may be
-        coded as read; a failed sample read names the file."""
-        return named(source, lambda: planned(layout, meta["shape"], meta["dtype"], self.device.kind, self.budget.free_bytes(),
+    def plan(self, source: Source, reader, layout: str, meta: dict, free: int) -> Plan:
+        """The plan of loading ``reader`` here with ``free`` bytes free (``layout.planned``), a sample of its frames
+        read where it may be coded as read; a failed sample read names the file."""
+        return named(source, lambda: planned(layout, meta["shape"], meta["dtype"], self.device.kind, free,
                                               lambda: model_sample(reader), array_module()))
 
     async def load(self, name: str, source: Source, layout: str = "auto") -> dict:
@@ -222,7 +224,7 @@ class Shard:
         reader = await self.on(self.loads, open_reader, source)
         try:
             meta = describe(reader)
-            plan = await self.on(self.loads, self.plan, source, reader, layout, meta)
+            plan = await self.on(self.loads, self.plan, source, reader, layout, meta, self.budget.free_bytes())
             frame_bytes = meta["raw_bytes"] // (meta["shape"][0] * meta["shape"][1])
 
             def seen(frames: int) -> None:
