@@ -107,6 +107,30 @@ def test_truncated_data_file_is_refused(svc, names, rng, tmp_path):
     assert bad not in svc
 
 
+def test_a_block_read_in_pieces_side_by_side_gives_every_byte(rng, tmp_path, monkeypatch):
+    """Spans read in pieces of 1000 bytes by several threads: the frames are h5py's, and a file cut short is
+    still named at the frame whose chunk it ends in."""
+    from qgpu_dask.io.readers import stored_chunks
+    from qgpu_dask.io.readers.arina import ArinaReader
+
+    monkeypatch.setattr(stored_chunks, "READ_PIECE", 1000)
+    frames = rng.poisson(3.0, (40, 32, 32)).astype(np.uint16)
+    master = write_arina(tmp_path, frames, per_file=20)
+    reader = ArinaReader(master, (5, 8))
+    try:
+        assert (np.concatenate([b for _, b in reader.blocks(block_bytes=13 * 32 * 32 * 2)]) == h5py_frames(master)).all()
+    finally:
+        reader.close()
+    data = tmp_path / "scan_data_000002.h5"
+    data.write_bytes(data.read_bytes()[:-3000])
+    reader = ArinaReader(master, (5, 8))
+    try:
+        with pytest.raises(ValueError, match=r"data_000002.*the file ends inside the chunk of frame 1[0-9]"):
+            list(reader.blocks())
+    finally:
+        reader.close()
+
+
 def write_interleaved(folder, frames: np.ndarray) -> object:
     """A master whose one data file holds two other datasets written frame by frame between its frames,
     so each frame's chunk lies apart from the next one's."""

@@ -89,7 +89,7 @@ def test_a_coded_load_is_admitted_by_its_expected_size_and_refused_cleanly_once_
     whose sampled frames are quiet and the rest loud outgrows that and is refused, nothing of it left behind."""
     from qgpu_dask.io.load import SAMPLE_RUN, SAMPLE_RUNS
 
-    shape = (128, 128, 32, 32)
+    shape = (256, 256, 32, 32)
     n = shape[0] * shape[1]
     quiet = rng.poisson(0.1, shape).astype(np.uint16)
     loud = quiet.reshape(n, 32, 32).copy()
@@ -105,7 +105,7 @@ def test_a_coded_load_is_admitted_by_its_expected_size_and_refused_cleanly_once_
         return {s["worker"]: s for s in svc.info()["shards"]}[shard]
 
     free = mine()["budget"] - mine()["resident_bytes"]
-    filler = svc.put(np.zeros(((free - 28 * 2**20) // 2**20, 1, 1024, 512), np.uint16), name=names(), worker=shard, layout="dense")
+    filler = svc.put(np.zeros(((free - 80 * 2**20) // 2**20, 1, 1024, 512), np.uint16), name=names(), worker=shard, layout="dense")
     try:
         before = mine()
         left = before["budget"] - before["resident_bytes"]

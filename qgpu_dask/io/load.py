@@ -11,7 +11,7 @@ import numpy as np
 from ..formats import codec
 from ..resident.base import Resident, check_dtype
 from ..resident.dense import DenseCounts
-from ..resident.live import APPEND, Coding, LiveCounts
+from ..resident.live import APPEND_BYTES, Coding, LiveCounts, append_frames
 from ..resident.staging import PinnedStaging
 from .batches import AHEAD, decoded, host_buffers, prefetched
 from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ReadsFrames, ScanShapeNeeded, SendsChunks, frames_per_block
@@ -19,7 +19,7 @@ from .registry import open_reader
 from .saved import describe_saved, is_saved
 from .source import Source
 
-GPU_BATCH_BYTES = 4 * BLOCK_BYTES  # counts a GPU decodes at a time from stored chunks: thousands of chunks, a warp each
+GPU_BATCH_BYTES = APPEND_BYTES  # counts a GPU decodes (thousands of chunks, a warp each) and codes (several blocks) at a time
 SAMPLE_RUNS, SAMPLE_RUN = 8, 128  # runs of consecutive frames (a chunk read each) a coded load's model is chosen from
 
 
@@ -118,8 +118,9 @@ def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType,
             frames, bad = decoded(batch, det_shape, live.dtype, xp)
             if bad is not None:  # a chunk the GPU found malformed (only SendsChunks readers hand chunks on)
                 raise ValueError(f"{reader.where(start + bad.index)}: {bad.problem}")
-            for at in range(0, len(frames), APPEND):
-                live.append(frames[at : at + APPEND])
+            step = append_frames(live.shape, live.dtype, live.block or codec.MAX_BLOCK)
+            for at in range(0, len(frames), step):  # whole blocks coded in one pass each
+                live.append(frames[at : at + step])
             done = start + len(frames)
             progress(done)
     except (OSError, RuntimeError) as err:  # the file library's own read errors (HDF5 filters, Zarr codecs)

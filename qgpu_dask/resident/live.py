@@ -32,7 +32,7 @@ from .dense import DenseCounts
 from .masks import MaskWeights
 
 PROBE = codec.MIN_BLOCK  # frames a compressed live acquisition holds dense before it chooses its model
-APPEND = codec.MIN_BLOCK  # frames a load appends at a time, so the payload room its coding sizes is enough
+APPEND_BYTES = 512 * 2**20  # counts a load appends at a time at most, so the payload room its coding sizes is enough
 MARGIN = 1.1  # payload room over what a sample's coding gives, before the payload grows (by GROWTH)
 GROWTH = 1.25  # a full payload grows to this many times its size, or as much as the frames appended need
 
@@ -40,6 +40,13 @@ GROWTH = 1.25  # a full payload grows to this many times its size, or as much as
 def tail_frames(n_frames: int) -> int:
     """Frames a compressed live acquisition holds dense at most: the largest block a model may choose."""
     return min(n_frames, codec.MAX_BLOCK)
+
+
+def append_frames(shape, dtype, block: int) -> int:
+    """The most frames a load appends at a time: APPEND_BYTES of counts, or an eighth of a smaller scan (at least
+    a block), so the room kept for coding an append stays small beside what the acquisition holds."""
+    n_frames, frame_bytes = shape[0] * shape[1], shape[2] * shape[3] * np.dtype(dtype).itemsize
+    return max(1, min(APPEND_BYTES // frame_bytes, max(block, n_frames // 8)))
 
 
 def worst_coded_bytes(n_frames: int, frame_len: int, dtype) -> int:
@@ -88,9 +95,10 @@ class Coding:
 
     def payload_room(self, shape, dtype) -> int:
         """The payload a load coded this way starts with: MARGIN over the expected streams, and room to code the
-        block still filling and an append of APPEND frames after it, so only a load past MARGIN grows it."""
-        n_frames = shape[0] * shape[1]
-        return int(MARGIN * n_frames * self.frame_bytes) + worst_coded_bytes(min(n_frames, self.block + APPEND), shape[2] * shape[3], dtype)
+        block still filling and an append (``append_frames``) after it, so only a load past MARGIN grows it."""
+        n_frames, frame_len = shape[0] * shape[1], shape[2] * shape[3]
+        held = min(n_frames, self.block + append_frames(shape, dtype, self.block))
+        return int(MARGIN * n_frames * self.frame_bytes) + worst_coded_bytes(held, frame_len, dtype)
 
     def reserved_bytes(self, shape, dtype) -> int:
         """What a load coded this way reserves: the payload it starts with, the rest of what it is expected to
@@ -160,16 +168,30 @@ class LiveCounts(Resident):
                 self.received += n
                 return self.settled(self.received)
             self.make_room(n)
+            self.totals[self.received : self.received + n] = flat.sum(axis=1, dtype=np.uint64)
             done = 0
             while done < n:
+                whole = self.whole_blocks(n - done)
+                if whole:  # straight from the frames given: no copy into the tail
+                    self.code_blocks(flat[done : done + whole])
+                    self.received += whole
+                    self.coded += whole
+                    done += whole
+                    continue
                 at = self.received - self.coded
                 take = min(n - done, self.tail.shape[0] - at)
                 self.tail[at : at + take] = flat[done : done + take]
-                self.totals[self.received : self.received + take] = flat[done : done + take].sum(axis=1, dtype=np.uint64)
                 self.received += take
                 done += take
                 self.code_complete_blocks()
             return self.settled(self.received)
+
+    def whole_blocks(self, n: int) -> int:
+        """Frames of the next ``n`` that are whole blocks (the scan's short last one too) to code without the
+        tail: 0 unless the tail is empty and the model chosen."""
+        if self.model is None or self.received > self.coded:
+            return 0
+        return n if self.received + n == self.n_frames else n - n % self.block
 
     def make_room(self, n: int) -> None:
         """Grow the payload, before any frame is added, to hold the most that coding ``n`` more frames can
@@ -196,14 +218,12 @@ class LiveCounts(Resident):
                 return
             block, model, _ = chosen_model(self.tail[:held], every_symbol=True)
             self.use(block, model, centered_geometry(self.tail[:held], self.det_shape))
-        start = 0  # of the blocks coded here; what is left after them moves to the front once
-        while held - start >= self.block or (self.complete and held > start):
-            n = min(self.block, held - start)
-            self.code_block(self.tail[start : start + n])
-            self.coded += n
-            start += n
-        if start and held > start:
-            self.tail[: held - start] = self.tail[start:held].copy()
+        whole = held if self.complete else held - held % self.block
+        if whole:
+            self.code_blocks(self.tail[:whole])
+            self.coded += whole
+            if held > whole:  # what is left after them moves to the front
+                self.tail[: held - whole] = self.tail[whole:held].copy()
 
     def use(self, block: int, model: dict, geometry: Geometry) -> None:
         """Code with ``model`` in scan blocks of ``block`` frames and index with ``geometry`` from now on."""
@@ -212,16 +232,17 @@ class LiveCounts(Resident):
         self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
         self.base = self.xp.zeros(n_blocks + 1, np.uint64)
 
-    def code_block(self, flat) -> None:
-        """Code one scan block with the model and add its streams behind the others."""
+    def code_blocks(self, flat) -> None:
+        """Code consecutive scan blocks (whole ones, the scan's last one shorter) with the model in one pass and
+        add their streams behind the others."""
         streams = kernels_for(self.xp, "compressed").encode(flat, self.block, *(self.model[k] for k in MODEL_KEYS))
-        b = self.coded // self.block
-        size = int(streams.block_base[1])  # make_room left space for it
+        b, k = self.coded // self.block, len(streams.block_base) - 1
+        size = int(streams.block_base[-1])  # make_room left space for them
         self.payload[self.payload_bytes : self.payload_bytes + size] = streams.payload[:size]
-        self.index[b] = streams.index[0]
+        self.index[b : b + k] = streams.index
+        self.base[b + 1 : b + k + 1] = streams.block_base[1:] + np.uint64(self.payload_bytes)
         self.group_pieces.append(index_piece(flat, self.geometry, self.xp))
         self.payload_bytes += size
-        self.base[b + 1] = self.payload_bytes
         self.view = None
 
     def coded_part(self) -> CompressedCounts | None:
