@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import io
+import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -45,6 +47,13 @@ from .layout import Plan, check_saved, held_as, planned
 
 
 INSPECTORS = 8  # sources inspected at a time (each may read a sample of its frames)
+PLAN_SECONDS = 60.0  # how long a compressed plan made by inspect waits here for its load
+
+
+def stamp(source: Source) -> tuple[int, int]:
+    """(modification time, size) of a source's file or folder: a plan made from it holds while they do."""
+    info = os.stat(source.path)
+    return info.st_mtime_ns, info.st_size
 
 
 def named(source: Source, fn: Callable[[], Any]) -> Any:
@@ -88,6 +97,7 @@ class Shard:
         atexit.register(self.remove_copies)
         self.ingesting: dict[str, str] = {}  # live acquisition -> the stream feeding it
         self.reading: dict[str, int] = {}  # acquisition being loaded -> bytes of counts read so far
+        self.plans: dict[tuple[Source, str], tuple[float, tuple, Plan]] = {}  # inspect's compressed plans: (made, stamp, plan)
         self.handoff = Handoff()
         if "qgpu-handoff-sweep" not in self.worker.periodic_callbacks:  # reply segments no client took; stops with the worker
             sweeps = PeriodicCallback(sweep, STALE / 2 * 1000)
@@ -197,11 +207,17 @@ class Shard:
             reader = open_reader(source)
             try:
                 meta = describe(reader)
-                return {**meta, "load_bytes": self.plan(source, reader, layout, meta, free).expected}
+                plan = self.plan(source, reader, layout, meta, free)
+                if plan.coding is not None:  # its load here takes it rather than sample the file again
+                    self.plans[(source, layout)] = (time.monotonic(), stamp(source), plan)
+                return {**meta, "load_bytes": plan.expected}
             finally:
                 reader.close()
 
         free = self.budget.free_bytes()  # here, on the event loop that changes what is held
+        for key, (made, _, _) in list(self.plans.items()):
+            if time.monotonic() - made > PLAN_SECONDS:
+                self.plans.pop(key, None)
 
         def every() -> list[dict]:
             with ThreadPoolExecutor(min(INSPECTORS, len(sources)), thread_name_prefix="qgpu-inspect") as pool:
@@ -215,6 +231,14 @@ class Shard:
         return named(source, lambda: planned(layout, meta["shape"], meta["dtype"], self.device.kind, free,
                                               lambda: model_sample(reader), array_module()))
 
+    def inspected_plan(self, source: Source, layout: str) -> Plan | None:
+        """The compressed plan ``inspect`` made here for ``source`` and ``layout``, while it is fresh and the file
+        unchanged (a compressed plan does not depend on the free budget); None otherwise."""
+        kept = self.plans.pop((source, layout), None)
+        if kept is None or time.monotonic() - kept[0] > PLAN_SECONDS or kept[1] != stamp(source):
+            return None
+        return kept[2]
+
     async def load(self, name: str, source: Source, layout: str = "auto") -> dict:
         """Read ``source`` into a new resident named ``name`` (the file is opened once; a saved resident is
         reopened as saved). A compressed one is coded as it is read and admitted by the bytes it is expected
@@ -224,7 +248,9 @@ class Shard:
         reader = await self.on(self.loads, open_reader, source)
         try:
             meta = describe(reader)
-            plan = await self.on(self.loads, self.plan, source, reader, layout, meta, self.budget.free_bytes())
+            plan = self.inspected_plan(source, layout)
+            if plan is None:
+                plan = await self.on(self.loads, self.plan, source, reader, layout, meta, self.budget.free_bytes())
             frame_bytes = meta["raw_bytes"] // (meta["shape"][0] * meta["shape"][1])
 
             def seen(frames: int) -> None:
