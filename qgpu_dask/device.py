@@ -127,6 +127,16 @@ def copy_into(out: np.ndarray, array) -> None:
         np.copyto(out, array)
 
 
+def host_memory(nbytes: int) -> np.ndarray:
+    """``nbytes`` of host memory (uint8) for data bound for this process's device: pinned, from CuPy's pool
+    (the copy up is direct, and the pages are kept for the next read instead of faulted in again), where
+    there is a GPU; plain memory on CPU."""
+    cp = cupy_or_none()
+    if cp is None or nbytes == 0:
+        return np.empty(nbytes, np.uint8)
+    return np.frombuffer(cp.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes)
+
+
 def page_locked(memory: np.ndarray):
     """Page-lock the host memory under the contiguous array ``memory`` (a long-lived buffer that device results
     are copied into, at the speed of pinned memory); the function that lets it go again. No-op on CPU."""

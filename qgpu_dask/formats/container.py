@@ -38,6 +38,7 @@ import struct
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -225,9 +226,10 @@ def check_entry(entry: dict, header_end: int, where: str) -> None:
         raise ValueError(f"{where!r}: array {name!r} has an invalid offset {offset}")
 
 
-def read(path: PathLike) -> tuple[dict, dict[str, np.ndarray]]:
+def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: np.empty(nbytes, np.uint8)) -> tuple[dict, dict[str, np.ndarray]]:
     """(header, arrays) of the container at ``path``, every checksum verified; the arrays are writable views of
-    one allocation, read and checked chunk by chunk on THREADS threads."""
+    one allocation (``allocate(nbytes)``, uint8: pinned memory for arrays bound for a GPU), read and checked
+    chunk by chunk on THREADS threads."""
     where = str(path)
     with open(path, "rb") as f:
         meta = header_of(f, where)
@@ -238,7 +240,7 @@ def read(path: PathLike) -> tuple[dict, dict[str, np.ndarray]]:
                 raise ValueError(f"{where!r} is truncated: array {entry['name']!r} ends past the end of the file")
         lo = min((e["offset"] for e in entries), default=0)
         hi = max((e["offset"] + e["nbytes"] for e in entries), default=0)
-        buffer = np.empty(max(hi - lo, 0), np.uint8)
+        buffer = allocate(max(hi - lo, 0))
         spans = [(k, entry["offset"] - lo + a, entry["offset"] - lo + b) for k, entry in enumerate(entries) for a, b in chunks(entry["nbytes"])]
         view = memoryview(buffer)
 

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ..device import array_module, to_host
+from ..device import array_module, host_memory, to_host
 from ..formats import codec, container
 from ..resident import DenseCounts, Resident
 from ..resident.base import check_dtype, check_shape
@@ -76,8 +76,8 @@ def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = No
 
 def read_saved(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
     """The header and host arrays of the resident saved at ``path``, every checksum verified (nothing built yet:
-    a damaged file is refused before anything else is done)."""
-    return container.read(path)
+    a damaged file is refused before anything else is done); in pinned memory where they go to a GPU."""
+    return container.read(path, host_memory)
 
 
 def resident_from(name: str, path: str | os.PathLike, meta: dict, arrays: dict[str, np.ndarray], xp: ModuleType | None = None) -> Resident:
