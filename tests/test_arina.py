@@ -230,6 +230,16 @@ def test_a_coded_load_decodes_the_stored_chunks_on_the_gpu_into_the_bytes_of_the
     assert (cp.asnumpy(on_gpu.totals) == on_cpu.totals).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+def test_the_load_kernels_warm_up_on_the_gpu():
+    import cupy as cp
+
+    from qgpu_dask.io.load import warm_up
+
+    warm_up(cp)
+
+
 def test_inspect_without_the_scan_shape(svc, names, rng, tmp_path):
     """A master whose frame count is not a square (and any 3-D stack) is described by its frames, and says
     that scan_shape is needed to load it."""

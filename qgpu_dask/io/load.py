@@ -130,6 +130,21 @@ def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType,
     return live.finished()
 
 
+def warm_up(xp: ModuleType) -> None:
+    """Compile what a coded load runs on ``xp``'s device, or load it from the caches CuPy and Numba keep on
+    disk (the first process on a machine compiles, the next ones read): the coding of a sample, an append
+    of its blocks and, on a GPU, the stored-chunk decoder (fed a chunk too short to decode: the compile is
+    what counts). A shard of a GPU runs it as it starts, so its first load does not wait for the compiler."""
+    frames = np.random.default_rng(0).poisson(0.5, (256, 16, 16)).astype(np.uint16)
+    live = LiveCounts("warm-up", (16, 16, 16, 16), frames.dtype, "compressed", xp, Coding.chosen(frames, (16, 16), xp))
+    live.append(xp.asarray(frames))
+    live.finished()
+    if xp is not np:
+        from ..formats.bitshuffle_lz4_cuda import outcomes
+
+        outcomes(np.zeros(16, np.uint8), np.zeros(1, np.int64), np.full(1, 16, np.int64), xp.empty((1, 16, 16), np.uint16))
+
+
 def model_sample(reader: Reader) -> np.ndarray | None:
     """SAMPLE_RUNS runs of SAMPLE_RUN consecutive frames spread evenly over the scan (all frames of a shorter
     one), for a reader that reads any frames (``ReadsFrames``); None for the others. A model from the first

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import io
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from distributed import get_worker
 from tornado.ioloop import PeriodicCallback
 
 from ..device import array_module, cupy_or_none, default_budget, device_info, memory_bytes, synchronize, use_own_stream
-from ..io.load import describe, inspect, model_sample, read_coded, read_dense
+from ..io.load import describe, inspect, model_sample, read_coded, read_dense, warm_up
 from ..io.registry import open_reader
 from ..io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
 from ..io.source import Source
@@ -46,6 +47,7 @@ from .lane import LaneServer
 from .layout import Plan, check_saved, held_as, planned
 
 
+logger = logging.getLogger(__name__)
 INSPECTORS = 8  # sources inspected at a time (each may read a sample of its frames)
 PLAN_SECONDS = 60.0  # how long a compressed plan made by inspect waits here for its load
 
@@ -104,6 +106,9 @@ class Shard:
             self.worker.periodic_callbacks["qgpu-handoff-sweep"] = sweeps
             self.worker.loop.add_callback(sweeps.start)
         self.lane_server = LaneServer.started({"ask": self.ask_here, "ping": lambda: None})
+        if self.device.kind == "cuda":  # the first load should not wait for the compiler (io.load.warm_up)
+            self.loads.submit(warm_up, array_module()).add_done_callback(
+                lambda done: done.exception() and logger.warning("warming up the load kernels failed: %r", done.exception()))
 
     # -- bookkeeping -------------------------------------------------------
 
