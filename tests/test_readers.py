@@ -234,7 +234,8 @@ def test_damaged_gzip_chunk(svc, names, rng, tmp_path):
     with pytest.raises(ValueError, match=r"damaged\.h5', dataset '/entry/data': frame 17: chunk does not inflate"):
         svc.load(path, scan_shape=GZIP_SCAN, name=name)
     assert name not in svc
-    assert [e["event"] for e in svc.state()["events"] if e.get("name") == name] == ["load-failed"]  # not "released"
+    events = [e["event"] for e in svc.state()["events"] if e.get("name") == name]
+    assert events in ([], ["load-failed"])  # never "released"; none where the plan's sample of frames (a GPU's) met it first
 
 
 # -- byte order ----------------------------------------------------------------
