@@ -317,8 +317,10 @@ def test_worker_side_code_completes_a_series_of_live_acquisitions(svc, names, co
     """Code run on a series' shards appends the last frames: each becomes the plain resident it now is."""
     flat = counts.reshape(-1, *counts.shape[2:])
     acqs = [svc.create(names(f"series{k}"), counts.shape[:2], counts.shape[2:], "uint16") for k in range(3)]
-    for acq in acqs:
-        acq.append(flat[:500])
+    # each goes on from what it received; the first has coded a block (1024 frames) already, so the shards
+    # finishing in parallel find Numba's encoder compiled and cached rather than each compiling it
+    for acq, received in zip(acqs, (1100, 500, 500)):
+        acq.append(flat[:received])
     series = qd.Series(svc, acqs)
 
     def finish(part, frames):
