@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -89,7 +89,7 @@ def read_dense(name: str, reader: Reader, xp: ModuleType | None = None, block_by
         finally:
             staging.finish()  # no copy may still run into memory freed after a failed read
         return resident
-    read_blocks(reader, block_bytes, resident.write, progress)
+    read_blocks(reader.blocks(block_bytes), resident.write, progress)
     return resident
 
 
@@ -112,21 +112,16 @@ def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType,
         batches = prefetched(reader.chunk_batches(host_buffers(xp), GPU_BATCH_BYTES), AHEAD)
     else:
         batches = prefetched(reader.blocks(block_bytes), AHEAD)
-    done = 0
-    try:
-        for start, batch in batches:
-            frames, bad = decoded(batch, det_shape, live.dtype, xp)
-            if bad is not None:  # a chunk the GPU found malformed (only SendsChunks readers hand chunks on)
-                raise ValueError(f"{reader.where(start + bad.index)}: {bad.problem}")
-            step = append_frames(live.shape, live.dtype, live.block or codec.MAX_BLOCK)
-            for at in range(0, len(frames), step):  # whole blocks coded in one pass each
-                live.append(frames[at : at + step])
-            done = start + len(frames)
-            progress(done)
-    except (OSError, RuntimeError) as err:  # the file library's own read errors (HDF5 filters, Zarr codecs)
-        raise ValueError(f"reading frame {done} or one after it failed: {err}") from err
-    finally:
-        batches.close()  # a read running ahead stops
+
+    def append(start: int, batch) -> None:
+        frames, bad = decoded(batch, det_shape, live.dtype, xp)
+        if bad is not None:  # a chunk the GPU found malformed (only SendsChunks readers hand chunks on)
+            raise ValueError(f"{reader.where(start + bad.index)}: {bad.problem}")
+        step = append_frames(live.shape, live.dtype, live.block or codec.MAX_BLOCK)
+        for at in range(0, len(frames), step):  # whole blocks coded in one pass each
+            live.append(frames[at : at + step])
+
+    read_blocks(batches, append, progress)
     return live.finished()
 
 
@@ -161,14 +156,16 @@ def model_sample(reader: Reader) -> np.ndarray | None:
         raise ValueError(f"reading frames spread over the scan for the coding model failed: {err}") from err
 
 
-def read_blocks(reader: Reader, block_bytes: int, write: Callable[[int, np.ndarray], object], progress: Callable[[int], None]) -> None:
-    """``write(first frame, frames)`` for every block of ``reader``, then ``progress(frames read so far)``;
-    a failed read names the first frame it did not get."""
+def read_blocks(batches: Iterator[tuple[int, object]], write: Callable[[int, object], object], progress: Callable[[int], None]) -> None:
+    """``write(first frame, batch)`` for every batch of frames (``batches``, closed after: a read running ahead
+    stops), then ``progress(frames read so far)``; a failed read names the first frame it did not get."""
     done = 0
     try:
-        for start, frames in reader.blocks(block_bytes):
-            write(start, frames)
-            done = start + len(frames)
+        for start, batch in batches:
+            write(start, batch)
+            done = start + len(batch)
             progress(done)
     except (OSError, RuntimeError) as err:  # the file library's own read errors (HDF5 filters, Zarr codecs)
         raise ValueError(f"reading frame {done} or one after it failed: {err}") from err
+    finally:
+        batches.close()

@@ -82,7 +82,5 @@ class Checksum(Query):
 
     @staticmethod
     def run(ctx: Context, residents: list[Resident]) -> list[str]:
-        if len(residents) < 2:
-            return [r.checksum() for r in residents]
-        with ThreadPoolExecutor(min(HASHERS, len(residents)), thread_name_prefix="qgpu-checksum", initializer=use_own_stream) as pool:
+        with ThreadPoolExecutor(max(1, min(HASHERS, len(residents))), thread_name_prefix="qgpu-checksum", initializer=use_own_stream) as pool:
             return list(pool.map(lambda r: r.checksum(), residents))

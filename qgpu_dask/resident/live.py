@@ -7,9 +7,10 @@ counts written into the acquisition's zeroed array); compressed, the coded scan 
 dense until it completes. The compressed model and block are chosen from the first PROBE frames (held
 dense until then), or at once from a sample of frames spread over the scan (``Coding``: a load from a
 file that can read any frames, admitted by the bytes the sample's coding makes it expect), with every
-symbol of every pixel's alphabets given a nonzero frequency, so later blocks may hold any count. Queries see frames not received yet as zeros (a virtual image is 0 there);
-reductions take only received positions. Once every frame is in, ``finished()`` is the plain dense or
-compressed resident, which the shard then holds instead.
+symbol of every pixel's alphabets given a nonzero frequency, so later blocks may hold any count. Queries
+see frames not received yet as zeros (a virtual image is 0 there); reductions take only received positions.
+Once every frame is in, ``finished()`` is the plain dense or compressed resident, which the shard then holds
+instead.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Coding:
         nbytes = int(streams.block_base[-1]) + sum(int(a.nbytes) for a in piece[:3])
         return cls(block, model, geometry, nbytes / len(flat))
 
-    def expected_bytes(self, shape, dtype) -> int:
+    def expected_bytes(self, shape) -> int:
         """Bytes a resident of ``shape`` coded this way is expected to hold: every frame at its sample's coded
         bytes, the stream index and block bases, the frame totals and the model."""
         n_frames, frame_len = shape[0] * shape[1], shape[2] * shape[3]
@@ -106,7 +107,7 @@ class Coding:
         n_frames = shape[0] * shape[1]
         streams = int(n_frames * self.frame_bytes)
         held = min(n_frames, self.block) * shape[2] * shape[3] * np.dtype(dtype).itemsize
-        return self.expected_bytes(shape, dtype) - streams + self.payload_room(shape, dtype) + held
+        return self.expected_bytes(shape) - streams + self.payload_room(shape, dtype) + held
 
 
 class LiveCounts(Resident):

@@ -66,7 +66,7 @@ def planned(asked: str, shape, dtype, kind: str, free_bytes: int, sample: Callab
     if not chosen.compressed:
         return Plan(reserve, reserve, None, lambda dense: chosen)
     coding = Coding.chosen(flat, tuple(shape[2:]), xp)
-    return Plan(coding.reserved_bytes(shape, dtype), coding.expected_bytes(shape, dtype), coding, lambda dense: chosen)
+    return Plan(coding.reserved_bytes(shape, dtype), coding.expected_bytes(shape), coding, lambda dense: chosen)
 
 
 def held_as(dense: DenseCounts, choice: Choice) -> Resident:

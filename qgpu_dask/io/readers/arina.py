@@ -115,21 +115,16 @@ class ArinaReader:
         """(first frame, frames) of every block, decoded into ``target(first, n)`` (a C-contiguous
         (n, rows, cols) array). A block is decompressed (on every core) while the next one's stored
         chunks are read and the last one is being used."""
-        step = frames_per_block(self.shape, self.dtype, block_bytes)
         decoder = ThreadPoolExecutor(1, thread_name_prefix="qgpu-arina")
         try:
             pending = None
-            start = 0
-            for stack in self.stacks:
-                for lo in range(0, stack.frames, step):
-                    hi = min(lo + step, stack.frames)
-                    stored = self.fetch(stack, lo, hi)
-                    out = target(start + lo, hi - lo)
-                    following = (start + lo, decoder.submit(self.decode, stack, lo, hi, start, stored, out))
-                    if pending is not None:
-                        yield pending[0], pending[1].result()
-                    pending = following
-                start += stack.frames
+            for stack, lo, hi, first in self.block_spans(block_bytes):
+                stored = self.fetch(stack, lo, hi)
+                out = target(first + lo, hi - lo)
+                following = (first + lo, decoder.submit(self.decode, stack, lo, hi, first, stored, out))
+                if pending is not None:
+                    yield pending[0], pending[1].result()
+                pending = following
             if pending is not None:
                 yield pending[0], pending[1].result()
         finally:
@@ -139,17 +134,22 @@ class ArinaReader:
         """(first frame, batch) of every block, its stored bytes read into ``buffer(nbytes)``: the block's
         chunks as stored (``Chunks``, for the resident's device to decode) where all are bitshuffle-LZ4
         frames, else its frames decoded here (a stack HDF5 reads, or a chunk stored unfiltered)."""
+        for stack, lo, hi, first in self.block_spans(block_bytes):
+            stored = self.fetch(stack, lo, hi, buffer)
+            if stored is not None and not (stored[3] & 1).any():
+                yield first + lo, Chunks(*stored[:3])
+            else:
+                yield first + lo, self.decode(stack, lo, hi, first, stored, np.empty((hi - lo, *self.shape[2:]), self.dtype))
+
+    def block_spans(self, block_bytes: int) -> Iterator[tuple[Stack, int, int, int]]:
+        """(data file's stack, lo, hi, its first frame in the scan) of every block: whole scan rows where they
+        fit, never across data files."""
         step = frames_per_block(self.shape, self.dtype, block_bytes)
-        start = 0
+        first = 0
         for stack in self.stacks:
             for lo in range(0, stack.frames, step):
-                hi = min(lo + step, stack.frames)
-                stored = stack.stored.read(lo, hi, buffer) if stack.lz4_frames else None
-                if stored is not None and not (stored[3] & 1).any():
-                    yield start + lo, Chunks(*stored[:3])
-                else:
-                    yield start + lo, self.decode(stack, lo, hi, start, stored, np.empty((hi - lo, *self.shape[2:]), self.dtype))
-            start += stack.frames
+                yield stack, lo, min(lo + step, stack.frames), first
+            first += stack.frames
 
     def where(self, frame: int) -> str:
         """Where frame ``frame`` is stored: the master, its data file and the chunk in it."""
@@ -171,11 +171,13 @@ class ArinaReader:
             first += stack.frames
         return out
 
-    def fetch(self, stack: Stack, lo: int, hi: int) -> tuple | None:
-        """The stored chunks of frames lo:hi as StoredChunks.read gives them; None when HDF5 must read them."""
+    def fetch(self, stack: Stack, lo: int, hi: int, buffer: Callable[[int], np.ndarray] = lambda nbytes: np.empty(nbytes, np.uint8)
+              ) -> tuple | None:
+        """The stored chunks of frames lo:hi as StoredChunks.read gives them (the bytes in ``buffer(nbytes)``);
+        None when HDF5 must read them."""
         if not stack.lz4_frames:
             return None
-        return stack.stored.read(lo, hi)
+        return stack.stored.read(lo, hi, buffer)
 
     def decode(self, stack: Stack, lo: int, hi: int, first: int, stored, out: np.ndarray) -> np.ndarray:
         """Frames lo:hi of one data file into ``out`` (n, rows, cols), from their stored chunks."""
