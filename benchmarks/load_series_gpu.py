@@ -11,6 +11,8 @@
    shard; per acquisition and GB/s of counts over the series (targets <= 0.5 s and >= 40 GB/s). Every
    acquisition's checksum is held ``==`` to h5py's of its file.
 5. Saved form: one resident saved (``acq.save``) and loaded again; GB/s of file (target >= 10).
+6. Lost worker: ``--rehome`` masters (default 6) on one of two worker processes, their node-local copies written;
+   the worker is SIGKILLed; seconds until all are held again (target <= 10 s), and their checksums.
 
 Results: ``benchmarks/results/load_series_gpu.json`` (``_small`` with ``--small``) via record.py. On CPU workers
 (``QGPU_DASK_CPU=1``, or no GPU) the same run measures the CPU path.
@@ -42,7 +44,8 @@ from load_arina import best, read_with_h5py, write_master
 import qgpu_dask as qd
 
 TARGETS = {"series_s_per_acquisition_max": 0.5, "series_s_per_acquisition_stretch": 0.25, "series_GBps_min": 40.0,
-           "series_GBps_stretch": 80.0, "saved_reopen_GBps_min": 10.0, "cold_minus_warm_s_max": 2.0, "held_acquisitions_min": 120}
+           "series_GBps_stretch": 80.0, "saved_reopen_GBps_min": 10.0, "cold_minus_warm_s_max": 2.0, "held_acquisitions_min": 120,
+           "rehome_s_max": 10.0, "rehome_s_stretch": 3.0}
 FILL_STEP = 8  # acquisitions a fill load asks for at a time, until one is refused; then one at a time
 BF_RADIUS, BF_FRACTION = 30.0, 0.6  # at 192 x 192, as series_gpu's counts
 
@@ -100,6 +103,33 @@ def fill(svc, masters: list[Path], held: list, layout: str) -> str:
         print(f"held: {len(held)}", flush=True)
 
 
+def rehome(masters: list[Path], digests: list[str], n: int) -> dict:
+    """Issue 24's lost worker: ``n`` masters loaded compressed onto one of two worker processes (sharing the
+    machine's GPU), their node-local copies written; that worker is SIGKILLed and the seconds until every acquisition is held
+    again on the survivor are taken, with where each came from and its checksum against h5py's."""
+    from distributed import Client, LocalCluster
+    from reliability import kill_and_recover
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    with qd.Service(Client(cluster, direct_to_workers=True), cluster=cluster) as svc:
+        svc.ensure_shards()
+        victim = sorted(svc.state()["shards"])[0]
+        names = [f"r{i}" for i in range(n)]
+        svc.load([masters[i % len(masters)] for i in range(n)], name=names, worker=victim, layout="compressed", progress=False)
+        t0 = time.perf_counter()
+        while not all("local" in svc.state()["acquisitions"][m] for m in names):
+            if time.perf_counter() - t0 > 300:
+                raise RuntimeError("the node-local copies were not all written within 300 s (copies turned off?)")
+            time.sleep(0.1)
+        copies_s = time.perf_counter() - t0
+        back = kill_and_recover(svc, victim, 2)
+        sources = {e.get("source", "?") for e in svc.state()["events"] if e["event"] == "rehomed" and e.get("name") in names}
+        sums = qd.Series(svc, [svc[m] for m in names]).checksum()
+    return {"acquisitions": n, "copies_written_s": copies_s, "seconds_to_rehomed": back["seconds_to_rehomed"],
+            "restored_from": sorted(sources), "lost": back["lost"],
+            "checksums_equal": all(s == digests[i % len(digests)] for i, s in enumerate(sums))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scan", type=int, nargs=2, default=(512, 512))
@@ -109,9 +139,10 @@ def main() -> int:
     ap.add_argument("--distinct", type=int, default=4, help="K, distinct masters the N are loaded from")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of each baseline")
     ap.add_argument("--layout", default="auto", help="layout asked of every load")
+    ap.add_argument("--rehome", type=int, default=6, help="acquisitions held on a worker that is then SIGKILLed (0: skip)")
     ap.add_argument("--fill", action="store_true", help="after the series, load more until the shard refuses one (issue 24's "
                                                           "'held on one H200'); every one is checksummed")
-    args = record.parse(ap, small={"scan": (16, 16), "det": (24, 24), "acquisitions": 4, "distinct": 2, "repeats": 1})
+    args = record.parse(ap, small={"scan": (16, 16), "det": (24, 24), "acquisitions": 4, "distinct": 2, "repeats": 1, "rehome": 2})
     scan, det = tuple(args.scan), tuple(args.det)
     shape, n = scan + det, args.acquisitions
     counts_bytes = int(np.prod(shape)) * 2
@@ -157,6 +188,7 @@ def main() -> int:
             held = sum(a.info()["nbytes"] for a in held_acqs[:n])
             budget = svc.info()["shards"][0]["budget"]
 
+        lost_worker = rehome(masters, digests, args.rehome) if args.rehome else None
         per_acq = seconds / n
         results = {
             "shape": list(shape), "dtype": "uint16", "dose": args.dose, "acquisitions": n, "distinct": args.distinct, "layout": layout,
@@ -168,6 +200,7 @@ def main() -> int:
             "saved_reopen": {"file_bytes": saved_bytes, "s": reopen, "GBps": saved_bytes / reopen / 1e9},
             "held": {"acquisitions": len(held_acqs), "filled": bool(args.fill), "refusal": refusal, "budget_bytes": budget,
                      "checksums_equal": exact, "checksum_s": checksum_s},
+            "rehome": lost_worker,
         }
         t = TARGETS
         lines = [
@@ -184,8 +217,12 @@ def main() -> int:
             f"checksums equal to h5py's: {exact} ({checksum_s:.0f} s to hash)"
             + (f"  >= {t['held_acquisitions_min']} {mark(len(held_acqs) >= t['held_acquisitions_min'])}" if args.fill else ""),
         ]
+        if lost_worker:
+            lines.append(f"a worker's {args.rehome} acquisitions back after SIGKILL: {lost_worker['seconds_to_rehomed']:.2f} s "
+                         f"(from {', '.join(lost_worker['restored_from'])})  <= {t['rehome_s_max']} "
+                         f"{mark(lost_worker['seconds_to_rehomed'] <= t['rehome_s_max'])}; checksums equal: {lost_worker['checksums_equal']}")
         path = record.write("load_series_gpu", results)
-        return record.reported(path, lines, {"checksums_equal": exact})
+        return record.reported(path, lines, {"checksums_equal": exact and (lost_worker is None or lost_worker["checksums_equal"])})
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

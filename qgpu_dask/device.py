@@ -10,8 +10,10 @@ import contextlib
 import fcntl
 import functools
 import os
+import queue
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Iterator
 
 import numpy as np
 
@@ -135,6 +137,53 @@ def host_memory(nbytes: int) -> np.ndarray:
     if cp is None or nbytes == 0:
         return np.empty(nbytes, np.uint8)
     return np.frombuffer(cp.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes)
+
+
+class Uploads:
+    """Host bytes to device memory through a ring of ``slots`` pinned host slots of ``slot_bytes`` each, from any
+    number of threads: a thread fills a slot and sends it (copied up on the ring's stream) while the others
+    fill theirs; a slot is taken again once its copy is done. Made once per process (the pinning is costly)."""
+
+    def __init__(self, slots: int, slot_bytes: int):
+        import cupy as cp
+
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.memory = [np.frombuffer(cp.cuda.alloc_pinned_memory(slot_bytes), np.uint8, slot_bytes) for _ in range(slots)]
+        self.copied: list = [None] * slots  # the event of each slot's last copy
+        self.free: queue.SimpleQueue = queue.SimpleQueue()
+        for k in range(slots):
+            self.free.put(k)
+
+    @contextlib.contextmanager
+    def slot(self, nbytes: int) -> Iterator["Slot"]:
+        """A slot of ``nbytes`` (at most slot_bytes) to fill and send, free again after the ``with``."""
+        k = self.free.get()
+        try:
+            if self.copied[k] is not None:
+                self.copied[k].synchronize()
+            yield Slot(self, k, self.memory[k][:nbytes])
+        finally:
+            self.free.put(k)
+
+    def finish(self) -> None:
+        """Wait for every copy sent."""
+        self.stream.synchronize()
+
+
+class Slot:
+    """One filled host slot of ``Uploads``, ``host``, and its copy up."""
+
+    def __init__(self, uploads: Uploads, k: int, host: np.ndarray):
+        self.uploads, self.k, self.host = uploads, k, host
+
+    def send(self, target, at: int) -> None:
+        """Copy ``host`` to bytes ``at`` .. of the device array ``target`` (uint8), asynchronously."""
+        import cupy as cp
+
+        up = self.uploads
+        cp.cuda.runtime.memcpyAsync(target.data.ptr + at, self.host.ctypes.data, self.host.nbytes, cp.cuda.runtime.memcpyHostToDevice,
+                                    up.stream.ptr)
+        up.copied[self.k] = up.stream.record()
 
 
 def page_locked(memory: np.ndarray):

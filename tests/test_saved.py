@@ -85,6 +85,29 @@ def test_container_round_trip(tmp_path, rng):
     assert (tmp_path / "again.qgpu").read_bytes() == raw
 
 
+@pytest.mark.gpu
+def test_container_read_through_pinned_slots_into_device_memory(tmp_path, rng):
+    """Arrays of many chunks read through two slots (each taken again many times) land on the GPU byte for byte;
+    a damaged chunk is refused with the slots free again."""
+    cp = pytest.importorskip("cupy")
+    from qgpu_dask.device import Uploads
+
+    arrays = {"big": rng.integers(0, 2**32, (5 * container.CHUNK // 4 + 123,), dtype=np.uint32),
+              "small": rng.integers(0, 256, 777, dtype=np.uint8), "empty": np.zeros(0, np.uint16)}
+    path = tmp_path / "c.qgpu"
+    container.write(path, {"layout": "dense", "shape": (1, 1, 1, 1), "dtype": "uint16"}, arrays)
+    slots = Uploads(2, container.CHUNK)
+    _, back = container.read(path, lambda nbytes: cp.empty(nbytes, np.uint8), slots)
+    for name, a in arrays.items():
+        assert isinstance(back[name], cp.ndarray) and back[name].dtype == a.dtype and (back[name].get() == a).all()
+    raw = bytearray(path.read_bytes())
+    raw[container.read_header(path)["arrays"][0]["offset"] + 3 * container.CHUNK] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="array 'big' does not match its checksum"):
+        container.read(path, lambda nbytes: cp.empty(nbytes, np.uint8), slots)
+    assert slots.free.qsize() == 2
+
+
 def test_container_refuses_damage(tmp_path, rng):
     meta = {"layout": "compressed", "codec": codec.FORMAT, "block": 256, "shape": [1, 1, 1, 1], "dtype": "uint8", "group_center": [0, 0]}
     path = tmp_path / "c.qgpu"

@@ -41,9 +41,10 @@ def scratch_bytes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, frame_
     whole = starts[ends - starts >= HEADER_BYTES]
     if not whole.size:
         return 8
-    fields = data[whole[:, None] + np.arange(8, 12)].astype(np.int64)
-    block = (fields[:, 0] << 24) | (fields[:, 1] << 16) | (fields[:, 2] << 8) | fields[:, 3]
-    return max(8, int(min(block.max(), frame_bytes)))
+    block = np.zeros(whole.size, np.uint32)
+    for k in range(8, 12):  # the big-endian block size field of every header, a byte at a time
+        block = (block << np.uint32(8)) | data[whole + k]
+    return max(8, int(min(int(block.max()), frame_bytes)))
 
 
 def decompress_stored(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, out: cupy.ndarray) -> None:

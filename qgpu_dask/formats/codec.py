@@ -202,8 +202,22 @@ def check_tables(run: np.ndarray, values: np.ndarray, table_start: np.ndarray, c
             raise ValueError("compressed tables: cumulative frequencies decrease")
 
 
-def pack_index(forms: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Index entries (uint32) from stream forms and byte offsets inside their scan block."""
-    if offsets.size and int(offsets.max()) > OFFSET_MASK:
+def stream_bound(n: int, itemsize: int) -> int:
+    """The most bytes one stream of ``n`` counts takes in the form the encoder chooses: its raw counts, padded
+    to an even length, or a 4-byte constant."""
+    return max(4, n * itemsize + (n * itemsize) % 2)
+
+
+def payload_in(out, total: int):
+    """The first ``total`` bytes of ``out`` (1-D uint8), for a payload written in place; ValueError if they do not fit."""
+    if out.ndim != 1 or out.dtype != np.uint8 or out.size < total:
+        raise ValueError(f"a payload of {total} bytes does not fit in {out.dtype} {out.shape}")
+    return out[:total]
+
+
+def pack_index(forms: np.ndarray, offsets: np.ndarray, bound: int | None = None) -> np.ndarray:
+    """Index entries (uint32) from stream forms and byte offsets inside their scan block; ``bound``, where
+    given, is known to be at least every offset (then a bound within range spares a pass over them)."""
+    if offsets.size and (bound is None or bound > OFFSET_MASK) and int(offsets.max()) > OFFSET_MASK:
         raise ValueError("a scan block of compressed streams exceeds 512 MiB: use a smaller block")
     return (forms.astype(np.uint32) << FORM_SHIFT) | offsets.astype(np.uint32)

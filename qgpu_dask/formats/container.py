@@ -226,10 +226,13 @@ def check_entry(entry: dict, header_end: int, where: str) -> None:
         raise ValueError(f"{where!r}: array {name!r} has an invalid offset {offset}")
 
 
-def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: np.empty(nbytes, np.uint8)) -> tuple[dict, dict[str, np.ndarray]]:
+def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: np.empty(nbytes, np.uint8),
+         stage=None) -> tuple[dict, dict[str, np.ndarray]]:
     """(header, arrays) of the container at ``path``, every checksum verified; the arrays are writable views of
     one allocation (``allocate(nbytes)``, uint8: pinned memory for arrays bound for a GPU), read and checked
-    chunk by chunk on THREADS threads."""
+    chunk by chunk on THREADS threads. With ``stage`` (``device.Uploads``), the allocation is device memory:
+    each chunk is read into one of its pinned host slots (``stage.slot(nbytes)``), checked there and sent on
+    into the allocation, so the file never passes through host memory of its size."""
     where = str(path)
     with open(path, "rb") as f:
         meta = header_of(f, where)
@@ -242,22 +245,33 @@ def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: 
         hi = max((e["offset"] + e["nbytes"] for e in entries), default=0)
         buffer = allocate(max(hi - lo, 0))
         spans = [(k, entry["offset"] - lo + a, entry["offset"] - lo + b) for k, entry in enumerate(entries) for a, b in chunks(entry["nbytes"])]
-        view = memoryview(buffer)
 
-        def leaf(span: tuple[int, int, int]) -> bytes:
-            _, a, b = span
-            done = a
-            while done < b:
-                got = os.preadv(f.fileno(), [view[done:b]], lo + done)
+        def filled(view: memoryview, at: int) -> bytes:
+            done = 0
+            while done < view.nbytes:
+                got = os.preadv(f.fileno(), [view[done:]], lo + at + done)
                 if got <= 0:
                     raise ValueError(f"{where!r} is truncated: it ended while being read")
                 done += got
-            return hashlib.sha256(view[a:b]).digest()
+            return hashlib.sha256(view).digest()
 
-        with ThreadPoolExecutor(THREADS) as threads:
-            leaves_of: list[list[bytes]] = [[] for _ in entries]
-            for (k, _, _), leaf_digest in zip(spans, threads.map(leaf, spans)):
-                leaves_of[k].append(leaf_digest)
+        def leaf(span: tuple[int, int, int]) -> bytes:
+            _, a, b = span
+            if stage is None:
+                return filled(memoryview(buffer)[a:b], a)
+            with stage.slot(b - a) as slot:
+                leaf_digest = filled(memoryview(slot.host), a)
+                slot.send(buffer, a)
+            return leaf_digest
+
+        try:
+            with ThreadPoolExecutor(THREADS) as threads:
+                leaves_of: list[list[bytes]] = [[] for _ in entries]
+                for (k, _, _), leaf_digest in zip(spans, threads.map(leaf, spans)):
+                    leaves_of[k].append(leaf_digest)
+        finally:
+            if stage is not None:
+                stage.finish()  # no copy may still run into memory freed after a failed read
     arrays = {}
     for entry, leaves in zip(entries, leaves_of):
         name = entry["name"]

@@ -160,10 +160,13 @@ def total_bits(width: np.ndarray, n_frames: int) -> int:
 
 def widths_of(spread: np.ndarray) -> np.ndarray:
     """uint8 bits needed for each uint64 ``spread`` (0 for 0, 64 for >= 2**63)."""
-    width = np.zeros(spread.shape, dtype=np.uint8)
-    for k in range(64):
-        width += (spread >> np.uint64(k)) != 0
-    return width
+    rest = np.asarray(spread, dtype=np.uint64)
+    width = np.zeros(rest.shape, dtype=np.uint8)
+    for shift in (32, 16, 8, 4, 2, 1):  # a binary search for the top bit, every value at once
+        high = (rest >> np.uint64(shift)) != 0
+        width += high.astype(np.uint8) * np.uint8(shift)
+        rest = np.where(high, rest >> np.uint64(shift), rest)
+    return width + (rest != 0)
 
 
 def pack(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

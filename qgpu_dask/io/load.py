@@ -16,7 +16,7 @@ from ..resident.staging import PinnedStaging
 from .batches import AHEAD, decoded, host_buffers, prefetched
 from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ReadsFrames, ScanShapeNeeded, SendsChunks, frames_per_block
 from .registry import open_reader
-from .saved import describe_saved, is_saved
+from .saved import describe_saved, is_saved, uploads
 from .source import Source
 
 GPU_BATCH_BYTES = APPEND_BYTES  # counts a GPU decodes (thousands of chunks, a warp each) and codes (several blocks) at a time
@@ -129,7 +129,8 @@ def warm_up(xp: ModuleType) -> None:
     """Compile what a coded load runs on ``xp``'s device, or load it from the caches CuPy and Numba keep on
     disk (the first process on a machine compiles, the next ones read): the coding of a sample, an append
     of its blocks and, on a GPU, the stored-chunk decoder (fed a chunk too short to decode: the compile is
-    what counts). A shard of a GPU runs it as it starts, so its first load does not wait for the compiler."""
+    what counts), and pins the host slots saved residents are reopened through. A shard of a GPU runs it as it
+    starts, so its first load does not wait for the compiler or for pinning."""
     frames = np.random.default_rng(0).poisson(0.5, (256, 16, 16)).astype(np.uint16)
     live = LiveCounts("warm-up", (16, 16, 16, 16), frames.dtype, "compressed", xp, Coding.chosen(frames, (16, 16), xp))
     live.append(xp.asarray(frames))
@@ -138,6 +139,7 @@ def warm_up(xp: ModuleType) -> None:
         from ..formats.bitshuffle_lz4_cuda import outcomes
 
         outcomes(np.zeros(16, np.uint8), np.zeros(1, np.int64), np.full(1, 16, np.int64), xp.empty((1, 16, 16), np.uint16))
+        uploads()
 
 
 def model_sample(reader: Reader) -> np.ndarray | None:

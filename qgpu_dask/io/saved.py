@@ -8,13 +8,14 @@ the resident's constructor check their structure.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
-from ..device import array_module, host_memory, to_host
+from ..device import Uploads, array_module, host_memory, to_host
 from ..formats import codec, container
 from ..resident import DenseCounts, Resident
 from ..resident.base import check_dtype, check_shape
@@ -23,6 +24,7 @@ from ..resident.groups import GROUP_KEYS, GroupIndex
 from .source import Source
 
 DENSE_KEY = "counts"
+UPLOAD_SLOTS = 2 * container.THREADS  # one being filled and one being copied up per reading thread
 
 
 def save_resident(resident: Resident, path: str | os.PathLike) -> int:
@@ -70,8 +72,18 @@ def compressed_bytes(meta: dict) -> int:
 
 
 def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = None) -> Resident:
-    """The resident saved at ``path``, named ``name``, its arrays on the device of ``xp`` (default: this process's)."""
-    return resident_from(name, path, *read_saved(path), xp)
+    """The resident saved at ``path``, named ``name``, its arrays on the device of ``xp`` (default: this process's):
+    for a GPU, read in chunks through pinned slots straight into device memory (``device.Uploads``)."""
+    xp = xp or array_module()
+    if xp is np:
+        return resident_from(name, path, *container.read(path), xp)
+    return resident_from(name, path, *container.read(path, lambda nbytes: xp.empty(nbytes, np.uint8), uploads()), xp)
+
+
+@functools.cache
+def uploads() -> Uploads:
+    """This process's pinned slots for reads bound for its GPU (made at the first reopen, or as a shard warms up)."""
+    return Uploads(UPLOAD_SLOTS, container.CHUNK)
 
 
 def read_saved(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:

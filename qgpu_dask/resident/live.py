@@ -234,12 +234,12 @@ class LiveCounts(Resident):
         self.base = self.xp.zeros(n_blocks + 1, np.uint64)
 
     def code_blocks(self, flat) -> None:
-        """Code consecutive scan blocks (whole ones, the scan's last one shorter) with the model in one pass and
-        add their streams behind the others."""
-        streams = kernels_for(self.xp, "compressed").encode(flat, self.block, *(self.model[k] for k in MODEL_KEYS))
+        """Code consecutive scan blocks (whole ones, the scan's last one shorter) with the model in one pass,
+        their streams written behind the others (make_room left space for them)."""
+        streams = kernels_for(self.xp, "compressed").encode(flat, self.block, *(self.model[k] for k in MODEL_KEYS),
+                                                            out=self.payload[self.payload_bytes :])
         b, k = self.coded // self.block, len(streams.block_base) - 1
-        size = int(streams.block_base[-1])  # make_room left space for them
-        self.payload[self.payload_bytes : self.payload_bytes + size] = streams.payload[:size]
+        size = streams.payload.size
         self.index[b : b + k] = streams.index
         self.base[b + 1 : b + k + 1] = streams.block_base[1:] + np.uint64(self.payload_bytes)
         self.group_pieces.append(index_piece(flat, self.geometry, self.xp))

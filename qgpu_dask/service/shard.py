@@ -49,7 +49,7 @@ from .layout import Plan, check_saved, held_as, planned
 
 logger = logging.getLogger(__name__)
 INSPECTORS = 8  # sources inspected at a time (each may read a sample of its frames)
-PLAN_SECONDS = 60.0  # how long a compressed plan made by inspect waits here for its load
+PLAN_SECONDS = 600.0  # how long a compressed plan made by inspect is kept for the loads of its file (a long series)
 
 
 def stamp(source: Source) -> tuple[int, int]:
@@ -238,8 +238,9 @@ class Shard:
 
     def inspected_plan(self, source: Source, layout: str) -> Plan | None:
         """The compressed plan ``inspect`` made here for ``source`` and ``layout``, while it is fresh and the file
-        unchanged (a compressed plan does not depend on the free budget); None otherwise."""
-        kept = self.plans.pop((source, layout), None)
+        unchanged (a compressed plan does not depend on the free budget; every load of the file takes it); None
+        otherwise."""
+        kept = self.plans.get((source, layout))
         if kept is None or time.monotonic() - kept[0] > PLAN_SECONDS or kept[1] != stamp(source):
             return None
         return kept[2]

@@ -40,7 +40,9 @@ from ...formats.codec import (
     STATE_LOW,
     TOKEN_SLOTS,
     pack_index,
+    payload_in,
     raw_chunks,
+    stream_bound,
 )
 
 SLOT_MASK = PROB_SCALE - 1
@@ -325,9 +327,10 @@ class Streams:
         self.payload = payload
 
 
-def encode(flat, block, run, values, table_start, cum) -> Streams:
+def encode(flat, block, run, values, table_start, cum, out: np.ndarray | None = None) -> Streams:
     """Encode every stream, one scan block at a time: each stream once, into a slot as large as its raw
-    counts (the most any chosen form takes), then the block's streams packed behind each other."""
+    counts (the most any chosen form takes), then the block's streams packed behind each other (into ``out``
+    where given: its first bytes become the payload)."""
     n_frames, frame_len = flat.shape
     n_blocks = -(-n_frames // block)
     itemsize = flat.dtype.itemsize
@@ -338,7 +341,7 @@ def encode(flat, block, run, values, table_start, cum) -> Streams:
     for b in range(n_blocks):
         lo = b * block
         n = min(block, n_frames - lo)
-        slot = max(4, n * itemsize + (n * itemsize) % 2)
+        slot = stream_bound(n, itemsize)
         staging = np.empty(frame_len * slot, dtype=np.uint8)
         forms = np.zeros(frame_len, dtype=np.uint8)
         sizes = np.zeros(frame_len, dtype=np.int64)
@@ -350,7 +353,12 @@ def encode(flat, block, run, values, table_start, cum) -> Streams:
         index[b] = pack_index(forms, offsets)
         base[b + 1] = base[b] + np.uint64(piece.size)
         pieces.append(piece)
-    return Streams(index, base, np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8))
+    if out is None:
+        return Streams(index, base, np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8))
+    payload = payload_in(out, int(base[-1]))
+    for b, piece in enumerate(pieces):
+        payload[int(base[b]) : int(base[b + 1])] = piece
+    return Streams(index, base, payload)
 
 
 # ---------------------------------------------------------------- decoder

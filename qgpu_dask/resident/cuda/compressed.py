@@ -149,8 +149,9 @@ def model_params(run, values, table_start, cum, lut, dtype) -> tuple:
     return (run, values, table_start, cum, lut, np.int32(2 if dtype.itemsize == 4 else 1), np.int32(dtype.itemsize), np.uint32(np.iinfo(dtype).max))
 
 
-def encode(flat: cupy.ndarray, block: int, run, values, table_start, cum) -> Streams:
-    """Encode every stream: a sizing pass (form and bytes), offsets by prefix sums, then a writing pass."""
+def encode(flat: cupy.ndarray, block: int, run, values, table_start, cum, out: cupy.ndarray | None = None) -> Streams:
+    """Encode every stream: a sizing pass (form and bytes), offsets by prefix sums, then a writing pass (into
+    ``out`` where given: its first bytes become the payload); one wait for the device, for the payload's size."""
     t = counts_type(flat)
     n_frames, frame_len = flat.shape
     n_blocks = grid(n_frames, block)
@@ -169,9 +170,9 @@ def encode(flat: cupy.ndarray, block: int, run, values, table_start, cum) -> Str
     cupy.cumsum(sizes[:, :-1], axis=1, out=offsets[:, 1:])
     base = cupy.zeros(n_blocks + 1, dtype=np.uint64)
     cupy.cumsum(sizes.sum(axis=1), out=base[1:])
-    index = pack_index(forms, offsets)
+    index = pack_index(forms, offsets, frame_len * codec.stream_bound(min(block, n_frames), flat.dtype.itemsize))
     total = int(base[-1])
-    payload = cupy.zeros(padded(total), dtype=np.uint8)[:total]
+    payload = cupy.zeros(padded(total), dtype=np.uint8)[:total] if out is None else codec.payload_in(out, total)
     kernel(f"encode_write<{t}>")(
         launch,
         (THREADS,),
