@@ -9,7 +9,8 @@ GB/s of decompressed counts:
   given both as file bytes per second and as counts per second at that pace;
 - h5py + hdf5plugin reading every frame in one thread (HDF5's own filter path);
 - our ArinaReader (stored chunks, Numba decoder on every core) into host memory;
-- ``svc.load`` of the master into a resident on a one-worker cluster (dense and the default layout).
+- ``svc.load`` of the master into a resident on a one-worker cluster (dense, the default layout and compressed),
+  and the compressed load against a dense load plus the encode of its counts measured alone (issue 24: <= 1).
 
     python benchmarks/load_arina.py                    # GPU machine: full size
     python benchmarks/load_arina.py --scan 64 64 --repeats 5   # the 2-core CPU machine
@@ -40,6 +41,7 @@ import record
 
 import qgpu_dask as qd
 from qgpu_dask.io.readers.arina import ArinaReader
+from qgpu_dask.resident.compressed import CompressedCounts
 
 FRAMES_PER_FILE = 10000
 POOL_FRAMES = 8192  # distinct frames a master's frames are drawn from
@@ -121,6 +123,19 @@ def read_with_h5py(master: Path, out: np.ndarray) -> None:
             at += d.shape[0]
 
 
+def encode_alone(counts: np.ndarray, shape: tuple, repeats: int) -> float:
+    """Seconds the encode of ``counts`` (frames, rows, cols) takes on this process's device, the fastest of
+    ``repeats`` after a first run that compiles: what a dense load plus an encode would add."""
+    flat = qd.device.array_module().asarray(counts.reshape(len(counts), -1))
+
+    def encode():
+        CompressedCounts.encode("alone", flat, shape)
+        qd.device.synchronize()
+
+    encode()
+    return best(encode, repeats)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scan", type=int, nargs=2, default=(256, 256))
@@ -165,9 +180,10 @@ def main() -> int:
         t_ours = best(ours, args.repeats)
         exact = bool((out == reference).all())
 
+        t_encode = encode_alone(reference, (*scan, *det), args.repeats)
         loads = {}
         with qd.Service.local(n_workers=1) as svc:
-            for representation in ("dense", "auto"):
+            for representation in ("dense", "auto", "compressed"):
                 times = []
                 for r in range(args.repeats):
                     t0 = time.perf_counter()
@@ -185,6 +201,8 @@ def main() -> int:
             "h5py_hdf5plugin_1_thread": {"s": t_h5, "GBps": gbps(t_h5)},
             "arina_reader": {"s": t_ours, "GBps": gbps(t_ours), "over_h5py": t_h5 / t_ours, "over_raw_read": t_raw / t_ours},
             "service_load": {k: v | {"over_h5py": t_h5 / v["s"], "over_raw_read": t_raw / v["s"]} for k, v in loads.items()},
+            "encode_alone": {"s": t_encode},
+            "compressed_over_dense_plus_encode": loads["compressed"]["s"] / (loads["dense"]["s"] + t_encode),
         }
         path = record.write(args.out.stem, results, args.out.parent) if args.out else record.write(f"load_arina_{'cuda' if qd.device.has_gpu() else 'cpu'}", results)
         print(f"raw read            {t_raw:8.3f} s  {file_bytes / t_raw / 1e9:7.2f} GB/s of file bytes ({gbps(t_raw):.2f} GB/s of counts)")
@@ -193,6 +211,8 @@ def main() -> int:
         for k, v in loads.items():
             print(f"svc.load {k:5s} ({v['layout']:10s}) {v['s']:8.3f} s  {v['GBps']:7.2f} GB/s  "
                   f"{t_h5 / v['s']:.2f}x h5py, {t_raw / v['s']:.2f}x raw read time")
+        print(f"compressed load over a dense load plus the encode alone ({t_encode:.3f} s): "
+              f"{results['compressed_over_dense_plus_encode']:.2f}  (issue 24: <= 1)")
         print(f"exact against h5py: {'yes' if exact else 'NO'}\nresults: {path}")
         return 0 if exact else 1
     finally:

@@ -127,6 +127,28 @@ def test_failed_series_leaves_nothing(svc, acq, tmp_path, rng):
     still_usable(acq)
 
 
+def test_a_series_failing_after_its_first_loads_started_leaves_nothing(svc, acq, tmp_path, rng):
+    """The sources past the first INSPECT_AHEAD are inspected while those load: a bad one there still leaves
+    nothing of the list, and a list that long loads whole, in order."""
+    from qgpu_dask.service.service import INSPECT_AHEAD
+
+    data = rng.integers(0, 9, (2, 2, 4, 4), dtype=np.uint16)
+    paths = []
+    for i in range(INSPECT_AHEAD + 2):
+        paths.append(tmp_path / f"s{i}.h5")
+        with h5py.File(paths[-1], "w") as f:
+            f["data"] = data + np.uint16(i)
+    names = [f"long{i}" for i in range(len(paths))]
+    with pytest.raises(FileNotFoundError):
+        svc.load(paths[:-1] + [tmp_path / "absent.h5"], dataset="/data", name=names, progress=False)
+    assert not [n for n in names if n in svc]
+    series = svc.load(paths, dataset="/data", name=names, progress=False)
+    assert [a.name for a in series] == names
+    assert all((a.frame(1, 0) == data[1, 0] + np.uint16(i)).all() for i, a in enumerate(series))
+    series.release()
+    still_usable(acq)
+
+
 def test_names_in_use(svc, acq):
     with pytest.raises(ValueError, match="already in use"):
         svc.put(acq.data, name=acq.name)

@@ -60,25 +60,36 @@ def free_bytes(state: dict) -> dict[str, int]:
     return {a: room.free(a) for a in room.own}
 
 
-def place(sizes: list[int], state: dict, pinned: str | None = None) -> list[str]:
-    """An owner for each acquisition of ``sizes`` bytes, or ValueError naming what does not fit."""
-    room = Room(state)
-    if not room.own:
-        raise RuntimeError("the cluster has no shards (no workers?)")
-    if pinned is not None and pinned not in room.own:
-        raise KeyError(f"no shard on worker {pinned!r} (shards: {', '.join(sorted(room.own))})")
-    count = dict.fromkeys(room.own, 0)
-    owners = []
-    for i, size in enumerate(sizes):
+class Placer:
+    """Owners for acquisitions placed one after another, from one catalog state: each placed takes its bytes
+    from the room the next ones see, so placing a list piece by piece gives the owners placing it at once does."""
+
+    def __init__(self, state: dict, pinned: str | None = None):
+        self.room = Room(state)
+        if not self.room.own:
+            raise RuntimeError("the cluster has no shards (no workers?)")
+        if pinned is not None and pinned not in self.room.own:
+            raise KeyError(f"no shard on worker {pinned!r} (shards: {', '.join(sorted(self.room.own))})")
+        self.pinned = pinned
+        self.count = dict.fromkeys(self.room.own, 0)
+
+    def owner(self, i: int, size: int) -> str:
+        """The owner of acquisition ``i`` of ``size`` bytes, or ValueError naming what does not fit."""
+        room = self.room
         free = {a: room.free(a) for a in room.own}
-        fits = [a for a in ([pinned] if pinned else free) if free[a] >= size]
+        fits = [a for a in ([self.pinned] if self.pinned else free) if free[a] >= size]
         if not fits:
             best = max(free, key=free.get)
-            where = f"worker {pinned}" if pinned else f"any shard (largest free: {format_bytes(free[best])} on {best})"
+            where = f"worker {self.pinned}" if self.pinned else f"any shard (largest free: {format_bytes(free[best])} on {best})"
             raise ValueError(f"acquisition {i} needs {format_bytes(size)}, more than fits on {where}: release acquisitions "
                              f"to make room, or add workers")
-        owner = min(fits, key=lambda a: (count[a], -free[a], a))
+        owner = min(fits, key=lambda a: (self.count[a], -free[a], a))
         room.take(owner, size)
-        count[owner] += 1
-        owners.append(owner)
-    return owners
+        self.count[owner] += 1
+        return owner
+
+
+def place(sizes: list[int], state: dict, pinned: str | None = None) -> list[str]:
+    """An owner for each acquisition of ``sizes`` bytes, or ValueError naming what does not fit."""
+    placer = Placer(state, pinned)
+    return [placer.owner(i, size) for i, size in enumerate(sizes)]

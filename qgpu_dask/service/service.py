@@ -32,7 +32,7 @@ from .acquisition import Acquisition, Series
 from .calls import QueryFuture
 from .catalog import PLUGIN_NAME, Catalog, check_copy_room
 from .layout import CHOICES, check_saved
-from .placement import place
+from .placement import Placer, place
 from .progress import LoadProgress, waited
 from .routing import Router
 from .shard import Shard, shard_key
@@ -40,6 +40,7 @@ from .spawn import check_main_guard
 
 PathLike = str | os.PathLike
 CONNECT_WAIT = 5.0  # seconds connect waits for a scheduler's port to answer
+INSPECT_AHEAD = 8  # sources of a list inspected before their loads start; the next ones are inspected while those load
 
 
 def check_listening(address: str, what: str) -> None:
@@ -255,18 +256,28 @@ class Service:
         self.ensure_shards()
         state = self.state()
         self.check_new_names(names, state)
-        metas = self.inspected(sources, layout, [worker] if worker else sorted(state["shards"]))
-        for meta in metas:
-            if "layout" in meta:  # a saved resident
-                check_saved(layout, meta["layout"])
-            else:
-                check_layout(layout, meta["dtype"], CHOICES)
-        owners = place([m["load_bytes"] for m in metas], state, pinned=worker)
-        futures = [
-            self.router.on_loop(self.router.placed(n, o, m["load_bytes"], worker is not None, Shard.load, s, layout))
-            for o, n, s, m in zip(owners, names, sources, metas)
-        ]
-        return Loads(futures, names, [m["raw_bytes"] for m in metas], owners)
+        placer = Placer(state, pinned=worker)
+        shards = [worker] if worker else sorted(state["shards"])
+        loads = Loads([], names, [], [])
+        try:
+            for lo in range(0, len(sources), INSPECT_AHEAD):  # the next sources are inspected while these load
+                part = range(lo, min(lo + INSPECT_AHEAD, len(sources)))
+                metas = self.inspected([sources[i] for i in part], layout, shards)
+                for meta in metas:
+                    if "layout" in meta:  # a saved resident
+                        check_saved(layout, meta["layout"])
+                    else:
+                        check_layout(layout, meta["dtype"], CHOICES)
+                for i, meta in zip(part, metas):
+                    owner = placer.owner(i, meta["load_bytes"])
+                    loads.futures.append(self.router.on_loop(self.router.placed(names[i], owner, meta["load_bytes"], worker is not None,
+                                                                                Shard.load, sources[i], layout)))
+                    loads.raw_bytes.append(meta["raw_bytes"])
+                    loads.owners.append(owner)
+        except BaseException:
+            self.release_loaded(loads.futures)  # nothing of the list stays
+            raise
+        return loads
 
     def inspected(self, sources: list[Source], layout: str, shards: list[str]) -> list[dict]:
         """``Shard.inspect`` of ``sources`` on the first of ``shards`` that answers (a worker lost meanwhile

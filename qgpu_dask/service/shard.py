@@ -49,6 +49,7 @@ from .layout import Plan, check_saved, held_as, planned
 
 logger = logging.getLogger(__name__)
 INSPECTORS = 8  # sources inspected at a time (each may read a sample of its frames)
+LOADS_OPEN = 4  # loads with their file open at a time: two reading on the load threads, two waiting for them
 PLAN_SECONDS = 600.0  # how long a compressed plan made by inspect is kept for the loads of its file (a long series)
 
 
@@ -94,6 +95,8 @@ class Shard:
         self.loads = ThreadPoolExecutor(2, thread_name_prefix="qgpu-load", initializer=use_own_stream)
         self.ingests = ThreadPoolExecutor(8, thread_name_prefix="qgpu-ingest", initializer=use_own_stream)
         self.copying = ThreadPoolExecutor(1, thread_name_prefix="qgpu-copy")
+        self.inspections = ThreadPoolExecutor(1, thread_name_prefix="qgpu-inspections")  # beside the loads, not behind them
+        self.load_slots = asyncio.Semaphore(LOADS_OPEN)
         self.copies: dict[str, dict] = {}  # the node-local copy of each compressed resident that has one (``copies.py``)
         sweep_copies()
         atexit.register(self.remove_copies)
@@ -228,7 +231,7 @@ class Shard:
             with ThreadPoolExecutor(min(INSPECTORS, len(sources)), thread_name_prefix="qgpu-inspect") as pool:
                 return list(pool.map(one, sources))
 
-        return await self.on(self.loads, every)
+        return await self.on(self.inspections, every)
 
     def plan(self, source: Source, reader, layout: str, meta: dict, free: int) -> Plan:
         """The plan of loading ``reader`` here with ``free`` bytes free (``layout.planned``), a sample of its frames
@@ -248,9 +251,18 @@ class Shard:
     async def load(self, name: str, source: Source, layout: str = "auto") -> dict:
         """Read ``source`` into a new resident named ``name`` (the file is opened once; a saved resident is
         reopened as saved). A compressed one is coded as it is read and admitted by the bytes it is expected
-        to hold; one that outgrows them and the shard's free budget is refused, nothing of it left."""
-        if await self.on(self.loads, is_saved, source):
-            return await self.load_saved(name, source, layout)
+        to hold; one that outgrows them and the shard's free budget is refused, nothing of it left. LOADS_OPEN
+        run at a time (the others wait, their files not opened yet)."""
+        async with self.load_slots:
+            if await self.on(self.loads, is_saved, source):
+                return await self.load_saved(name, source, layout)
+            record = await self.read_source(name, source, layout)
+        if record["layout"] == "compressed":
+            asyncio.ensure_future(self.keep_copy(name, self.residents[name]))
+        return record
+
+    async def read_source(self, name: str, source: Source, layout: str) -> dict:
+        """``load`` of a detector file (opened once here): its resident added, its record."""
         reader = await self.on(self.loads, open_reader, source)
         try:
             meta = describe(reader)
@@ -290,8 +302,6 @@ class Shard:
         finally:
             self.reading.pop(name, None)
             reader.close()
-        if record["layout"] == "compressed":
-            asyncio.ensure_future(self.keep_copy(name, self.residents[name]))
         return record
 
     async def keep_copy(self, name: str, resident: Resident) -> None:
