@@ -353,11 +353,10 @@ def encode(flat, block, run, values, table_start, cum, out: np.ndarray | None = 
         index[b] = pack_index(forms, offsets)
         base[b + 1] = base[b] + np.uint64(piece.size)
         pieces.append(piece)
-    if out is None:
-        return Streams(index, base, np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8))
-    payload = payload_in(out, int(base[-1]))
-    for b, piece in enumerate(pieces):
-        payload[int(base[b]) : int(base[b + 1])] = piece
+    total = int(base[-1])
+    payload = np.empty(total, dtype=np.uint8) if out is None else payload_in(out, total)
+    if pieces:
+        np.concatenate(pieces, out=payload)
     return Streams(index, base, payload)
 
 
