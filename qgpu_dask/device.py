@@ -129,6 +129,18 @@ def copy_into(out: np.ndarray, array) -> None:
         np.copyto(out, array)
 
 
+def uploaded(host: np.ndarray):
+    """A device copy of the host array ``host``, sent on this thread's stream straight from its memory. CuPy's
+    ``asarray`` first copies a NumPy array into pinned memory of its own, from a pool that keeps a block of
+    every size it was asked for; a buffer already pinned goes up here at the bus's speed, with no host copy.
+    ``host`` must stay as it is until the stream has passed the copy."""
+    import cupy as cp
+
+    out = cp.empty(host.shape, host.dtype)
+    out.set(np.ascontiguousarray(host), stream=cp.cuda.get_current_stream())
+    return out
+
+
 def host_memory(nbytes: int) -> np.ndarray:
     """``nbytes`` of host memory (uint8) for data bound for this process's device: pinned, from CuPy's pool
     (the copy up is direct, and the pages are kept for the next read instead of faulted in again), where

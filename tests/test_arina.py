@@ -184,6 +184,47 @@ def test_file_ending_inside_a_chunk_names_the_frame(rng, tmp_path):
         reader.close()
 
 
+def h5py_chunk_info(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, sizes, filter masks) of every frame's chunk asked of HDF5 one chunk at a time (-1, 0, 0 where none)."""
+    lead = dataset.shape[:-2]
+    offsets, sizes, masks = np.full(int(np.prod(lead)), -1, np.int64), np.zeros(int(np.prod(lead)), np.int64), np.zeros(int(np.prod(lead)), np.uint32)
+    for k in range(dataset.id.get_num_chunks()):
+        info = dataset.id.get_chunk_info(k)
+        frame = np.ravel_multi_index(info.chunk_offset[:-2], lead)
+        offsets[frame], sizes[frame], masks[frame] = info.byte_offset, info.size, info.filter_mask
+    return offsets, sizes, masks
+
+
+def test_the_chunk_index_is_hdf5s_chunk_by_chunk(rng, tmp_path):
+    """The compiled chunk index (no Python per chunk) and h5py's chunk_iter both give what HDF5 reports chunk by
+    chunk: chunks in order, chunks stored apart, frames in two leading dimensions with chunks missing, a chunk
+    the filter skipped; a missing or misplaced chunk is refused by name."""
+    from qgpu_dask.io.readers.chunk_index import chunk_iter_c, chunk_table, chunk_table_py
+    from qgpu_dask.io.readers.stored_chunks import StoredChunks
+
+    assert chunk_iter_c() is not None  # Linux wheels of h5py: the compiled path is the one taken
+    write_arina(tmp_path, rng.poisson(0.5, (300, 16, 16)).astype(np.uint16), per_file=300)
+    write_interleaved(tmp_path, rng.poisson(2.0, (24, 16, 16)).astype(np.uint16))
+    with h5py.File(tmp_path / "lead.h5", "w") as f:
+        lead = f.create_dataset("frames", (3, 5, 8, 8), np.uint16, chunks=(1, 1, 8, 8), **hdf5plugin.Bitshuffle(cname="lz4"))
+        lead[:2] = rng.poisson(1.0, (2, 5, 8, 8))
+        lead.id.write_direct_chunk((2, 1, 0, 0), np.arange(64, dtype=np.uint16).tobytes(), filter_mask=1)
+        f.create_dataset("blocks", (4, 8, 8), np.uint16, chunks=(2, 8, 8))[:] = 1  # two frames a chunk
+    for path, name in [("scan_data_000001.h5", "/entry/data/data"), ("mixed_data_000001.h5", "/entry/data/data"), ("lead.h5", "frames")]:
+        with h5py.File(tmp_path / path, "r") as f:
+            expected = h5py_chunk_info(f[name])
+            for table in (chunk_table(f[name]), chunk_table_py(f[name])):
+                assert all((got == want).all() and got.dtype == want.dtype for got, want in zip(table[:3], expected))
+                assert table[3] == 0
+    with h5py.File(tmp_path / "lead.h5", "r") as f:
+        assert (chunk_table(f["frames"])[0] < 0).sum() == 4
+        with pytest.raises(ValueError, match=r"here: frame 10 has no stored chunk \(4 of 15 frames are missing\)"):
+            StoredChunks(f["frames"], "here").open()
+        assert chunk_table(f["blocks"])[3] == chunk_table_py(f["blocks"])[3] == 0  # chunk corners 0 and 2: frames 1 and 3 have none
+        with pytest.raises(ValueError, match=r"here: frame 1 has no stored chunk"):
+            StoredChunks(f["blocks"], "here").open()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
 def test_device_load_through_pinned_buffers(rng, tmp_path):

@@ -9,6 +9,7 @@ import cupy
 import numpy as np
 
 from .. import compile
+from ..device import uploaded
 from . import bitshuffle_lz4
 from .bitshuffle_lz4 import HEADER_BYTES, ChunkError, message, target
 
@@ -80,6 +81,6 @@ def outcomes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, out: cupy.n
     if scratch > limit:
         raise ValueError(f"bitshuffle blocks of {scratch} bytes do not fit a GPU block's {limit} bytes of shared memory")
     kernel = compile.kernel("bitshuffle_lz4.cu", f"decode<{CTYPES[size]}>", DEFINES)
-    kernel((n,), (THREADS,), (cupy.asarray(data), cupy.asarray(starts), cupy.asarray(ends), np.int64(n), target(out.reshape(n, -1)),
+    kernel((n,), (THREADS,), (uploaded(data), cupy.asarray(starts), cupy.asarray(ends), np.int64(n), target(out.reshape(n, -1)),
                               np.int64(count), np.int64(scratch), errors), shared_mem=scratch)
     return errors

@@ -17,6 +17,7 @@ from ..device import synchronize
 from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
 
 AHEAD = 2  # reads waiting for the appends while the next one is read
+PINNED_STEP = 16 * 2**20  # pinned buffers come in multiples of this, so CuPy's pool (exact sizes) hands them out again
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,15 @@ class Chunks:
 
 def host_buffers(xp: ModuleType) -> Callable[[int], np.ndarray]:
     """Host memory for reads that go to ``xp``: fresh arrays for NumPy (the frames are handed on); for CuPy a
-    ring of pinned buffers, one being read, AHEAD waiting and one being copied to the device."""
+    ring of pinned buffers, one being read, AHEAD waiting and one being copied to the device, of sizes in steps
+    of PINNED_STEP: the next load's ring takes the same blocks from the pool instead of pinning more."""
     if xp is np:
         return lambda nbytes: np.empty(nbytes, np.uint8)
     ring: list[np.ndarray] = []
 
     def buffer(nbytes: int) -> np.ndarray:
         if len(ring) < AHEAD + 2 or ring[0].size < nbytes:
-            size = nbytes + nbytes // 4  # room for reads of chunks a little longer
+            size = -(-(nbytes + nbytes // 4) // PINNED_STEP) * PINNED_STEP  # room for reads of chunks a little longer
             ring.append(np.frombuffer(xp.cuda.alloc_pinned_memory(size), np.uint8, size))
         else:
             ring.append(ring.pop(0))

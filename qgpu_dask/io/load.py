@@ -15,6 +15,7 @@ from ..resident.live import APPEND_BYTES, Coding, LiveCounts, append_frames
 from ..resident.staging import PinnedStaging
 from .batches import AHEAD, decoded, host_buffers, prefetched
 from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ReadsFrames, ScanShapeNeeded, SendsChunks, frames_per_block
+from .readers.chunk_index import callback
 from .registry import open_reader
 from .saved import describe_saved, is_saved, uploads
 from .source import Source
@@ -127,10 +128,11 @@ def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType,
 
 def warm_up(xp: ModuleType) -> None:
     """Compile what a coded load runs on ``xp``'s device, or load it from the caches CuPy and Numba keep on
-    disk (the first process on a machine compiles, the next ones read): the coding of a sample, an append
+    disk (the first process on a machine compiles, the next ones read): the chunk index's callback, the coding of a sample, an append
     of its blocks and, on a GPU, the stored-chunk decoder (fed a chunk too short to decode: the compile is
     what counts), and pins the host slots saved residents are reopened through. A shard of a GPU runs it as it
     starts, so its first load does not wait for the compiler or for pinning."""
+    callback()  # the chunk index's compiled callback
     frames = np.random.default_rng(0).poisson(0.5, (256, 16, 16)).astype(np.uint16)
     live = LiveCounts("warm-up", (16, 16, 16, 16), frames.dtype, "compressed", xp, Coding.chosen(frames, (16, 16), xp))
     live.append(xp.asarray(frames))

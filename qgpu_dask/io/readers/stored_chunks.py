@@ -2,8 +2,8 @@
 
 ``read_direct_chunk`` costs an HDF5 call per frame under h5py's global lock,
 which at 65536 frames took longer than decoding them on 16 cores. Here the
-chunk index is taken once (``H5Dchunk_iter``: byte offset, size and filter mask
-of every chunk), and a block of frames, whose chunks writers store one after
+chunk index is taken once (``chunk_index``: byte offset, size and filter mask
+of every chunk, with no Python per chunk), and a block of frames, whose chunks writers store one after
 another, comes in as one read of the file's bytes (pieces read side by side), which releases the GIL so
 decoders keep running. The offsets HDF5 reports are absolute file positions
 (a user block included).
@@ -17,6 +17,8 @@ from typing import Callable
 
 import h5py
 import numpy as np
+
+from .chunk_index import chunk_table
 
 READ_PIECE = 4 * 2**20  # bytes of a block's span one reader thread reads
 READERS = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="qgpu-read")  # shared by every open file
@@ -32,22 +34,15 @@ class StoredChunks:
         self.file = None  # the index is taken and the file opened at the first read, so inspecting stays quick
 
     def open(self) -> None:
-        """Take the chunk index (every frame must have a chunk) and open the dataset's file."""
-        lead = self.dataset.shape[:-2]
-        n = int(np.prod(lead))
-        found: list = []
-        self.dataset.id.chunk_iter(found.append)
-        corners = np.array([info.chunk_offset[:-2] for info in found], np.int64).reshape(len(found), len(lead))
-        frames = np.ravel_multi_index(corners.T, lead)
-        self.offsets = np.full(n, -1, np.int64)
-        self.sizes = np.zeros(n, np.int64)
-        self.masks = np.zeros(n, np.uint32)
-        self.offsets[frames] = [info.byte_offset for info in found]
-        self.sizes[frames] = [info.size for info in found]
-        self.masks[frames] = [info.filter_mask for info in found]
+        """Take the chunk index (every frame must have a chunk of its own) and open the dataset's file."""
+        self.offsets, self.sizes, self.masks, out_of_place = chunk_table(self.dataset)
+        n = len(self.offsets)
         missing = np.flatnonzero(self.offsets < 0)
         if missing.size:
             raise ValueError(f"{self.where}: frame {missing[0]} has no stored chunk ({missing.size} of {n} frames are missing)")
+        if out_of_place:
+            raise ValueError(f"{self.where}: {out_of_place} stored chunk(s) are not one frame's own (a second chunk for a frame, "
+                             f"or one outside the dataset's frames)")
         try:
             self.file = open(self.dataset.file.filename, "rb", buffering=0)
         except OSError as err:
