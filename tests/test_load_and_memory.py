@@ -87,15 +87,15 @@ def test_release_returns_the_memory(svc, names):
 def test_a_coded_load_is_admitted_by_its_expected_size_and_refused_cleanly_once_it_outgrows_it(svc, names, rng, tmp_path):
     """A shard with less free than the raw counts holds a compressed load that its sample says will fit; a file
     whose sampled frames are quiet and the rest loud outgrows that and is refused, nothing of it left behind."""
-    from qgpu_dask.io.load import SAMPLE_RUN, SAMPLE_RUNS
+    from qgpu_dask.io.load import sample_runs
 
     shape = (256, 256, 32, 32)
     n = shape[0] * shape[1]
     quiet = rng.poisson(0.1, shape).astype(np.uint16)
     loud = quiet.reshape(n, 32, 32).copy()
     sampled = np.zeros(n, bool)
-    for start in np.linspace(0, n - SAMPLE_RUN, SAMPLE_RUNS).astype(int):
-        sampled[start : start + SAMPLE_RUN] = True
+    for start, length in sample_runs(n):
+        sampled[start : start + length] = True
     loud[~sampled] = rng.poisson(40.0, (int((~sampled).sum()), 32, 32))
     np.save(tmp_path / "quiet.npy", quiet)
     np.save(tmp_path / "loud.npy", loud.reshape(shape))

@@ -80,6 +80,18 @@ def test_a_coded_load_takes_its_model_from_frames_spread_over_the_scan(svc, name
     assert acq.info()["nbytes"] <= 1.03 * whole < first.finished().nbytes / 1.5
 
 
+def test_the_model_sample_is_an_eighth_of_a_small_scan_and_1024_frames_of_a_large_one():
+    """Runs of consecutive frames spread over the scan, inside it and apart; a scan of PROBE frames or fewer
+    is sampled whole."""
+    from qgpu_dask.io.load import sample_runs
+
+    for n, total in [(100, 100), (256, 256), (1024, 256), (2304, 288), (4096, 512), (8192, 1024), (262144, 1024)]:
+        runs = sample_runs(n)
+        assert sum(length for _, length in runs) == total
+        assert runs[0][0] == 0 and runs[-1][0] + runs[-1][1] == n
+        assert all(a + length <= b for (a, length), (b, _) in zip(runs, runs[1:]))
+
+
 def test_stream_yields_each_acquisition_once_resident(svc, names, rng, tmp_path):
     arrays = {}
     for i in range(4):

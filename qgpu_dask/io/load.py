@@ -11,7 +11,7 @@ import numpy as np
 from ..formats import codec
 from ..resident.base import Resident, check_dtype
 from ..resident.dense import DenseCounts
-from ..resident.live import APPEND_BYTES, Coding, LiveCounts, append_frames
+from ..resident.live import APPEND_BYTES, PROBE, Coding, LiveCounts, append_frames
 from ..resident.staging import PinnedStaging
 from .batches import AHEAD, decoded, host_buffers, prefetched
 from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ReadsFrames, ScanShapeNeeded, SendsChunks, frames_per_block
@@ -21,7 +21,8 @@ from .saved import describe_saved, is_saved, uploads
 from .source import Source
 
 GPU_BATCH_BYTES = APPEND_BYTES  # counts a GPU decodes (thousands of chunks, a warp each) and codes (several blocks) at a time
-SAMPLE_RUNS, SAMPLE_RUN = 8, 128  # runs of consecutive frames (a chunk read each) a coded load's model is chosen from
+SAMPLE_RUNS, SAMPLE_FRAMES = 8, 1024  # a coded load's model is chosen from runs of consecutive frames (a chunk read each)
+SAMPLE_SHARE = 8  # of a smaller scan, an eighth is sampled (the sample is coded once more, to measure it)
 
 
 def describe(reader: Reader) -> dict:
@@ -144,18 +145,27 @@ def warm_up(xp: ModuleType) -> None:
         uploads()
 
 
+def sample_runs(n_frames: int) -> list[tuple[int, int]]:
+    """(first frame, frames) of each run ``model_sample`` reads: SAMPLE_RUNS runs spread evenly over the scan,
+    SAMPLE_FRAMES frames in all, or an eighth of a smaller scan (at least PROBE frames; all of a scan that
+    short). The sample is coded once to measure it: a 64 x 64 scan sampled at 1024 frames coded a quarter of
+    itself twice, where 512 frames give a model 1.1% larger and cost 0.4 s less on 2 cores."""
+    total = min(n_frames, max(PROBE, min(SAMPLE_FRAMES, n_frames // SAMPLE_SHARE)))
+    if total == n_frames:
+        return [(0, n_frames)]
+    run = total // SAMPLE_RUNS
+    return [(int(start), run) for start in np.linspace(0, n_frames - run, SAMPLE_RUNS).astype(int)]
+
+
 def model_sample(reader: Reader) -> np.ndarray | None:
-    """SAMPLE_RUNS runs of SAMPLE_RUN consecutive frames spread evenly over the scan (all frames of a shorter
-    one), for a reader that reads any frames (``ReadsFrames``); None for the others. A model from the first
-    frames alone fits a scan whose dose or thickness drifts badly: 1.22x the bytes of a model from every
-    frame for a dose ramp of 0.5x to 1.5x, against 1.008x from 8 runs of 128 frames."""
+    """The frames of ``sample_runs`` of the scan, for a reader that reads any frames (``ReadsFrames``); None for
+    the others. A model from the first frames alone fits a scan whose dose or thickness drifts badly: 1.22x
+    the bytes of a model from every frame for a dose ramp of 0.5x to 1.5x, against 1.008x from 8 runs of 128
+    frames."""
     if not isinstance(reader, ReadsFrames):
         return None
-    n_frames = reader.shape[0] * reader.shape[1]
-    starts = [0] if n_frames <= SAMPLE_RUNS * SAMPLE_RUN else np.linspace(0, n_frames - SAMPLE_RUN, SAMPLE_RUNS).astype(int).tolist()
-    length = min(n_frames, SAMPLE_RUNS * SAMPLE_RUN) if len(starts) == 1 else SAMPLE_RUN
     try:
-        return np.concatenate([reader.frames(start, length) for start in starts])
+        return np.concatenate([reader.frames(start, length) for start, length in sample_runs(reader.shape[0] * reader.shape[1])])
     except (OSError, RuntimeError) as err:  # the file library's own read errors
         raise ValueError(f"reading frames spread over the scan for the coding model failed: {err}") from err
 
