@@ -8,6 +8,7 @@ workers (three worker processes sharing the one GPU); GPU runs carry the
 from __future__ import annotations
 
 import json
+import os
 import zlib
 
 import numpy as np
@@ -28,6 +29,22 @@ def cupy_available() -> bool:
 
 BACKENDS = [pytest.param("cpu", id="cpu"),
             pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")])]
+
+
+def evicted(path) -> bool:
+    """Drop ``path``'s pages from the page cache (written back first); whether its first page left it (a read
+    that may not wait for the drive finds nothing)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # the probe below must not start readahead
+        try:
+            return os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT) == 0
+        except BlockingIOError:
+            return True
+    finally:
+        os.close(fd)
 
 
 def module(backend: str):

@@ -11,7 +11,7 @@ import pytest
 
 import qgpu_dask as qd
 
-from conftest import cupy_available
+from conftest import cupy_available, evicted
 from qgpu_dask.samples import write_arina
 
 
@@ -107,18 +107,29 @@ def test_truncated_data_file_is_refused(svc, names, rng, tmp_path):
     assert bad not in svc
 
 
-def test_a_block_read_in_pieces_side_by_side_gives_every_byte(rng, tmp_path, monkeypatch):
-    """Spans read in pieces of 1000 bytes by several threads: the frames are h5py's, and a file cut short is
-    still named at the frame whose chunk it ends in."""
-    from qgpu_dask.io.readers import stored_chunks
+@pytest.mark.parametrize("direct", ["0", "1"])
+def test_a_block_read_in_pieces_side_by_side_gives_every_byte(rng, tmp_path, monkeypatch, direct):
+    """Spans read in pieces of two pages by several threads, plainly or (evicted from the page cache) direct
+    from the drive: the frames are h5py's, and a file cut short is still named at the frame whose chunk it
+    ends in."""
+    from qgpu_dask.io.readers import file_bytes
     from qgpu_dask.io.readers.arina import ArinaReader
 
-    monkeypatch.setattr(stored_chunks, "READ_PIECE", 1000)
+    monkeypatch.setattr(file_bytes, "READ_PIECE", 2 * file_bytes.ALIGN)
+    monkeypatch.setenv(file_bytes.DIRECT_ENV, direct)
     frames = rng.poisson(3.0, (40, 32, 32)).astype(np.uint16)
     master = write_arina(tmp_path, frames, per_file=20)
     reader = ArinaReader(master, (5, 8))
     try:
+        for stack in reader.stacks:
+            stack.stored.open()  # HDF5's metadata and chunk index read, then the pages go (small files: all of them)
+        cold = all([evicted(data_file) for data_file in tmp_path.glob("scan_data_*.h5")])
         assert (np.concatenate([b for _, b in reader.blocks(block_bytes=13 * 32 * 32 * 2)]) == h5py_frames(master)).all()
+        stored = [stack.stored.file for stack in reader.stacks]
+        if direct == "1" and cold and all(f.direct for f in stored):
+            assert all(f.direct_bytes > 0 for f in stored)
+        if direct == "0":
+            assert sum(f.direct_bytes for f in stored) == 0
     finally:
         reader.close()
     data = tmp_path / "scan_data_000002.h5"
