@@ -149,6 +149,37 @@ def test_a_series_failing_after_its_first_loads_started_leaves_nothing(svc, acq,
     still_usable(acq)
 
 
+def test_a_series_past_a_full_shard_keeps_what_fits_when_streamed_and_nothing_when_loaded(svc, acq, tmp_path, rng):
+    """Files that fill a pinned shard part-way: ``stream`` holds those before the first that does not fit and
+    then refuses it and the rest by name; ``load`` of the list refuses it by name and holds none of them."""
+    import hashlib
+
+    shard = sorted(s["worker"] for s in svc.info()["shards"])[0]
+    mine = {s["worker"]: s for s in svc.info()["shards"]}[shard]
+    free = mine["budget"] - mine["resident_bytes"]
+    frames = int(free / 2.5) // (64 * 64 * 2)  # two fit, the third does not
+    arrays = [rng.integers(0, 9, (frames, 1, 64, 64), dtype=np.uint16) for _ in range(4)]
+    paths = []
+    for i, array in enumerate(arrays):
+        paths.append(tmp_path / f"fill{i}.npy")
+        np.save(paths[-1], array)
+    wanted = [f"fill{i}" for i in range(4)]
+    with pytest.raises(ValueError, match=r"acquisition 'fill2' \(.*fill2\.npy\) needs .* more than fits on worker .*: release "
+                                         r"acquisitions to make room, or add workers; none of the 4 was loaded"):
+        svc.load(paths, name=wanted, worker=shard, layout="dense", progress=False)
+    assert not [n for n in wanted if n in svc]
+    streamed = []
+    with pytest.raises(ValueError, match=r"acquisition 'fill2' .* needs .*; it and the 1 after it \(to 'fill3'\) were not loaded "
+                                         r"\(2 of 4 were\)"):
+        for a in svc.stream(paths, name=wanted, worker=shard, layout="dense", progress=False):
+            streamed.append(a)
+    assert sorted(a.name for a in streamed) == ["fill0", "fill1"] and "fill2" not in svc and "fill3" not in svc
+    for a in streamed:
+        assert a.checksum() == hashlib.sha256(arrays[int(a.name[-1])].tobytes()).hexdigest()
+        a.release()
+    still_usable(acq)
+
+
 def test_names_in_use(svc, acq):
     with pytest.raises(ValueError, match="already in use"):
         svc.put(acq.data, name=acq.name)

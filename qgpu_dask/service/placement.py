@@ -73,15 +73,16 @@ class Placer:
         self.pinned = pinned
         self.count = dict.fromkeys(self.room.own, 0)
 
-    def owner(self, i: int, size: int) -> str:
-        """The owner of acquisition ``i`` of ``size`` bytes, or ValueError naming what does not fit."""
+    def owner(self, what: str, size: int) -> str:
+        """The owner of ``what`` (an acquisition, as an error names it) of ``size`` bytes, or ValueError naming
+        what does not fit."""
         room = self.room
         free = {a: room.free(a) for a in room.own}
         fits = [a for a in ([self.pinned] if self.pinned else free) if free[a] >= size]
         if not fits:
             best = max(free, key=free.get)
             where = f"worker {self.pinned}" if self.pinned else f"any shard (largest free: {format_bytes(free[best])} on {best})"
-            raise ValueError(f"acquisition {i} needs {format_bytes(size)}, more than fits on {where}: release acquisitions "
+            raise ValueError(f"{what} needs {format_bytes(size)}, more than fits on {where}: release acquisitions "
                              f"to make room, or add workers")
         owner = min(fits, key=lambda a: (self.count[a], -free[a], a))
         room.take(owner, size)
@@ -92,4 +93,4 @@ class Placer:
 def place(sizes: list[int], state: dict, pinned: str | None = None) -> list[str]:
     """An owner for each acquisition of ``sizes`` bytes, or ValueError naming what does not fit."""
     placer = Placer(state, pinned)
-    return [placer.owner(i, size) for i, size in enumerate(sizes)]
+    return [placer.owner(f"acquisition {i}", size) for i, size in enumerate(sizes)]

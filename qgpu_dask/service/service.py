@@ -232,9 +232,12 @@ class Service:
         files are still being read (first done, first yielded).
 
         If a load fails, the acquisitions not yet yielded are released and the
-        error is raised; those already yielded stay.
+        error is raised; those already yielded stay. Where the shards fill up
+        part-way (placement: ``worker`` pinned, or every shard), the acquisitions
+        before the first that does not fit are loaded and yielded, and then a
+        ValueError names it and the ones after it, none of which was loaded.
         """
-        loads = self.start_loads(list(paths), dataset, name, scan_shape, worker, layout, False)
+        loads = self.start_loads(list(paths), dataset, name, scan_shape, worker, layout, False, keep_fitting=True)
         bar = LoadProgress(loads, progress, "streaming", self.router)
         pending = set(loads.futures)
         try:
@@ -246,9 +249,14 @@ class Service:
                 yield Acquisition(self, loads.record(future))
         finally:
             bar.close()
+        if loads.refused is not None:
+            raise ValueError(loads.refused)
 
-    def start_loads(self, paths: list, dataset, name, scan_shape, worker, layout: str, one: bool) -> "Loads":
-        """Check names and sources, place every file by its bytes and start each load on its owner."""
+    def start_loads(self, paths: list, dataset, name, scan_shape, worker, layout: str, one: bool,
+                    keep_fitting: bool = False) -> "Loads":
+        """Check names and sources, place every file by its bytes and start each load on its owner. A file that
+        fits no shard stops the list: nothing of it stays (ValueError), or, ``keep_fitting``, the loads started
+        before it go on and ``Loads.refused`` names it and the files after it."""
         if not paths:
             raise ValueError("no paths given")
         names = self.names_for(paths, name, one)
@@ -269,7 +277,14 @@ class Service:
                     else:
                         check_layout(layout, meta["dtype"], CHOICES)
                 for i, meta in zip(part, metas):
-                    owner = placer.owner(i, meta["load_bytes"])
+                    try:
+                        owner = placer.owner(f"acquisition {names[i]!r} ({sources[i].path})", meta["load_bytes"])
+                    except ValueError as err:
+                        if not keep_fitting:
+                            raise ValueError(f"{err}; none of the {len(names)} was loaded" if len(names) > 1 else str(err)) from None
+                        rest = f"it and the {len(names) - i - 1} after it (to {names[-1]!r}) were" if i < len(names) - 1 else "it was"
+                        loads.refused = f"{err}; {rest} not loaded ({i} of {len(names)} were)"
+                        return loads
                     loads.futures.append(self.router.on_loop(self.router.placed(names[i], owner, meta["load_bytes"], worker is not None,
                                                                                 Shard.load, sources[i], layout)))
                     loads.raw_bytes.append(meta["raw_bytes"])
@@ -455,6 +470,7 @@ class Loads:
     names: list[str]
     raw_bytes: list[int]
     owners: list[str]
+    refused: str | None = None  # why the files from the first that fit no shard on were not loaded (``stream``)
 
     def record(self, future) -> dict:
         """The catalog record of a finished load, with its name and owner."""
