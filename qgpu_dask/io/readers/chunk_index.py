@@ -54,17 +54,20 @@ def callback():
 
 @functools.cache
 def chunk_iter_c():
-    """``H5Dchunk_iter`` of the HDF5 library h5py is linked to, or None (no such symbol: an HDF5 before 1.14,
-    or a platform where the extension module does not lead to it)."""
+    """(``H5Dchunk_iter`` of the HDF5 library h5py is linked to, h5py's lock around every HDF5 call), or None:
+    no such symbol (an HDF5 before 1.14, or a platform where the extension module does not lead to it), or an
+    h5py without that lock where it was."""
     if h5py.version.hdf5_version_tuple < (1, 14, 0):  # 1.13's callback took a 32-bit size
         return None
     try:
+        from h5py._objects import phil
+
         function = ctypes.CDLL(h5py.h5d.__file__).H5Dchunk_iter
-    except (OSError, AttributeError):
+    except (ImportError, OSError, AttributeError):
         return None
     function.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
     function.restype = ctypes.c_int
-    return function
+    return function, phil
 
 
 def chunk_table(dataset: h5py.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -78,10 +81,9 @@ def chunk_table(dataset: h5py.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarr
         table = np.full(HEAD + 3 * n, -1, np.int64)
         table[:4] = (n, 0, 0, len(lead))
         table[4 : 4 + len(lead)] = [int(np.prod(lead[d + 1 :])) for d in range(len(lead))]
-        from h5py._objects import phil
-
+        function, phil = found
         with phil:  # no other HDF5 call while this one runs (the GIL is let go)
-            status = found(dataset.id.id, 0, callback().address, table.ctypes.data)
+            status = function(dataset.id.id, 0, callback().address, table.ctypes.data)
         if status >= 0:
             offsets, sizes, masks = table[HEAD:].reshape(n, 3).T
             held = offsets >= 0
