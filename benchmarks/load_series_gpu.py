@@ -10,6 +10,8 @@
 4. Series: ``svc.load`` of N masters (default 64: file i % K under distinct names) as one list call into that
    shard; per acquisition and GB/s of counts over the series (targets <= 0.5 s and >= 40 GB/s). Every
    acquisition's checksum is held ``==`` to h5py's of its file.
+   With ``--fill``, the shard is then filled: ``svc.stream`` of FILL_MAX more, which holds those before the first
+   that fits no more and names it (target: >= 120 held on the H200, every checksum h5py's).
 5. Saved form: one resident saved (``acq.save``) and loaded again; GB/s of file (target >= 10).
 6. Lost worker: ``--rehome`` masters (default 6) on one of two worker processes, their node-local copies written;
    the worker is SIGKILLed; seconds until all are held again (target <= 10 s), and their checksums.
@@ -19,7 +21,8 @@ Results: ``benchmarks/results/load_series_gpu.json`` (``_small`` with ``--small`
 
     python benchmarks/load_series_gpu.py                           # the H200: 64 loads of 19.3 GB of counts each
     python benchmarks/load_series_gpu.py --acquisitions 8          # a reduced run
-    QGPU_DASK_CPU=1 python benchmarks/load_series_gpu.py --small   # seconds: what CI runs
+    python benchmarks/load_series_gpu.py --fill                    # and how many the GPU holds
+    QGPU_DASK_CPU=1 python benchmarks/load_series_gpu.py --small   # seconds: what CI runs (filled, in a 3 MiB budget)
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import qgpu_dask as qd
 TARGETS = {"series_s_per_acquisition_max": 0.5, "series_s_per_acquisition_stretch": 0.25, "series_GBps_min": 40.0,
            "series_GBps_stretch": 80.0, "saved_reopen_GBps_min": 10.0, "cold_minus_warm_s_max": 2.0, "held_acquisitions_min": 120,
            "rehome_s_max": 10.0, "rehome_s_stretch": 3.0}
-FILL_STEP = 8  # acquisitions a fill load asks for at a time, until one is refused; then one at a time
+FILL_MAX = 256  # acquisitions a fill streams after the series, more than any GPU holds; it stops at the first that does not fit
 BF_RADIUS, BF_FRACTION = 30.0, 0.6  # at 192 x 192, as series_gpu's counts
 
 
@@ -88,19 +91,19 @@ def baselines(master: Path, files: list[Path], shape: tuple[int, ...], counts_by
 
 
 def fill(svc, masters: list[Path], held: list, layout: str) -> str:
-    """Load more of the masters onto the shard, FILL_STEP at a time and one at a time once a step is refused
-    (a refused list leaves nothing of it resident), appending them to ``held``; the words of the refusal."""
-    step = FILL_STEP
-    while True:
-        names = [f"f{len(held) + j}" for j in range(step)]
-        try:
-            held.extend(svc.load([masters[(len(held) + j) % len(masters)] for j in range(step)], name=names, layout=layout,
-                                 progress=False))
-        except ValueError as err:
-            if step == 1:
-                return str(err)
-            step = 1
-        print(f"held: {len(held)}", flush=True)
+    """Stream FILL_MAX more of the masters onto the shard (``svc.stream`` holds those before the first that fits
+    no more, then refuses it and the rest by name), appending them to ``held``; the words of the refusal."""
+    first = len(held)
+    names = [f"f{first + j}" for j in range(FILL_MAX)]
+    try:
+        for acq in svc.stream([masters[(first + j) % len(masters)] for j in range(FILL_MAX)], name=names, layout=layout,
+                              progress=False):
+            held.append(acq)
+            if len(held) % 8 == 0:
+                print(f"held: {len(held)}", flush=True)
+    except ValueError as err:
+        return str(err)
+    return f"none: all {FILL_MAX} more were held"
 
 
 def rehome(masters: list[Path], digests: list[str], n: int) -> dict:
@@ -140,9 +143,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="repeats of each baseline")
     ap.add_argument("--layout", default="auto", help="layout asked of every load")
     ap.add_argument("--rehome", type=int, default=6, help="acquisitions held on a worker that is then SIGKILLed (0: skip)")
-    ap.add_argument("--fill", action="store_true", help="after the series, load more until the shard refuses one (issue 24's "
+    ap.add_argument("--fill", action="store_true", help="after the series, stream more until the shard refuses one (issue 24's "
                                                           "'held on one H200'); every one is checksummed")
-    args = record.parse(ap, small={"scan": (16, 16), "det": (24, 24), "acquisitions": 4, "distinct": 2, "repeats": 1, "rehome": 2})
+    ap.add_argument("--budget", default=None, help="the shard's budget (default: its device's share), e.g. '2 MiB' for a quick fill")
+    args = record.parse(ap, small={"scan": (16, 16), "det": (24, 24), "acquisitions": 4, "distinct": 2, "repeats": 1, "rehome": 2,
+                                   "fill": True, "budget": "3 MiB"})
     scan, det = tuple(args.scan), tuple(args.det)
     shape, n = scan + det, args.acquisitions
     counts_bytes = int(np.prod(shape)) * 2
@@ -157,7 +162,7 @@ def main() -> int:
         print(f"{args.distinct} masters of {shape} uint16, {counts_bytes / 1e9:.2f} GB of counts each", flush=True)
         base = baselines(masters[0], files[0], shape, counts_bytes, args.repeats)
 
-        with qd.Service.local(n_workers=1, dashboard_address=":0") as svc:
+        with qd.Service.local(n_workers=1, dashboard_address=":0", budget=args.budget) as svc:
             t0 = time.perf_counter()
             first = svc.load(masters[0], name="cold", layout=args.layout, progress=False)
             cold = time.perf_counter() - t0
@@ -184,7 +189,7 @@ def main() -> int:
             t0 = time.perf_counter()
             sums = qd.Series(svc, held_acqs).checksum()
             checksum_s = time.perf_counter() - t0
-            exact = all(s == digests[i % args.distinct] for i, s in enumerate(sums))
+            exact = all(s == digests[int(a.name[1:]) % args.distinct] for a, s in zip(held_acqs, sums))  # s<i>, f<i>: master i % K
             held = sum(a.info()["nbytes"] for a in held_acqs[:n])
             budget = svc.info()["shards"][0]["budget"]
 
