@@ -470,7 +470,7 @@ class Loads:
     names: list[str]
     raw_bytes: list[int]
     owners: list[str]
-    refused: str | None = None  # why the files from the first that fit no shard on were not loaded (``stream``)
+    refused: str | None = None  # why the files from the first one that fits no shard on were not loaded (``stream``)
 
     def record(self, future) -> dict:
         """The catalog record of a finished load, with its name and owner."""

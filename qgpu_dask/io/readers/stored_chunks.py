@@ -63,7 +63,7 @@ class StoredChunks:
             data, got = self.file.read(first, span, buffer)
             starts = offsets - first
         else:  # chunks scattered through the file: one read each
-            data = buffer(need)[:need]
+            data = buffer(need)
             starts = np.zeros(hi - lo, np.int64)
             np.cumsum(sizes[:-1], out=starts[1:])
             got = need
