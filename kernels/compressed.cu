@@ -85,6 +85,9 @@ typedef long long i64;
 #ifndef ERROR_CODE_BITS
 #error "ERROR_CODE_BITS comes from qgpu_dask/resident/cuda/compressed.py"
 #endif
+#ifndef TILE_BYTES
+#error "TILE_BYTES comes from qgpu_dask/resident/cuda/compressed.py"
+#endif
 
 struct Model {
     const u8* run;
@@ -198,30 +201,46 @@ __device__ void put_value(Writer<WRITE>& w, u32& x, u32 v, int run, int nv, cons
     w.put_symbol(x, vt[s], vt[s + 1] - vt[s]);
 }
 
-// rANS-code one stream backwards (col[i * stride], i < n); returns the final state.
-template <class T, bool WRITE>
-__device__ u32 encode_ans(const T* col, i64 stride, int n, int run, int nv, const u16* vt, int chunks, Writer<WRITE>& w) {
-    u32 x = STATE_LOW;
-    if (run == 0) {
-        for (int i = n - 1; i >= 0; --i) put_value(w, x, (u32)col[i * stride], run, nv, vt, chunks);
-        return x;
+// The rANS coder of one stream, fed its counts last first (take), then finished: the stream's tokens in
+// reverse. In run mode a nonzero count is preceded by the run token of the zeros that follow it in the
+// stream (counted since the nonzero taken before it), or by the end token where only zeros follow it.
+template <bool WRITE>
+struct BackwardCoder {
+    Writer<WRITE> w;
+    u32 x;
+    int run, nv, chunks;
+    const u16* vt;
+    const u16* rt;
+    int zeros;  // zeros taken since the last nonzero
+    bool seen;  // a nonzero was taken
+    __device__ BackwardCoder(Writer<WRITE> w, int run, int nv, const u16* vt, int chunks)
+        : w(w), x(STATE_LOW), run(run), nv(nv), chunks(chunks), vt(vt), rt(vt + nv + 2), zeros(0), seen(false) {}
+    __device__ void put_run(int s) { w.put_symbol(x, rt[s], rt[s + 1] - rt[s]); }
+    __device__ void zero_run() {
+        put_run(zeros % run);
+        for (int q = zeros / run; q > 0; --q) put_run(run);
+        zeros = 0;
     }
-    const u16* rt = vt + nv + 2;
-    int i = n - 1;
-    while (i >= 0 && col[i * stride] == 0) --i;
-    if (i < n - 1) w.put_symbol(x, rt[run + 1], rt[run + 2] - rt[run + 1]);
-    while (i >= 0) {
-        put_value(w, x, (u32)col[i * stride], run, nv, vt, chunks);
-        int j = i - 1;
-        while (j >= 0 && col[j * stride] == 0) --j;
-        int zeros = i - j - 1;
-        int s = zeros % run;
-        w.put_symbol(x, rt[s], rt[s + 1] - rt[s]);
-        for (int q = zeros / run; q > 0; --q) w.put_symbol(x, rt[run], rt[run + 1] - rt[run]);
-        i = j;
+    __device__ __forceinline__ void take(u32 v) {
+        if (run == 0) {
+            put_value(w, x, v, run, nv, vt, chunks);
+            return;
+        }
+        if (v == 0) {
+            ++zeros;
+            return;
+        }
+        if (seen) zero_run();
+        else if (zeros) { put_run(run + 1); zeros = 0; }
+        seen = true;
+        put_value(w, x, v, run, nv, vt, chunks);
     }
-    return x;
-}
+    __device__ void finish() {
+        if (run == 0) return;
+        if (seen) zero_run();
+        else if (zeros) put_run(run + 1);
+    }
+};
 
 __device__ __forceinline__ i64 even(i64 n) { return n + (n & 1); }
 
@@ -236,30 +255,127 @@ __device__ const u16* encoder_tables(const Model& m, int p, int table_stride) {
     return copy;
 }
 
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80 and later).
+__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    unsigned at;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(at) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(src) : "memory");
+#else
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+
+__device__ __forceinline__ void copies_committed() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until at most `pending` committed groups of copies are still in flight.
+template <int pending>
+__device__ __forceinline__ void copies_landed() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+#endif
+}
+
+// The counts of a CTA's pixels (blockDim.x consecutive ones from p0) over frames [lo, lo + n), staged through
+// two shared-memory buffers of TILE_BYTES, last frames first: each thread then walks its pixel's counts
+// backwards out of shared memory, instead of through a chain of dependent strided loads. Rows go up as
+// 16-byte copies where they are 16-byte aligned, else count by count.
+template <class T>
+struct Tiles {
+    T* buf;
+    const T* src;  // the CTA's first pixel in frame lo
+    int frame_len, width, rows, n, count;
+    bool vector;
+    __device__ Tiles(T* buf, const T* flat, i64 lo, int n, int frame_len, int p0)
+        : buf(buf), src(flat + lo * frame_len + p0), frame_len(frame_len), width(min((int)blockDim.x, frame_len - p0)),
+          rows(TILE_BYTES / (blockDim.x * (int)sizeof(T))), n(n), count((n + rows - 1) / rows),
+          vector(reinterpret_cast<size_t>(flat) % 16 == 0 && (frame_len * sizeof(T)) % 16 == 0) {}
+    __device__ int first(int t) const { return max(0, n - (t + 1) * rows); }  // tile t: frames [first, end)
+    __device__ int end(int t) const { return n - t * rows; }
+    __device__ T* held(int t) const { return buf + (t & 1) * rows * blockDim.x; }
+    __device__ void load(int t) {
+        T* dst = held(t);
+        int f0 = first(t), nr = end(t) - f0;
+        const T* from = src + (i64)f0 * frame_len;
+        if (vector) {
+            constexpr int V = 16 / sizeof(T);
+            int per_row = width / V;  // whole: frame_len and p0 are multiples of V
+            for (int i = threadIdx.x; i < nr * per_row; i += blockDim.x) {
+                int r = i / per_row, c = (i - r * per_row) * V;
+                copy16_async(dst + r * blockDim.x + c, from + (i64)r * frame_len + c);
+            }
+        } else {
+            for (int i = threadIdx.x; i < nr * width; i += blockDim.x) {
+                int r = i / width, c = i - r * width;
+                dst[r * blockDim.x + c] = from[(i64)r * frame_len + c];
+            }
+        }
+        copies_committed();
+    }
+    // take(i, count) for this thread's pixel at every frame i, last first; every thread of the CTA calls it
+    // (the tiles are shared), those with nothing to take with wants false.
+    template <class Take>
+    __device__ void walk_backwards(bool wants, Take& take) {
+        load(0);
+        for (int t = 0; t < count; ++t) {
+            if (t + 1 < count) {
+                load(t + 1);
+                copies_landed<1>();
+            } else {
+                copies_landed<0>();
+            }
+            __syncthreads();
+            if (wants) {
+                const T* mine = held(t) + threadIdx.x;
+                int f0 = first(t);
+                for (int i = end(t) - 1; i >= f0; --i) take(i, (u32)mine[(i - f0) * blockDim.x]);
+            }
+            __syncthreads();
+        }
+    }
+};
+
+// The tiles sit in dynamic shared memory after the tables (table_stride u16 per thread, a multiple of 1024 bytes).
+template <class T>
+__device__ T* tile_buffers(int table_stride) {
+    extern __shared__ unsigned long long smem_words[];
+    return reinterpret_cast<T*>(reinterpret_cast<u16*>(smem_words) + blockDim.x * table_stride);
+}
+
+// Form and bytes of every stream (b = blockIdx.y, pixel p): one pass over its counts, measuring its rANS
+// coding on the way.
 template <class T>
 __global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame_len, int block, int n_blocks, int table_stride,
                              MODEL_PARAMS, u8* forms, i64* sizes) {
     MAKE_MODEL
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
-    if (p >= frame_len || b >= n_blocks) return;
+    bool active = p < frame_len;
     i64 lo = (i64)b * block;
     int n = (int)min((i64)block, n_frames - lo);
-    const T* col = flat + lo * frame_len + p;
+    Tiles<T> tiles(tile_buffers<T>(table_stride), flat, lo, n, frame_len, blockIdx.x * blockDim.x);
+    const u16* vt = active ? encoder_tables(model, p, table_stride) : nullptr;
+    BackwardCoder<false> coder(Writer<false>{nullptr, 0, 0, 0}, active ? model.run[p] : 0, active ? model.values[p] : 0, vt,
+                               model.chunks);
     i64 nnz = 0;
-    u32 vmin = col[0], vmax = vmin;
-    for (int i = 0; i < n; ++i) {
-        u32 v = col[(i64)i * frame_len];
+    u32 vmin = 0xFFFFFFFFu, vmax = 0;
+    auto take = [&](int, u32 v) {
         nnz += v != 0;
         vmin = min(vmin, v);
         vmax = max(vmax, v);
-    }
+        coder.take(v);
+    };
+    tiles.walk_backwards(active, take);
+    if (!active) return;
+    coder.finish();
     i64 s = (i64)b * frame_len + p;
     if (nnz == 0) { forms[s] = EMPTY; sizes[s] = 0; return; }
     if (vmin == vmax) { forms[s] = CONSTANT; sizes[s] = 4; return; }
-    Writer<false> w{nullptr, 0, 0, 0};
-    encode_ans<T, false>(col, frame_len, n, model.run[p], model.values[p], encoder_tables(model, p, table_stride), model.chunks, w);
-    i64 ans = 4 + 2 * w.k;
+    i64 ans = 4 + 2 * coder.w.k;
     i64 sparse = even(nnz * (2 + (i64)sizeof(T)));
     i64 raw = even((i64)n * sizeof(T));
     if (ans <= sparse && ans <= raw) { forms[s] = ANS; sizes[s] = ans; }
@@ -279,40 +395,46 @@ __device__ __forceinline__ void put_le(u8* payload, i64 at, u32 v, int nbytes) {
     for (int i = 0; i < nbytes; ++i) payload[at + i] = (u8)(v >> (8 * i));
 }
 
+// Every stream written in the form and at the offset its index entry gives; the counts are walked last first,
+// so a sparse stream's positions and counts are written from its end.
 template <class T>
 __global__ void encode_write(const T* __restrict__ flat, i64 n_frames, int block, int n_blocks, int table_stride, STREAM_PARAMS,
                              u8* out) {
     MAKE_STREAMS
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
-    if (p >= frame_len || b >= n_blocks) return;
     i64 lo = (i64)b * block;
     int n = (int)min((i64)block, n_frames - lo);
-    const T* col = flat + lo * frame_len + p;
-    i64 start, end;
-    int form;
-    stream_bounds(st, b, p, start, end, form);
-    if (form == CONSTANT) {
-        put_le(out, start, col[0], 4);
-    } else if (form == SPARSE) {
-        i64 nnz = 0;
-        for (int i = 0; i < n; ++i) nnz += col[(i64)i * frame_len] != 0;
-        i64 j = 0;
-        for (int i = 0; i < n; ++i) {
-            u32 v = col[(i64)i * frame_len];
+    i64 start = 0, end = 0;
+    int form = EMPTY;
+    if (p < frame_len) stream_bounds(st, b, p, start, end, form);
+    if (form == CONSTANT) put_le(out, start, flat[lo * frame_len + p], 4);
+    bool walks = form == ANS || form == SPARSE || form == RAW;
+    if (!__syncthreads_or(walks)) return;  // the whole CTA: empty or constant streams only
+    Tiles<T> tiles(tile_buffers<T>(table_stride), flat, lo, n, frame_len, blockIdx.x * blockDim.x);
+    bool ans = form == ANS;
+    const u16* vt = ans ? encoder_tables(model, p, table_stride) : nullptr;
+    BackwardCoder<true> coder(Writer<true>{out, start, (end - start - 4) / 2, 0}, ans ? model.run[p] : 0, ans ? model.values[p] : 0,
+                              vt, model.chunks);
+    i64 nnz = form == SPARSE ? (end - start) / (2 + (i64)sizeof(T)) : 0;  // its bytes are nnz (2 + itemsize), made even
+    i64 j = nnz;
+    auto take = [&](int i, u32 v) {
+        if (ans) {
+            coder.take(v);
+        } else if (form == SPARSE) {
             if (v) {
+                --j;
                 put_le(out, start + 2 * j, i, 2);
                 put_le(out, start + 2 * nnz + sizeof(T) * j, v, sizeof(T));
-                ++j;
             }
+        } else {
+            put_le(out, start + sizeof(T) * i, v, sizeof(T));
         }
-    } else if (form == RAW) {
-        for (int i = 0; i < n; ++i) put_le(out, start + sizeof(T) * i, col[(i64)i * frame_len], sizeof(T));
-    } else if (form == ANS) {
-        Writer<true> w{out, start, (end - start - 4) / 2, 0};
-        u32 x = encode_ans<T, true>(col, frame_len, n, model.run[p], model.values[p], encoder_tables(model, p, table_stride),
-                                    model.chunks, w);
-        put_le(out, start, x, 4);
+    };
+    tiles.walk_backwards(walks, take);
+    if (ans) {
+        coder.finish();
+        put_le(out, start, coder.x, 4);
     }
 }
 

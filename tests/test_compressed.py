@@ -192,10 +192,13 @@ def test_service_refuses_and_survives_bad_streams(svc, names, rng):
 @pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
 @pytest.mark.parametrize("dose", [0.05, 1.0, 5.0], ids=lambda d: f"dose{d}")
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32"])
-def test_gpu_encoder_writes_the_cpu_bytes(rng, dose, dtype):
+@pytest.mark.parametrize("det", [(19, 13), (12, 22)], ids=lambda d: f"det{d[0]}x{d[1]}")
+def test_gpu_encoder_writes_the_cpu_bytes(rng, dose, dtype, det):
+    """One partial thread block of pixels whose rows are not 16-byte aligned (counts staged one by one), and
+    two blocks, the second partial, whose rows are for uint16 and uint32 (16-byte copies); short last tiles."""
     import cupy
 
-    counts = rng.poisson(dose, (23, 31, 19, 13)).astype(dtype)
+    counts = rng.poisson(dose, (23, 31, *det)).astype(dtype)
     counts.reshape(-1)[rng.integers(0, counts.size, 40)] = np.iinfo(dtype).max  # escapes
     on_cpu, on_gpu = encode(counts), encode(counts, cupy)
     for name in ("index", "block_base", "payload"):

@@ -33,6 +33,7 @@ MASK_SMEM = 64 * 1024  # shared accumulator bytes per mask_sums block
 NO_ERROR = 2**64 - 1
 ERROR_CODE_BITS = 8  # a kernel's error word: (stream << ERROR_CODE_BITS) | code, NO_ERROR when none
 LUT_SIZE = 64  # starting symbols per table of a pixel's lookup tables
+TILE_BYTES = 16 * 1024  # counts an encoder block stages in shared memory at a time (two such buffers)
 CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
 DECODED_TYPES = {**CTYPES, np.dtype(np.float32): "float"}  # what decoded counts may be written as
 DEFINES = compile.defines(  # the constants kernels/compressed.cu takes from Python
@@ -58,6 +59,7 @@ DEFINES = compile.defines(  # the constants kernels/compressed.cu takes from Pyt
     E_FORM=twin.E_FORM,
     LUT_SIZE=LUT_SIZE,
     ERROR_CODE_BITS=ERROR_CODE_BITS,
+    TILE_BYTES=TILE_BYTES,
     DESC_WORDS=twin.DESC_WORDS,
 )
 
@@ -157,7 +159,7 @@ def encode(flat: cupy.ndarray, block: int, run, values, table_start, cum, out: c
     n_blocks = grid(n_frames, block)
     model = model_params(run, values, table_start, cum, cupy.empty(1, dtype=np.uint8), flat.dtype)  # encoders need no LUT
     stride = table_stride(run, values)
-    smem = THREADS * 2 * stride
+    smem = THREADS * 2 * stride + 2 * TILE_BYTES  # tables, then two tiles of counts
     forms = cupy.empty((n_blocks, frame_len), dtype=np.uint8)
     sizes = cupy.empty((n_blocks, frame_len), dtype=np.int64)
     launch = (grid(frame_len), n_blocks)
