@@ -166,15 +166,30 @@ __global__ void token_histogram(const T* __restrict__ flat, i64 n_frames, int fr
 
 // ---------------------------------------------------------------- encoder
 
-// Emitted word k lands at word 2 + ktot - 1 - k of the stream (the decoder reads forward).
-template <bool WRITE>
+// Where a stream's rANS words go. The sizing pass codes into a slot as large as the stream's raw counts:
+// emitted word k at word 2 + k after the 4-byte state, reversed when packed; words past the slot are dropped
+// (a stream larger than its raw counts is never written as ANS), and with no slot (room 0) only counted.
+struct Slotted {
+    u8* slot;
+    i64 room;  // words that fit after the state
+    __device__ void put(i64 k, u32 word) {
+        if (k < room) *reinterpret_cast<u16*>(slot + 4 + 2 * k) = (u16)word;
+    }
+};
+
+// A stream coded again in its own place: emitted word k at word 2 + words - 1 - k (the decoder reads forward).
+struct Placed {
+    u8* stream;
+    i64 words;
+    __device__ void put(i64 k, u32 word) { *reinterpret_cast<u16*>(stream + 2 * (2 + words - 1 - k)) = (u16)word; }
+};
+
+template <class Out>
 struct Writer {
-    u8* payload;
-    i64 at;
-    i64 ktot;
-    i64 k;
+    Out out;
+    i64 k;  // words emitted
     __device__ void emit(u32 word) {
-        if (WRITE) *reinterpret_cast<u16*>(payload + at + 2 * (2 + ktot - 1 - k)) = (u16)word;
+        out.put(k, word);
         ++k;
     }
     __device__ void put_symbol(u32& x, u32 c, u32 f) {
@@ -190,8 +205,8 @@ struct Writer {
     }
 };
 
-template <bool WRITE>
-__device__ void put_value(Writer<WRITE>& w, u32& x, u32 v, int run, int nv, const u16* vt, int chunks) {
+template <class Out>
+__device__ void put_value(Writer<Out>& w, u32& x, u32 v, int run, int nv, const u16* vt, int chunks) {
     int s = value_symbol(v, run, nv);
     if (s == nv) {
         u32 excess = v - nv - (run > 0 ? 1 : 0);
@@ -204,16 +219,16 @@ __device__ void put_value(Writer<WRITE>& w, u32& x, u32 v, int run, int nv, cons
 // The rANS coder of one stream, fed its counts last first (take), then finished: the stream's tokens in
 // reverse. In run mode a nonzero count is preceded by the run token of the zeros that follow it in the
 // stream (counted since the nonzero taken before it), or by the end token where only zeros follow it.
-template <bool WRITE>
+template <class Out>
 struct BackwardCoder {
-    Writer<WRITE> w;
+    Writer<Out> w;
     u32 x;
     int run, nv, chunks;
     const u16* vt;
     const u16* rt;
     int zeros;  // zeros taken since the last nonzero
     bool seen;  // a nonzero was taken
-    __device__ BackwardCoder(Writer<WRITE> w, int run, int nv, const u16* vt, int chunks)
+    __device__ BackwardCoder(Writer<Out> w, int run, int nv, const u16* vt, int chunks)
         : w(w), x(STATE_LOW), run(run), nv(nv), chunks(chunks), vt(vt), rt(vt + nv + 2), zeros(0), seen(false) {}
     __device__ void put_run(int s) { w.put_symbol(x, rt[s], rt[s + 1] - rt[s]); }
     __device__ void zero_run() {
@@ -346,11 +361,23 @@ __device__ T* tile_buffers(int table_stride) {
     return reinterpret_cast<T*>(reinterpret_cast<u16*>(smem_words) + blockDim.x * table_stride);
 }
 
-// Form and bytes of every stream (b = blockIdx.y, pixel p): one pass over its counts, measuring its rANS
-// coding on the way.
+// Bytes of one slot: a stream's raw counts, padded to an even length (ANS is chosen only when no longer).
+__device__ __forceinline__ i64 slot_bytes(int n, int itemsize) { return even((i64)n * itemsize); }
+
+// Stream (b, p)'s slot: the blocks before b are whole (block frames each), its own holds n frames.
+__device__ __forceinline__ u8* slot_of(u8* slots, int b, int p, int block, int n, int frame_len, int itemsize) {
+    return slots + (i64)b * frame_len * slot_bytes(block, itemsize) + (i64)p * slot_bytes(n, itemsize);
+}
+
+__device__ __forceinline__ void put_le(u8* payload, i64 at, u32 v, int nbytes) {
+    for (int i = 0; i < nbytes; ++i) payload[at + i] = (u8)(v >> (8 * i));
+}
+
+// Form and bytes of every stream (b = blockIdx.y, pixel p): one pass over its counts, coding it with rANS on
+// the way into its slot (slots null: only measured).
 template <class T>
-__global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame_len, int block, int n_blocks, int table_stride,
-                             MODEL_PARAMS, u8* forms, i64* sizes) {
+__global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame_len, int block, int table_stride, MODEL_PARAMS,
+                             u8* forms, i64* sizes, u8* slots) {
     MAKE_MODEL
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
@@ -359,8 +386,10 @@ __global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame
     int n = (int)min((i64)block, n_frames - lo);
     Tiles<T> tiles(tile_buffers<T>(table_stride), flat, lo, n, frame_len, blockIdx.x * blockDim.x);
     const u16* vt = active ? encoder_tables(model, p, table_stride) : nullptr;
-    BackwardCoder<false> coder(Writer<false>{nullptr, 0, 0, 0}, active ? model.run[p] : 0, active ? model.values[p] : 0, vt,
-                               model.chunks);
+    u8* slot = slots && active ? slot_of(slots, b, p, block, n, frame_len, sizeof(T)) : nullptr;
+    i64 room = slot ? (slot_bytes(n, sizeof(T)) - 4) / 2 : 0;
+    BackwardCoder<Slotted> coder(Writer<Slotted>{{slot, room}, 0}, active ? model.run[p] : 0, active ? model.values[p] : 0, vt,
+                                 model.chunks);
     i64 nnz = 0;
     u32 vmin = 0xFFFFFFFFu, vmax = 0;
     auto take = [&](int, u32 v) {
@@ -372,12 +401,13 @@ __global__ void encode_sizes(const T* __restrict__ flat, i64 n_frames, int frame
     tiles.walk_backwards(active, take);
     if (!active) return;
     coder.finish();
+    if (slot && coder.w.k <= room) put_le(slot, 0, coder.x, 4);
     i64 s = (i64)b * frame_len + p;
     if (nnz == 0) { forms[s] = EMPTY; sizes[s] = 0; return; }
     if (vmin == vmax) { forms[s] = CONSTANT; sizes[s] = 4; return; }
     i64 ans = 4 + 2 * coder.w.k;
     i64 sparse = even(nnz * (2 + (i64)sizeof(T)));
-    i64 raw = even((i64)n * sizeof(T));
+    i64 raw = slot_bytes(n, sizeof(T));
     if (ans <= sparse && ans <= raw) { forms[s] = ANS; sizes[s] = ans; }
     else if (sparse <= raw) { forms[s] = SPARSE; sizes[s] = sparse; }
     else { forms[s] = RAW; sizes[s] = raw; }
@@ -391,15 +421,21 @@ __device__ __forceinline__ void stream_bounds(const Streams& st, int b, int p, i
     form = (int)(entry >> FORM_SHIFT);
 }
 
-__device__ __forceinline__ void put_le(u8* payload, i64 at, u32 v, int nbytes) {
-    for (int i = 0; i < nbytes; ++i) payload[at + i] = (u8)(v >> (8 * i));
+// An ANS stream from its slot to its place: the state, then the words in reverse.
+__device__ void unslot(u8* out, i64 start, i64 end, const u8* slot) {
+    for (int i = 0; i < 4; ++i) out[start + i] = slot[i];
+    const u16* words = reinterpret_cast<const u16*>(slot + 4);
+    u16* to = reinterpret_cast<u16*>(out + start + 4);
+    i64 k = (end - start - 4) / 2;
+    for (i64 j = 0; j < k; ++j) to[j] = words[k - 1 - j];
 }
 
-// Every stream written in the form and at the offset its index entry gives; the counts are walked last first,
-// so a sparse stream's positions and counts are written from its end.
+// Every stream written in the form and at the offset its index entry gives: an ANS stream from its slot
+// (slots null: coded again in place), the others from the counts, walked last first, so a sparse stream's
+// positions and counts are written from its end. A stream's padding byte is written too (out is not zeroed).
 template <class T>
-__global__ void encode_write(const T* __restrict__ flat, i64 n_frames, int block, int n_blocks, int table_stride, STREAM_PARAMS,
-                             u8* out) {
+__global__ void encode_write(const T* __restrict__ flat, i64 n_frames, int block, int table_stride, STREAM_PARAMS, u8* out,
+                             const u8* slots) {
     MAKE_STREAMS
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y;
@@ -409,14 +445,17 @@ __global__ void encode_write(const T* __restrict__ flat, i64 n_frames, int block
     int form = EMPTY;
     if (p < frame_len) stream_bounds(st, b, p, start, end, form);
     if (form == CONSTANT) put_le(out, start, flat[lo * frame_len + p], 4);
-    bool walks = form == ANS || form == SPARSE || form == RAW;
-    if (!__syncthreads_or(walks)) return;  // the whole CTA: empty or constant streams only
-    Tiles<T> tiles(tile_buffers<T>(table_stride), flat, lo, n, frame_len, blockIdx.x * blockDim.x);
-    bool ans = form == ANS;
-    const u16* vt = ans ? encoder_tables(model, p, table_stride) : nullptr;
-    BackwardCoder<true> coder(Writer<true>{out, start, (end - start - 4) / 2, 0}, ans ? model.run[p] : 0, ans ? model.values[p] : 0,
-                              vt, model.chunks);
+    if (form == ANS && slots) unslot(out, start, end, slot_of(const_cast<u8*>(slots), b, p, block, n, frame_len, sizeof(T)));
     i64 nnz = form == SPARSE ? (end - start) / (2 + (i64)sizeof(T)) : 0;  // its bytes are nnz (2 + itemsize), made even
+    i64 bare = form == SPARSE ? nnz * (2 + (i64)sizeof(T)) : form == RAW ? (i64)n * sizeof(T) : end - start;
+    if (bare < end - start) out[end - 1] = 0;  // an odd length, made even
+    bool ans = form == ANS && !slots;
+    bool walks = ans || form == SPARSE || form == RAW;
+    if (!__syncthreads_or(walks)) return;  // the whole CTA: nothing left to write from the counts
+    Tiles<T> tiles(tile_buffers<T>(table_stride), flat, lo, n, frame_len, blockIdx.x * blockDim.x);
+    const u16* vt = ans ? encoder_tables(model, p, table_stride) : nullptr;
+    BackwardCoder<Placed> coder(Writer<Placed>{{out + start, (end - start - 4) / 2}, 0}, ans ? model.run[p] : 0,
+                                ans ? model.values[p] : 0, vt, model.chunks);
     i64 j = nnz;
     auto take = [&](int i, u32 v) {
         if (ans) {

@@ -204,6 +204,17 @@ def test_gpu_encoder_writes_the_cpu_bytes(rng, dose, dtype, det):
     for name in ("index", "block_base", "payload"):
         assert (getattr(on_gpu.streams, name).get() == getattr(on_cpu.streams, name)).all(), name
     assert on_gpu.block == on_cpu.block
+    # into a payload of leftover bytes: with room behind it for the slots (each stream coded once), and without
+    from qgpu_dask.resident.cuda import compressed as gpu_kernels
+    from qgpu_dask.resident.compressed import MODEL_KEYS
+
+    flat = cupy.asarray(counts.reshape(23 * 31, -1))
+    total = on_cpu.streams.payload.size
+    room = gpu_kernels.slot_room(flat.shape[0], flat.shape[1], on_cpu.block, flat.dtype.itemsize)
+    for size in (total + room + 1, room + 1):
+        out = cupy.full(size, 0xA5, dtype=np.uint8)
+        into = gpu_kernels.encode(flat, on_cpu.block, *(getattr(on_gpu.model, k) for k in MODEL_KEYS), out=out)
+        assert into.payload.data.ptr == out.data.ptr and (into.payload.get() == on_cpu.streams.payload).all(), size
     assert_same_queries(on_gpu, counts, rng)
     corrupt(on_gpu, "flip")
     with pytest.raises(ValueError, match="malformed compressed stream"):

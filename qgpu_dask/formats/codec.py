@@ -202,10 +202,14 @@ def check_tables(run: np.ndarray, values: np.ndarray, table_start: np.ndarray, c
             raise ValueError("compressed tables: cumulative frequencies decrease")
 
 
+def stream_raw_bytes(n: int, itemsize: int) -> int:
+    """Bytes of a raw stream of ``n`` counts: the counts, padded to an even length."""
+    return n * itemsize + (n * itemsize) % 2
+
+
 def stream_bound(n: int, itemsize: int) -> int:
-    """The most bytes one stream of ``n`` counts takes in the form the encoder chooses: its raw counts, padded
-    to an even length, or a 4-byte constant."""
-    return max(4, n * itemsize + (n * itemsize) % 2)
+    """The most bytes one stream of ``n`` counts takes in the form the encoder chooses: raw, or a 4-byte constant."""
+    return max(4, stream_raw_bytes(n, itemsize))
 
 
 def payload_in(out, total: int):

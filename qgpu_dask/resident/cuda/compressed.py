@@ -33,7 +33,7 @@ MASK_SMEM = 64 * 1024  # shared accumulator bytes per mask_sums block
 NO_ERROR = 2**64 - 1
 ERROR_CODE_BITS = 8  # a kernel's error word: (stream << ERROR_CODE_BITS) | code, NO_ERROR when none
 LUT_SIZE = 64  # starting symbols per table of a pixel's lookup tables
-TILE_BYTES = 16 * 1024  # counts an encoder block stages in shared memory at a time (two such buffers)
+TILE_BYTES = 16 * 1024  # counts an encoder CTA stages in shared memory at a time (two such buffers)
 CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
 DECODED_TYPES = {**CTYPES, np.dtype(np.float32): "float"}  # what decoded counts may be written as
 DEFINES = compile.defines(  # the constants kernels/compressed.cu takes from Python
@@ -151,21 +151,32 @@ def model_params(run, values, table_start, cum, lut, dtype) -> tuple:
     return (run, values, table_start, cum, lut, np.int32(2 if dtype.itemsize == 4 else 1), np.int32(dtype.itemsize), np.uint32(np.iinfo(dtype).max))
 
 
+def slot_room(n_frames: int, frame_len: int, block: int, itemsize: int) -> int:
+    """Bytes of the slots the sizing pass codes into: each stream's raw counts, padded to an even length."""
+    whole, last = divmod(n_frames, block)
+    return frame_len * (whole * codec.stream_raw_bytes(block, itemsize) + codec.stream_raw_bytes(last, itemsize))
+
+
 def encode(flat: cupy.ndarray, block: int, run, values, table_start, cum, out: cupy.ndarray | None = None) -> Streams:
-    """Encode every stream: a sizing pass (form and bytes), offsets by prefix sums, then a writing pass (into
-    ``out`` where given: its first bytes become the payload); one wait for the device, for the payload's size."""
+    """Encode every stream: a sizing pass (form and bytes) that codes each stream once, into a slot at the end of
+    ``out`` where it has room for them (``slot_room``); offsets by prefix sums; then a writing pass that moves the
+    ANS streams from their slots and writes the others from the counts (all of them, ANS coded again, where
+    there are no slots or the payload would reach them), into ``out`` where given: its first bytes become the
+    payload. One wait for the device, for the payload's size."""
     t = counts_type(flat)
     n_frames, frame_len = flat.shape
     n_blocks = grid(n_frames, block)
     model = model_params(run, values, table_start, cum, cupy.empty(1, dtype=np.uint8), flat.dtype)  # encoders need no LUT
     stride = table_stride(run, values)
     smem = THREADS * 2 * stride + 2 * TILE_BYTES  # tables, then two tiles of counts
+    room = slot_room(n_frames, frame_len, block, flat.dtype.itemsize)
+    slots = out[(out.size - room) & ~1 :] if out is not None and out.size > room else None
     forms = cupy.empty((n_blocks, frame_len), dtype=np.uint8)
     sizes = cupy.empty((n_blocks, frame_len), dtype=np.int64)
     launch = (grid(frame_len), n_blocks)
-    common = (flat, np.int64(n_frames))
+    counts = (flat, np.int64(n_frames))
     kernel(f"encode_sizes<{t}>")(
-        launch, (THREADS,), (*common, np.int32(frame_len), np.int32(block), np.int32(n_blocks), np.int32(stride), *model, forms, sizes),
+        launch, (THREADS,), (*counts, np.int32(frame_len), np.int32(block), np.int32(stride), *model, forms, sizes, pointer(slots)),
         shared_mem=smem,
     )
     offsets = cupy.zeros_like(sizes)
@@ -174,15 +185,22 @@ def encode(flat: cupy.ndarray, block: int, run, values, table_start, cum, out: c
     cupy.cumsum(sizes.sum(axis=1), out=base[1:])
     index = pack_index(forms, offsets, frame_len * codec.stream_bound(min(block, n_frames), flat.dtype.itemsize))
     total = int(base[-1])
+    if slots is not None and total > out.size - slots.size:
+        slots = None  # the payload would run into them
     payload = cupy.zeros(padded(total), dtype=np.uint8)[:total] if out is None else codec.payload_in(out, total)
     kernel(f"encode_write<{t}>")(
         launch,
         (THREADS,),
-        (*common, np.int32(block), np.int32(n_blocks), np.int32(stride), index, base, payload, np.int64(payload.size),
-         np.int32(frame_len), *model, payload),
+        (*counts, np.int32(block), np.int32(stride), index, base, payload, np.int64(payload.size), np.int32(frame_len), *model, payload,
+         pointer(slots)),
         shared_mem=smem,
     )
     return Streams(index, base, payload)
+
+
+def pointer(a: cupy.ndarray | None):
+    """A kernel's pointer argument: the array, or null for None."""
+    return np.uint64(0) if a is None else a
 
 
 # ---------------------------------------------------------------- decoding
