@@ -18,21 +18,65 @@ typedef long long i64;
 #error "GDESC_WORDS comes from qgpu_dask/resident/cuda/groups.py"
 #endif
 
-// sums[f, g] = the counts of frame f over group g, for every ring (ring[p]) and leaf (leaf[p], a group id):
-// one block per frame, accumulated in shared memory.
+// A warp's sums of one count per lane: 32 counts of 8 or 16 bits fit 32 bits, of 32 bits need 64.
+template <int ITEMSIZE>
+struct SumOf {
+    typedef u32 type;
+};
+template <>
+struct SumOf<4> {
+    typedef u64 type;
+};
+
+#define GROUP_UNROLL 4  // pixels a thread loads before adding them (loads in flight)
+
+// Add every lane's v to acc[g] of its group g (g < 0: nothing), given the warp's inclusive prefix sums of v
+// (sum): lanes in a run of one group (neighbouring pixels mostly share their ring and leaf) add once, by the
+// run's first lane, so one shared-memory atomic per run instead of one per pixel.
+template <class S>
+__device__ __forceinline__ void add_by_run(u64* acc, int g, u32 v, S sum, int lane) {
+    int before = __shfl_up_sync(0xFFFFFFFFu, g, 1);
+    u32 heads = __ballot_sync(0xFFFFFFFFu, lane == 0 || before != g);
+    u32 after = heads & ~(0xFFFFFFFFu >> (31 - lane));  // heads of the runs after this lane's
+    int last = after ? __ffs(after) - 2 : 31;  // the last lane of the run this lane is in
+    S through = __shfl_sync(0xFFFFFFFFu, sum, last);
+    bool head = (heads >> lane) & 1;
+    S run = through - (sum - v);
+    if (head && g >= 0 && run) atomicAdd(&acc[g], (u64)run);
+}
+
+// sums[f, g] = the counts of frame f over group g, for every ring (groups[p] & 0xFFFF) and leaf (groups[p] >> 16,
+// a group id): one block per frame, accumulated in shared memory; every lane of a warp takes part in each step.
 template <class T>
-__global__ void group_totals(const T* __restrict__ flat, i64 n_frames, int frame_len, const int* ring, const int* leaf, int n_groups,
+__global__ void group_totals(const T* __restrict__ flat, i64 n_frames, int frame_len, const u32* __restrict__ groups, int n_groups,
                              u64* sums) {
+    typedef typename SumOf<sizeof(T)>::type Sum;
     extern __shared__ u64 acc[];
     i64 f = blockIdx.x;
+    int lane = threadIdx.x & 31;
     for (int g = threadIdx.x; g < n_groups; g += blockDim.x) acc[g] = 0;
     __syncthreads();
     const T* row = flat + f * frame_len;
-    for (int p = threadIdx.x; p < frame_len; p += blockDim.x) {
-        u64 v = row[p];
-        if (v) {
-            atomicAdd(&acc[ring[p]], v);
-            atomicAdd(&acc[leaf[p]], v);
+    for (int p0 = 0; p0 < frame_len; p0 += GROUP_UNROLL * blockDim.x) {
+        u32 v[GROUP_UNROLL], ids[GROUP_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GROUP_UNROLL; ++u) {
+            int p = p0 + u * blockDim.x + threadIdx.x;
+            v[u] = p < frame_len ? (u32)row[p] : 0;
+            ids[u] = p < frame_len ? groups[p] : 0xFFFFFFFFu;
+        }
+#pragma unroll
+        for (int u = 0; u < GROUP_UNROLL; ++u) {
+            if (!__any_sync(0xFFFFFFFFu, v[u] != 0)) continue;
+            Sum sum = v[u];  // the warp's inclusive prefix sums
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                Sum up = __shfl_up_sync(0xFFFFFFFFu, sum, d);
+                if (lane >= d) sum += up;
+            }
+            bool in = ids[u] != 0xFFFFFFFFu;
+            add_by_run<Sum>(acc, in ? (int)(ids[u] & 0xFFFFu) : -1, v[u], sum, lane);
+            add_by_run<Sum>(acc, in ? (int)(ids[u] >> 16) : -1, v[u], sum, lane);
         }
     }
     __syncthreads();

@@ -33,12 +33,13 @@ def group_index(flat: cupy.ndarray, ring: cupy.ndarray, leaf: cupy.ndarray, n_gr
         raise ValueError(f"group sums take C-contiguous (n_frames, frame_len) uint8/16/32 counts, got {flat.dtype} {flat.shape}")
     n_frames, frame_len = flat.shape
     n_groups = int(n_groups)
+    if n_groups >= 2**16 - 1:
+        raise ValueError(f"group sums take fewer than {2**16 - 1} groups (16-bit ids), got {n_groups}")
     sums = cupy.empty((n_frames, n_groups), dtype=np.uint64)
     if n_frames:
+        ids = cupy.asarray(ring, dtype=np.uint32) | cupy.asarray(leaf, dtype=np.uint32) << np.uint32(16)  # ring, leaf: 16 bits each
         kernel(f"group_totals<{CTYPES[flat.dtype]}>")(
-            (n_frames,), (THREADS,),
-            (flat, np.int64(n_frames), np.int32(frame_len), cupy.asarray(ring, dtype=np.int32), cupy.asarray(leaf, dtype=np.int32),
-             np.int32(n_groups), sums),
+            (n_frames,), (THREADS,), (flat, np.int64(n_frames), np.int32(frame_len), ids, np.int32(n_groups), sums),
             shared_mem=8 * n_groups,
         )
     n_blocks = n_blocks_of(n_frames)
