@@ -12,7 +12,7 @@
    acquisition's checksum is held ``==`` to h5py's of its file.
    With ``--fill``, the shard is then filled: ``svc.stream`` of FILL_MAX more, which holds those before the first
    that fits no more and names it (target: >= 120 held on the H200, every checksum h5py's).
-5. Saved form: one resident saved (``acq.save``) and loaded again; GB/s of file (target >= 10).
+5. Saved form: one resident saved (``acq.save``) and loaded again REOPENS times; GB/s of file at the median (target >= 10).
 6. Lost worker: ``--rehome`` masters (default 6) on one of two worker processes, their node-local copies written;
    the worker is SIGKILLed; seconds until all are held again (target <= 10 s), and their checksums.
 
@@ -51,6 +51,7 @@ TARGETS = {"series_s_per_acquisition_max": 0.5, "series_s_per_acquisition_stretc
            "rehome_s_max": 10.0, "rehome_s_stretch": 3.0}
 FILL_MAX = 256  # acquisitions a fill streams after the series, more than any GPU holds; it stops at the first that does not fit
 BF_RADIUS, BF_FRACTION = 30.0, 0.6  # at 192 x 192, as series_gpu's counts
+REOPENS = 3  # reopens of the saved form, the median reported (each names a new acquisition)
 
 
 def bf_means(det: tuple[int, int], dose: float) -> np.ndarray:
@@ -175,9 +176,13 @@ def main() -> int:
             warm_acq.save(saved)
             warm_acq.release()
             saved_bytes = saved.stat().st_size
-            t0 = time.perf_counter()
-            svc.load(saved, name="reopened", progress=False).release()
-            reopen = time.perf_counter() - t0
+            reopens = []
+            for k in range(REOPENS):  # each timed to its return, released after
+                t0 = time.perf_counter()
+                reopened = svc.load(saved, name=f"reopened-{k}", progress=False)
+                reopens.append(time.perf_counter() - t0)
+                reopened.release()
+            reopen = float(np.median(reopens))
 
             t0 = time.perf_counter()
             series = svc.load([masters[i % args.distinct] for i in range(n)], name=[f"s{i}" for i in range(n)], layout=args.layout,
@@ -202,7 +207,7 @@ def main() -> int:
             "series": {"s": seconds, "s_per_acquisition": per_acq, "GBps": counts_bytes * n / seconds / 1e9, "held_bytes": held,
                        "raw_over_held": counts_bytes * n / held, "checksums_equal": exact,
                        "over_raw_read_all_threads": base["raw_read_all_threads_GBps"] / (counts_bytes / per_acq / 1e9)},
-            "saved_reopen": {"file_bytes": saved_bytes, "s": reopen, "GBps": saved_bytes / reopen / 1e9},
+            "saved_reopen": {"file_bytes": saved_bytes, "s": reopen, "s_each": reopens, "GBps": saved_bytes / reopen / 1e9},
             "held": {"acquisitions": len(held_acqs), "filled": bool(args.fill), "refusal": refusal, "budget_bytes": budget,
                      "checksums_equal": exact, "checksum_s": checksum_s},
             "rehome": lost_worker,

@@ -80,8 +80,7 @@ class CompressedCounts(Resident):
         n_blocks = -(-self.n_frames // self.block)
         if checked:
             check_model({k: to_host(v) for k, v in model.items()}, self.frame_len)
-            index, base = to_host(streams["index"]), to_host(streams["block_base"])
-            check_index(index, base, n_blocks, self.frame_len, int(streams["payload"].shape[0]))
+            check_index(streams["index"], streams["block_base"], n_blocks, self.frame_len, int(streams["payload"].shape[0]))
         self.kernels = kernels_for(xp, "compressed")
         self.model = self.kernels.Model(self.n_frames, self.block, *(model[k] for k in MODEL_KEYS), self.dtype)
         self.streams = self.kernels.Streams(streams["index"], streams["block_base"], streams["payload"])
@@ -249,19 +248,22 @@ def check_model(model: dict, frame_len: int) -> None:
     codec.check_tables(model["run"], model["values"], model["table_start"], model["cum"])
 
 
-def check_index(index: np.ndarray, base: np.ndarray, n_blocks: int, frame_len: int, payload_bytes: int) -> None:
-    """ValueError unless stream offsets are increasing inside their blocks and blocks tile the payload."""
+def check_index(index, base, n_blocks: int, frame_len: int, payload_bytes: int) -> None:
+    """ValueError unless stream offsets are increasing inside their blocks and blocks tile the payload; checked
+    on the arrays' device (a full acquisition's index is 19 MB)."""
+    xp = module_of(index)
     if index.shape != (n_blocks, frame_len) or index.dtype != np.uint32:
         raise ValueError(f"compressed stream index has shape {index.shape} {index.dtype}, expected ({n_blocks}, {frame_len}) uint32")
     if base.shape != (n_blocks + 1,) or base.dtype != np.uint64:
         raise ValueError(f"compressed block bases have shape {base.shape} {base.dtype}, expected ({n_blocks + 1},) uint64")
-    if int(base[0]) != 0 or int(base[-1]) != payload_bytes or (np.diff(base.astype(np.int64)) < 0).any():
+    sizes = xp.diff(base.astype(np.int64))
+    if int(base[0]) != 0 or int(base[-1]) != payload_bytes or bool((sizes < 0).any()):
         raise ValueError(f"compressed block bases do not tile the payload of {payload_bytes} bytes")
-    offsets = (index & codec.OFFSET_MASK).astype(np.int64)
-    ends = np.concatenate([offsets[:, 1:], np.diff(base.astype(np.int64))[:, None]], axis=1)
-    if (offsets[:, 0] != 0).any() or (ends < offsets).any():
+    offsets = (index & np.uint32(codec.OFFSET_MASK)).astype(np.int64)
+    ends = xp.concatenate([offsets[:, 1:], sizes[:, None]], axis=1)
+    if bool((offsets[:, 0] != 0).any()) or bool((ends < offsets).any()):
         raise ValueError("compressed stream offsets are not increasing inside their scan blocks")
-    if ((index >> codec.FORM_SHIFT) >= len(codec.FORM_NAMES)).any():
+    if bool(((index >> np.uint32(codec.FORM_SHIFT)) >= len(codec.FORM_NAMES)).any()):
         raise ValueError("a compressed stream has an unknown form")
 
 

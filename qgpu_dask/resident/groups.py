@@ -77,7 +77,7 @@ class GroupIndex:
         self.geometry = geometry
         self.n_frames = int(n_frames)
         host_width = to_host(width)
-        fmt.check_packed(to_host(base), host_width, to_host(bits), self.n_frames, geometry.n_groups)
+        fmt.check_packed(base, host_width, bits, self.n_frames, geometry.n_groups)  # bits: only its shape is checked
         self.base, self.width, self.bits = base, width, bits
         self.start = xp.asarray(fmt.starts_of(host_width, self.n_frames))
         self.xp = xp
