@@ -5,8 +5,10 @@
    detector writes them, each read once so the files sit in the page cache.
 2. Baselines in the same run, as GB/s of counts: the data files' stored bytes read in one thread and on
    every core (what any reader must at least do), and h5py + hdf5plugin decoding one master in one thread.
-3. Cold start: in a fresh one-worker cluster (``Service.local``), the first ``svc.load`` of a master, then a
-   warm load of the same file; reported is the difference (target <= 2 s: kernels compiled once per machine).
+3. Cold start: after the series, in a fresh one-worker cluster (``Service.local``), the first ``svc.load`` of a
+   master, then a warm load of the same file; reported is the difference (target <= 2 s: kernels compiled once
+   per machine, read from the caches by the next processes). The run's first cluster's first load is kept too
+   (on a bare machine it pays every compile).
 4. Series: ``svc.load`` of N masters (default 64: file i % K under distinct names) as one list call into that
    shard; per acquisition and GB/s of counts over the series (targets <= 0.5 s and >= 40 GB/s). Every
    acquisition's checksum is held ``==`` to h5py's of its file.
@@ -91,6 +93,17 @@ def baselines(master: Path, files: list[Path], shape: tuple[int, ...], counts_by
             "raw_read_1_thread_file_GBps": sum(sizes) / t_one / 1e9, "h5py_hdf5plugin_1_thread_GBps": counts_bytes / t_h5 / 1e9}
 
 
+def first_and_warm(svc, master: Path, layout: str) -> tuple[float, float]:
+    """Seconds of the first ``svc.load`` of ``master`` in this cluster (released) and of a warm load after it
+    (kept, as "warm")."""
+    t0 = time.perf_counter()
+    svc.load(master, name="cold", layout=layout, progress=False).release()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    svc.load(master, name="warm", layout=layout, progress=False)
+    return first, time.perf_counter() - t0
+
+
 def fill(svc, masters: list[Path], held: list, layout: str) -> str:
     """Stream FILL_MAX more of the masters onto the shard (``svc.stream`` holds those before the first that fits
     no more, then refuses it and the rest by name), appending them to ``held``; the words of the refusal."""
@@ -164,14 +177,9 @@ def main() -> int:
         base = baselines(masters[0], files[0], shape, counts_bytes, args.repeats)
 
         with qd.Service.local(n_workers=1, dashboard_address=":0", budget=args.budget) as svc:
-            t0 = time.perf_counter()
-            first = svc.load(masters[0], name="cold", layout=args.layout, progress=False)
-            cold = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            warm_acq = svc.load(masters[0], name="warm", layout=args.layout, progress=False)
-            warm = time.perf_counter() - t0
-            layout = first.info()["layout"]
-            first.release()
+            first_ever, _ = first_and_warm(svc, masters[0], args.layout)  # on a bare machine: the compiles fill the caches
+            warm_acq = svc["warm"]
+            layout = warm_acq.info()["layout"]
             saved = folder / "saved.qgpu"
             warm_acq.save(saved)
             warm_acq.release()
@@ -198,12 +206,14 @@ def main() -> int:
             held = sum(a.info()["nbytes"] for a in held_acqs[:n])
             budget = svc.info()["shards"][0]["budget"]
 
+        with qd.Service.local(n_workers=1, dashboard_address=":0", budget=args.budget) as svc:
+            cold, warm = first_and_warm(svc, masters[1 % args.distinct], args.layout)  # a fresh cluster, the caches filled
         lost_worker = rehome(masters, digests, args.rehome) if args.rehome else None
         per_acq = seconds / n
         results = {
             "shape": list(shape), "dtype": "uint16", "dose": args.dose, "acquisitions": n, "distinct": args.distinct, "layout": layout,
             "counts_bytes": counts_bytes, "targets": TARGETS, "baselines": base,
-            "cold_start": {"first_s": cold, "warm_s": warm, "cold_minus_warm_s": cold - warm},
+            "cold_start": {"first_s": cold, "warm_s": warm, "cold_minus_warm_s": cold - warm, "first_in_first_cluster_s": first_ever},
             "series": {"s": seconds, "s_per_acquisition": per_acq, "GBps": counts_bytes * n / seconds / 1e9, "held_bytes": held,
                        "raw_over_held": counts_bytes * n / held, "checksums_equal": exact,
                        "over_raw_read_all_threads": base["raw_read_all_threads_GBps"] / (counts_bytes / per_acq / 1e9)},
@@ -216,7 +226,8 @@ def main() -> int:
         lines = [
             f"raw read of the stored bytes: {base['raw_read_1_thread_GBps']:.2f} GB/s of counts in 1 thread, "
             f"{base['raw_read_all_threads_GBps']:.2f} on every core; h5py + hdf5plugin {base['h5py_hdf5plugin_1_thread_GBps']:.2f} (1 thread)",
-            f"cold start: first load {cold:.2f} s, warm {warm:.2f} s, difference {cold - warm:.2f} s  "
+            f"cold start (a fresh cluster): first load {cold:.2f} s, warm {warm:.2f} s, difference {cold - warm:.2f} s "
+            f"(the run's first cluster: first load {first_ever:.2f} s)  "
             f"<= {t['cold_minus_warm_s_max']} {mark(cold - warm <= t['cold_minus_warm_s_max'])}",
             f"series of {n} ({layout}): {seconds:.1f} s, {per_acq:.3f} s per acquisition  <= {t['series_s_per_acquisition_max']} "
             f"{mark(per_acq <= t['series_s_per_acquisition_max'])}; {results['series']['GBps']:.1f} GB/s of counts  "

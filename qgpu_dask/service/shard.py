@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 INSPECTORS = 8  # sources inspected at a time (each may read a sample of its frames)
 LOADS_OPEN = 5  # loads with their file open at a time: three reading on the load threads, two waiting for them
 LOAD_THREADS = 3  # a GPU coded 0.54 s an acquisition with three loads at a time, 0.62 s with two
+ADMIT_POLL = 0.05  # seconds between asks of a load waiting for others' reservations to end
 PLAN_SECONDS = 600.0  # how long a compressed plan made by inspect is kept for the loads of its file (a long series)
 
 
@@ -392,7 +393,7 @@ class Shard:
     async def add(self, name: str, nbytes: int, build: Callable[[], tuple[Resident, str]], source: dict | None, asked: str) -> dict:
         """Admit ``nbytes``, claim the name in the catalog, build the resident (and the reason for its layout),
         check that it fits if it came out larger than admitted, commit; undo everything on failure."""
-        self.budget.admit(name, nbytes)
+        await self.admitted(name, nbytes)
         try:
             await self.worker.scheduler.qgpu_claim(name=name, owner=self.address, nbytes=nbytes)
         except BaseException:
@@ -414,6 +415,18 @@ class Shard:
             raise
         finally:
             self.budget.unreserve(nbytes)
+
+    async def admitted(self, name: str, nbytes: int) -> None:
+        """Admit ``nbytes`` for ``name``; where they do not fit while loads under way hold reservations (a coded
+        load reserves more than it comes to hold), ask again as those end, so a filling GPU refuses only what
+        cannot fit beside what is held (it refused the 120th of a series while two loads were still coding)."""
+        while True:
+            try:
+                return self.budget.admit(name, nbytes)
+            except ValueError:
+                if name in self.residents or not self.budget.reserved:
+                    raise
+            await asyncio.sleep(ADMIT_POLL)
 
     # -- live acquisitions ------------------------------------------------------
 
