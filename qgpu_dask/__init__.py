@@ -15,7 +15,8 @@ from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
 from .phase.direct import DirectResult
 from .phase.optics import Optics
 from .queries.base import Query, register
+from .view import view
 
 __all__ = ["Acquisition", "DirectResult", "Optics", "Query", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "device",
-           "inspect", "masks", "ptycho", "queries", "register", "samples", "save_png"]
+           "inspect", "masks", "ptycho", "queries", "register", "samples", "save_png", "view"]
 __version__ = "0.1.0"

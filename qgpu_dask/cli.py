@@ -1,9 +1,11 @@
-"""The ``qgpu-dask`` command: ``demo`` (the main job), ``info`` (the shards of a running cluster) and ``simulate``
-(a detector replaying an acquisition file as a frame stream)."""
+"""The ``qgpu-dask`` command: ``demo`` (the main job), ``info`` (the shards of a running cluster), ``simulate``
+(a detector replaying an acquisition file as a frame stream) and ``view`` (the viewer as a web page)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import socket
 import statistics
 import sys
@@ -20,6 +22,7 @@ from .io.simulator import serve
 from .io.synthetic import crystal, crystal_geometry
 from .service import Service
 from .phase.calibration import icom
+from .phase.optics import Optics
 
 
 def timed(fn, repeat: int = 5) -> tuple[object, float]:
@@ -149,6 +152,28 @@ def info(args: argparse.Namespace) -> int:
     return 0
 
 
+def view(args: argparse.Namespace) -> int:
+    """Serve the viewer for every acquisition of a running cluster until interrupted (Ctrl-C or SIGTERM)."""
+    from .view.server import ViewServer
+
+    try:
+        optics = Optics(**json.loads(Path(args.optics).read_text())) if args.optics else None
+        svc = Service.connect(args.address, scheduler_file=args.scheduler_file)
+    except (OSError, ValueError, TypeError) as err:
+        print(f"qgpu-dask view: {err}", file=sys.stderr)
+        return 1
+    stop = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+    with svc, ViewServer(svc, args.host, args.port, args.token, optics) as server:
+        print(f"viewer of {len(svc.acquisitions())} acquisitions at {server.url}", flush=True)
+        try:
+            while not stop[0]:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
 def simulate(args: argparse.Namespace) -> int:
     """Serve ``args.file`` as a qgpu-frames-1 stream to the first client on ``args.port`` at ``args.rate`` Hz."""
     source = Source(str(args.file), args.dataset, tuple(args.scan_shape) if args.scan_shape else None)
@@ -191,6 +216,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scan-shape", type=int, nargs=2, default=None, metavar=("ROWS", "COLS"), help="for 3-D stacks")
     p.add_argument("--compressed", action="store_true", help="send an Arina/Eiger master's bitshuffle-LZ4 chunks as they are stored")
     p.set_defaults(run=simulate)
+    p = sub.add_parser("view", help="the viewer as a web page for every acquisition of a running cluster")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--address", help="scheduler address, e.g. tcp://host:8786")
+    where.add_argument("--scheduler-file", help="scheduler file written by `dask scheduler --scheduler-file`")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback a token is asked for)")
+    p.add_argument("--port", type=int, default=8790, help="port (0: any free one)")
+    p.add_argument("--token", default=None, help="the token pages must carry (default: made up where one is asked)")
+    p.add_argument("--optics", default=None, help="JSON file of qd.Optics keyword arguments (CoM, iCoM, SSB images, scale bars)")
+    p.set_defaults(run=view)
     return parser
 
 

@@ -1,0 +1,91 @@
+"""The viewer's messages, the same in a notebook (anywidget custom messages) and a web page (a WebSocket).
+
+The browser asks with JSON objects; the viewer answers with a JSON header and binary buffers (images and
+patterns as little-endian typed arrays, never counts). Over a WebSocket one answer is one binary frame:
+``uint32 LE header length | header (UTF-8 JSON, space-padded to a multiple of 8 bytes) | buffers``, the
+header's ``"buffers"`` giving each buffer's byte length (each starts 8-byte aligned; the lengths are
+multiples of 8, padded). Through anywidget the header is the message and the buffers are its buffers.
+
+Asks (``seq`` a number the page increases; an answer carries the seq of the ask it answers):
+
+- ``{"type": "hello"}``: a ``state`` answer, then an ``image`` and a ``pattern``.
+- ``{"type": "detector", "seq", "detector": {...}}``: the virtual image of that detector (``image``).
+- ``{"type": "mode", "seq", "mode": "detector" | "com_row" | "com_col" | "dpc" | "ssb"}``: what the left
+  image shows (the last three need Optics): an ``image``.
+- ``{"type": "index", "seq", "index": i}``: show acquisition i of the series: ``state``, ``image``, ``pattern``.
+- ``{"type": "cursor", "seq", "row", "col"}``: the pattern at that scan position (``pattern``).
+- ``{"type": "region", "seq", "rect": [top, left, bottom, right], "op": "sum" | "mean" | "max"}``: the
+  reduction over scan rows top..bottom-1 and columns left..right-1 (``pattern``).
+- ``{"type": "grid", "seq"}``: every acquisition's image of the current detector, binned to at most
+  GRID_SIDE pixels a side by exact sums (``grid``).
+
+Answers: ``state`` (no buffers), ``image`` / ``pattern`` / ``grid`` (one buffer, with ``dtype`` and
+``shape``; ``image`` also ``detector``, ``mode``, ``index``, ``min``, ``max``; ``pattern`` its ``source``),
+and ``error`` (``seq``, ``message``, the ask's ``ask`` type): the page shows it and stays usable.
+
+A detector is ``{"kind": "disk", "center": [row, col], "radius"}``, ``{"kind": "annulus", "center",
+"inner", "outer"}``, ``{"kind": "sector", "center", "inner", "outer", "start_deg", "stop_deg"}``,
+``{"kind": "rectangle", "top", "left", "bottom", "right"}`` (pixel centres inside, bottom and right
+excluded) or ``{"kind": "polygon", "vertices": [[row, col], ...]}`` (at least 3).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+
+ASKS = ("hello", "detector", "mode", "index", "cursor", "region", "grid")
+MODES = ("detector", "com_row", "com_col", "dpc", "ssb")
+OPS = ("sum", "mean", "max")
+GRID_SIDE = 128  # pixels a side of a grid tile at most (an image binned by exact sums to fit)
+WIRE_TYPES = {  # dtypes that cross to the browser, as JavaScript typed arrays read them
+    "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
+    "int16": np.int16, "int32": np.int32, "int64": np.int64, "float32": np.float32, "float64": np.float64,
+}
+
+
+def array_answer(kind: str, seq: int | None, array: np.ndarray, **fields) -> tuple[dict, list[bytes]]:
+    """An answer carrying one array: its header (dtype, shape) and its little-endian bytes."""
+    array = np.ascontiguousarray(array)
+    name = array.dtype.name
+    if name not in WIRE_TYPES:
+        raise TypeError(f"the viewer sends {sorted(WIRE_TYPES)}, not {name}")
+    data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+    return {"type": kind, "seq": seq, "dtype": name, "shape": list(array.shape), **fields}, [data]
+
+
+def frame(header: dict, buffers: list[bytes]) -> bytes:
+    """One WebSocket binary frame of an answer (see the module's text for the layout)."""
+    padded = [b + b"\0" * (-len(b) % 8) for b in buffers]
+    text = json.dumps({**header, "buffers": [len(b) for b in padded]}).encode()
+    text += b" " * (-(4 + len(text)) % 8)
+    return b"".join([struct.pack("<I", len(text)), text, *padded])
+
+
+def unframe(data: bytes) -> tuple[dict, list[np.ndarray]]:
+    """An answer read back from a frame (tests and Python clients): the header and its arrays."""
+    (length,) = struct.unpack_from("<I", data)
+    header = json.loads(data[4 : 4 + length])
+    arrays, at = [], 4 + length
+    for size in header["buffers"]:
+        chunk = data[at : at + size]
+        at += size
+        if "dtype" in header:
+            dtype = np.dtype(WIRE_TYPES[header["dtype"]]).newbyteorder("<")
+            n = int(np.prod(header["shape"]))
+            arrays.append(np.frombuffer(chunk, dtype, n).reshape(header["shape"]))
+    return header, arrays
+
+
+def ask_of(message) -> dict:
+    """A browser's ask checked for its type (ValueError naming what is wrong); its fields are checked where used."""
+    if isinstance(message, (str, bytes)):
+        try:
+            message = json.loads(message)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"a viewer ask is a JSON object: {err}") from None
+    if not isinstance(message, dict) or message.get("type") not in ASKS:
+        raise ValueError(f"a viewer ask is a JSON object whose type is one of {', '.join(ASKS)}, got {str(message)[:80]!r}")
+    return message

@@ -1,0 +1,167 @@
+"""One page's conversation with a viewer: asks taken in order, answered latest first.
+
+An ask changes what is shown at once (checked; a bad one is answered with an ``error`` and changes nothing),
+then its product is computed on the channel's own thread: images (and grids) on one, patterns on the other.
+While a product is computed, newer asks of that channel replace the one waiting, so a drag is answered at the
+rate the service answers, never queued behind stale detectors. A live acquisition is watched and its image
+pushed (seq None) as frames arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+import numpy as np
+
+from .protocol import array_answer, ask_of
+from .state import Shown, ViewState
+
+logger = logging.getLogger(__name__)
+LIVE_POLL = 0.5  # seconds between looks at a live acquisition's received count
+
+Send = Callable[[dict, list[bytes]], None]
+
+
+class Channel:
+    """A thread that runs the newest job given to it; a job given while another runs replaces the waiting one."""
+
+    def __init__(self, name: str):
+        self.waiting: Callable[[], None] | None = None
+        self.ready = threading.Condition()
+        self.closed = False
+        self.thread = threading.Thread(target=self.loop, name=f"qgpu-view-{name}", daemon=True)
+        self.thread.start()
+
+    def give(self, job: Callable[[], None]) -> None:
+        with self.ready:
+            self.waiting = job
+            self.ready.notify()
+
+    def loop(self) -> None:
+        while True:
+            with self.ready:
+                while self.waiting is None and not self.closed:
+                    self.ready.wait()
+                if self.closed:
+                    return
+                job, self.waiting = self.waiting, None
+            job()
+
+    def close(self) -> None:
+        with self.ready:
+            self.closed = True
+            self.ready.notify()
+
+
+class Session:
+    """Answers one page's asks about ``state`` through ``send(header, buffers)`` (called from worker threads)."""
+
+    def __init__(self, state: ViewState, send: Send):
+        self.state = state
+        self.send = send
+        self.images = Channel("images")
+        self.patterns = Channel("patterns")
+        self.stopped = threading.Event()
+        self.received = -1
+        self.watcher = threading.Thread(target=self.watch_live, name="qgpu-view-live", daemon=True)
+        self.watcher.start()
+
+    def handle(self, message) -> None:
+        """Take one ask (a dict or its JSON text): change what is shown and queue what it needs answered."""
+        seq, kind = None, "?"
+        try:
+            ask = ask_of(message)
+            seq, kind = ask.get("seq"), ask["type"]
+            if kind == "hello":
+                self.answer_state()
+                shown = self.state.shown
+                self.images.give(lambda: self.answer_image(seq, shown, kind))
+                self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
+            elif kind == "detector":
+                shown = self.state.set(detector=ask.get("detector"))
+                self.images.give(lambda: self.answer_image(seq, shown, kind))
+            elif kind == "mode":
+                shown = self.state.set(mode=ask.get("mode"))
+                self.images.give(lambda: self.answer_image(seq, shown, kind))
+            elif kind == "index":
+                shown = self.state.set(index=ask.get("index"))
+                self.answer_state()
+                self.images.give(lambda: self.answer_image(seq, shown, kind))
+                self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
+            elif kind == "cursor":
+                shown = self.state.set(cursor=(ask.get("row"), ask.get("col")))
+                self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
+            elif kind == "region":
+                shown = self.state.set(region=(ask.get("rect"), ask.get("op", "sum")))
+                self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
+            elif kind == "grid":
+                shown = self.state.shown
+                self.images.give(lambda: self.answer_grid(seq, shown))
+        except Exception as err:  # the ask was wrong, or the service refused it: said, nothing changed
+            self.error(seq, kind, err)
+
+    # -- answers (on the channels' threads) ----------------------------------------
+
+    def answer_state(self) -> None:
+        self.send(self.state.state(), [])
+
+    def answer_image(self, seq, shown: Shown, ask: str) -> None:
+        try:
+            image = self.state.image(shown)
+            finite = image[np.isfinite(image)] if image.dtype.kind == "f" else image
+            low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+            header, buffers = array_answer("image", seq, image, detector=shown.detector, mode=shown.mode, index=shown.index,
+                                           min=low, max=high)
+            self.send(header, buffers)
+        except Exception as err:
+            self.error(seq, ask, err)
+
+    def answer_pattern(self, seq, shown: Shown, ask: str) -> None:
+        try:
+            source = {"cursor": list(shown.cursor)} if shown.region is None else {"rect": list(shown.region[0]), "op": shown.region[1]}
+            self.send(*array_answer("pattern", seq, self.state.pattern(shown), source=source, index=shown.index))
+        except Exception as err:
+            self.error(seq, ask, err)
+
+    def answer_grid(self, seq, shown: Shown) -> None:
+        try:
+            self.send(*array_answer("grid", seq, self.state.grid(shown), names=self.state.series.names, detector=shown.detector))
+        except Exception as err:
+            self.error(seq, "grid", err)
+
+    def error(self, seq, ask: str, err: Exception) -> None:
+        """Tell the page what went wrong with an ask; the view stays as it was."""
+        message = f"{type(err).__name__}: {err}" if not isinstance(err, ValueError) else str(err)
+        try:
+            self.send({"type": "error", "seq": seq, "ask": ask, "message": message}, [])
+        except Exception:  # the page is gone
+            logger.debug("viewer page gone while told: %s", message)
+
+    def push(self, shown: Shown) -> None:
+        """Send the page a choice made from Python (or a live acquisition's new frames): state, image, pattern."""
+        self.answer_state()
+        self.images.give(lambda: self.answer_image(None, shown, "push"))
+        self.patterns.give(lambda: self.answer_pattern(None, shown, "push"))
+
+    # -- live acquisitions -----------------------------------------------------
+
+    def watch_live(self) -> None:
+        """Push the image and pattern again (seq None) while the shown live acquisition receives frames."""
+        while not self.stopped.wait(LIVE_POLL):
+            shown = self.state.shown
+            if not self.state.is_live(shown.index):
+                continue
+            try:
+                received = self.state.series[shown.index].received
+            except Exception:  # released or the service gone: nothing to show changes
+                continue
+            if received != self.received:
+                self.received = received
+                self.push(shown)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.images.close()
+        self.patterns.close()

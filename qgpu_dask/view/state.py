@@ -1,0 +1,221 @@
+"""What a viewer shows of a series, and how each product is asked of the service (read-only: queries only).
+
+A ``Shown`` is one consistent choice (acquisition, detector, mode, cursor, region); the products are computed
+from it with the public queries, so the viewer's image is the API's own result for that detector. Nothing
+here changes or releases a resident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..detector import masks
+from ..phase.calibration import bright_field_disk
+from ..phase.optics import Optics
+from ..service import Acquisition, Series
+from .protocol import GRID_SIDE, MODES, OPS
+
+OPTICS_MODES = ("dpc", "ssb")  # modes that need Optics
+
+
+@dataclasses.dataclass(frozen=True)
+class Shown:
+    """One consistent choice of what is shown: the products are functions of it."""
+
+    index: int
+    detector: dict
+    mode: str = "detector"
+    cursor: tuple[int, int] = (0, 0)
+    region: tuple[tuple[int, int, int, int], str] | None = None  # ((top, left, bottom, right), op), None: the cursor's frame
+
+    def key(self) -> tuple:
+        return (self.index, repr(sorted(self.detector.items())), self.mode)
+
+
+class ViewState:
+    """The viewer's choice over ``series`` (an Acquisition or a Series) and the products it asks for; every
+    setter checks its input (ValueError naming what is wrong) before anything changes."""
+
+    def __init__(self, series: Series, optics: Optics | None = None, detector: dict | None = None):
+        if not isinstance(series, Series) or len(series) == 0:
+            raise ValueError(f"a viewer shows an Acquisition or a Series of them, got {type(series).__name__}")
+        self.series = series if not isinstance(series, Acquisition) else series.plain()
+        self.optics = optics
+        self.lock = threading.Lock()
+        self.calibrations: dict[str, dict | None] = {}
+        self.calibrated: dict[str, Optics] = {}
+        self.last_image: tuple[tuple, np.ndarray] | None = None
+        acq = self.series[0]
+        rows, cols = acq.shape[:2]
+        self.shown = Shown(0, detector or self.default_detector(0), cursor=(rows // 2, cols // 2))
+        if detector is not None:
+            self.check_detector(detector)
+
+    # -- what is shown ---------------------------------------------------------
+
+    @property
+    def acquisition(self) -> Acquisition:
+        return self.series[self.shown.index]
+
+    def check_detector(self, detector: dict) -> dict:
+        """``detector`` as a plain dict, checked against the detector shape (it must cover some pixel)."""
+        masks.from_detector(self.acquisition.det_shape, detector)
+        return dict(detector)
+
+    def set(self, **changes: Any) -> Shown:
+        """Change what is shown (index, detector, mode, cursor, region), each checked; returns the new choice."""
+        with self.lock:
+            shown = self.shown
+            if "index" in changes:
+                index = changes["index"]
+                if not isinstance(index, int) or not 0 <= index < len(self.series):
+                    raise ValueError(f"acquisition index {index!r} is outside 0..{len(self.series) - 1}")
+                shape = self.series[index].shape
+                if shape[2:] != self.acquisition.shape[2:]:
+                    raise ValueError(f"acquisition {self.series[index].name!r} has detector shape {shape[2:]}, not "
+                                     f"{self.acquisition.shape[2:]}: view it on its own")
+                cursor = (min(shown.cursor[0], shape[0] - 1), min(shown.cursor[1], shape[1] - 1))
+                shown = dataclasses.replace(shown, index=index, cursor=cursor, region=None)
+            if "detector" in changes:
+                shown = dataclasses.replace(shown, detector=self.check_detector(changes["detector"]))
+            if "mode" in changes:
+                shown = dataclasses.replace(shown, mode=self.check_mode(changes["mode"]))
+            if "cursor" in changes:
+                shown = dataclasses.replace(shown, cursor=self.check_cursor(changes["cursor"]), region=None)
+            if "region" in changes:
+                shown = dataclasses.replace(shown, region=self.check_region(*changes["region"]))
+            self.shown = shown
+            return shown
+
+    def check_mode(self, mode: str) -> str:
+        if mode not in MODES:
+            raise ValueError(f"image mode {mode!r} is not one of {', '.join(MODES)}")
+        if mode in OPTICS_MODES and self.optics is None:
+            raise ValueError(f"the {mode} image needs Optics: qd.view(acq, optics=qd.Optics(...))")
+        return mode
+
+    def check_cursor(self, cursor) -> tuple[int, int]:
+        rows, cols = self.acquisition.shape[:2]
+        try:
+            row, col = (int(v) for v in cursor)
+        except (TypeError, ValueError):
+            raise ValueError(f"a scan position is (row, col), got {cursor!r}") from None
+        if not (0 <= row < rows and 0 <= col < cols):
+            raise ValueError(f"scan position ({row}, {col}) is outside the {rows}x{cols} scan")
+        return row, col
+
+    def check_region(self, rect, op: str) -> tuple[tuple[int, int, int, int], str]:
+        rows, cols = self.acquisition.shape[:2]
+        if op not in OPS:
+            raise ValueError(f"a region's reduction is one of {', '.join(OPS)}, got {op!r}")
+        try:
+            top, left, bottom, right = (int(v) for v in rect)
+        except (TypeError, ValueError):
+            raise ValueError(f"a scan region is [top, left, bottom, right], got {rect!r}") from None
+        top, left, bottom, right = max(top, 0), max(left, 0), min(bottom, rows), min(right, cols)
+        if top >= bottom or left >= right:
+            raise ValueError(f"the scan region {list(rect)} holds no scan position of the {rows}x{cols} scan")
+        return (top, left, bottom, right), op
+
+    # -- products ----------------------------------------------------------------
+
+    def image(self, shown: Shown | None = None) -> np.ndarray:
+        """The left image of ``shown`` (default: now): the exact virtual image of its detector, or a CoM
+        component, the iCoM (DPC) or SSB phase."""
+        shown = shown or self.shown
+        cached = self.last_image
+        if cached is not None and cached[0] == shown.key() and not self.is_live(shown.index):
+            return cached[1]
+        acq = self.series[shown.index]
+        if shown.mode == "detector":
+            image = acq.virtual_image(masks.from_detector(acq.det_shape, shown.detector))
+        elif shown.mode in ("com_row", "com_col"):
+            image = acq.center_of_mass()[0 if shown.mode == "com_row" else 1]
+        elif shown.mode == "dpc":
+            image = acq.dpc(self.optics_of(acq))
+        else:
+            image = acq.ssb(self.optics_of(acq))
+        self.last_image = (shown.key(), image)
+        return image
+
+    def pattern(self, shown: Shown | None = None) -> np.ndarray:
+        """The right pattern of ``shown``: the frame at its cursor, or its region's reduction."""
+        shown = shown or self.shown
+        acq = self.series[shown.index]
+        if shown.region is None:
+            return acq.frame(*shown.cursor)
+        (top, left, bottom, right), op = shown.region
+        roi = np.zeros(acq.shape[:2], dtype=bool)
+        roi[top:bottom, left:right] = True
+        return acq.reduce(roi, op)
+
+    def grid(self, shown: Shown | None = None) -> np.ndarray:
+        """Every acquisition's virtual image of the detector, one series query, each binned by exact sums to at
+        most GRID_SIDE pixels a side: (n, rows', cols')."""
+        shown = shown or self.shown
+        shape = self.series.same("shape")
+        images = self.series.virtual_images(masks.from_detector(shape[2:], shown.detector))
+        return binned(images, GRID_SIDE)
+
+    # -- what the page is told -------------------------------------------------
+
+    def state(self) -> dict:
+        """The ``state`` answer: the series, the choice, calibration and optics the page draws scale bars from."""
+        shown, acq = self.shown, self.acquisition
+        optics = None
+        if self.optics is not None:
+            optics = {"scan_step_A": self.optics.scan_step_A, "det_sampling_mrad": self.optics.det_sampling_mrad}
+        live = None
+        if self.is_live(shown.index):
+            live = {"received": acq.received, "n_frames": acq.n_frames}
+        return {"type": "state", "acquisitions": self.series.names, "index": shown.index, "shape": list(acq.shape),
+                "dtype": str(acq.dtype), "detector": shown.detector, "mode": shown.mode, "cursor": list(shown.cursor),
+                "calibration": self.calibration(shown.index), "optics": optics, "live": live,
+                "dashboard": getattr(self.series.service.client, "dashboard_link", None)}
+
+    def is_live(self, index: int) -> bool:
+        return bool(self.series[index].record.get("live"))
+
+    def calibration(self, index: int) -> dict | None:
+        """The bright-field disk of acquisition ``index`` (centre, radius in pixels) from its mean pattern, for
+        snapping; None where none is found (a live one before its frames, a pattern with no disk)."""
+        acq = self.series[index]
+        if acq.name not in self.calibrations or self.is_live(index):
+            try:
+                (row, col), radius = bright_field_disk(acq.reduce(op="mean"))
+                found = {"bf_center": [float(row), float(col)], "bf_radius": float(radius)}
+            except ValueError:
+                found = None
+            self.calibrations[acq.name] = found
+        return self.calibrations[acq.name]
+
+    def default_detector(self, index: int) -> dict:
+        """A bright-field disk on the calibrated disk, else a centred disk of an eighth of the pattern."""
+        found = self.calibration(index)
+        if found is not None:
+            return {"kind": "disk", "center": found["bf_center"], "radius": found["bf_radius"]}
+        rows, cols = self.series[index].det_shape
+        return {"kind": "disk", "center": [(rows - 1) / 2, (cols - 1) / 2], "radius": max(1.0, min(rows, cols) / 8)}
+
+    def optics_of(self, acq: Acquisition) -> Optics:
+        """The viewer's Optics calibrated for ``acq`` (once per acquisition)."""
+        if acq.name not in self.calibrated:
+            self.calibrated[acq.name] = acq.calibrate(self.optics)
+        return self.calibrated[acq.name]
+
+
+def binned(images: np.ndarray, side: int) -> np.ndarray:
+    """(n, rows, cols) images summed over square bins so that neither side exceeds ``side`` (exact for integers:
+    uint64 / int64 / float64 sums; the edge rows and columns that do not fill a bin are left out)."""
+    n, rows, cols = images.shape
+    factor = max(1, -(-max(rows, cols) // side))
+    if factor == 1:
+        return images
+    out_rows, out_cols = rows // factor, cols // factor
+    kept = images[:, : out_rows * factor, : out_cols * factor]
+    wide = np.uint64 if kept.dtype.kind == "u" else np.int64 if kept.dtype.kind == "i" else np.float64
+    return kept.reshape(n, out_rows, factor, out_cols, factor).sum(axis=(2, 4), dtype=wide)
