@@ -79,7 +79,8 @@ def wait_for(driver, script: str, timeout: float = 60):
 
 VIEWER = "(window.qgpuViewers || [])[0]"
 STATUS = "const s = document.querySelector('[data-role=status]'); return s ? s.textContent : 'no status line';"
-SETTLED = f"{VIEWER} && {VIEWER}.lastImage && {VIEWER}.lastImage.seq === {VIEWER}.timings.at(-1)?.seq"
+SETTLED = (f"{VIEWER} && {VIEWER}.lastImage && {VIEWER}.lastImage.seq === {VIEWER}.timings.at(-1)?.seq"  # drawn, and of the detector shown
+           f" && JSON.stringify({VIEWER}.lastImage.detector) === JSON.stringify({VIEWER}.detector)")
 
 
 def drag(driver, element, start: tuple[float, float], end: tuple[float, float], steps: int = 12) -> None:

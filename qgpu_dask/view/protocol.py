@@ -16,8 +16,8 @@ Asks (``seq`` a number the page increases; an answer carries the seq of the ask 
 - ``{"type": "cursor", "seq", "row", "col"}``: the pattern at that scan position (``pattern``).
 - ``{"type": "region", "seq", "rect": [top, left, bottom, right], "op": "sum" | "mean" | "max"}``: the
   reduction over scan rows top..bottom-1 and columns left..right-1 (``pattern``).
-- ``{"type": "grid", "seq"}``: every acquisition's image of the current detector, binned to at most
-  GRID_SIDE pixels a side by exact sums (``grid``).
+- ``{"type": "grid", "seq", "detector"?}``: every acquisition's image of the detector (given: it becomes the
+  current one; else the current one), binned to at most GRID_SIDE pixels a side by exact sums (``grid``).
 
 Answers: ``state`` (no buffers), ``image`` / ``pattern`` / ``grid`` (one buffer, with ``dtype`` and
 ``shape``; ``image`` also ``detector``, ``mode``, ``index``, ``min``, ``max``; ``pattern`` its ``source``),

@@ -92,6 +92,7 @@ class Socket(tornado.websocket.WebSocketHandler):
         return True  # the token guards a server bound beyond loopback; a loopback page may come from any port
 
     async def open(self, name: str | None = None):
+        self.set_nodelay(True)  # answers are several writes: Nagle's wait for the ACK of the first cost 40 ms a step
         if not self.app.admits(self.get_argument("token", "")):
             self.close(4003, "this viewer asks for its token")
             return

@@ -85,11 +85,11 @@ class Session:
             elif kind == "mode":
                 shown = self.state.set(mode=ask.get("mode"))
                 self.images.give(lambda: self.answer_image(seq, shown, kind))
-            elif kind == "index":
+            elif kind == "index":  # the image first: the state's calibration of a new acquisition is a query of its own
                 shown = self.state.set(index=ask.get("index"))
-                self.answer_state()
                 self.images.give(lambda: self.answer_image(seq, shown, kind))
                 self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
+                self.answer_state()
             elif kind == "cursor":
                 shown = self.state.set(cursor=(ask.get("row"), ask.get("col")))
                 self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
@@ -97,7 +97,7 @@ class Session:
                 shown = self.state.set(region=(ask.get("rect"), ask.get("op", "sum")))
                 self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
             elif kind == "grid":
-                shown = self.state.shown
+                shown = self.state.set(detector=ask["detector"]) if "detector" in ask else self.state.shown
                 self.images.give(lambda: self.answer_grid(seq, shown))
         except Exception as err:  # the ask was wrong, or the service refused it: said, nothing changed
             self.error(seq, kind, err)

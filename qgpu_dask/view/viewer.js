@@ -867,8 +867,9 @@ export function mount(el, transport, options = {}) {
 
   function setDetector(det) {
     setLocalDetector(det);
-    ask({ type: "detector", detector: S.detector });
-    if (S.gridOn) ask({ type: "grid" });
+    // with the grid shown, one grid ask carries the detector (the single image is asked when the grid closes)
+    if (S.gridOn) ask({ type: "grid", detector: S.detector });
+    else ask({ type: "detector", detector: S.detector });
   }
 
   function setIndex(i) {
@@ -901,7 +902,7 @@ export function mount(el, transport, options = {}) {
   function setGrid(on) {
     S.gridOn = Boolean(on);
     showGrid(S.gridOn);
-    if (S.gridOn) ask({ type: "grid" });
+    if (S.gridOn) ask({ type: "grid", detector: S.detector });
     // a grid ask may have taken the place of an image for a newer detector: ask it again if so
     else if (S.detector && JSON.stringify(S.image?.header.detector) !== JSON.stringify(S.detector)) ask({ type: "detector", detector: S.detector });
   }
