@@ -154,6 +154,7 @@ MEASURES: dict[str, list[str]] = {
     "live_gpu": ["qgpu_dask/resident/live.py", "qgpu_dask/io/stream.py", "qgpu_dask/io/wire.py", "qgpu_dask/io/simulator.py",
                  "qgpu_dask/io/source.py", "qgpu_dask/io/registry.py", "qgpu_dask/io/readers/base.py", "kernels/bitshuffle_lz4.cu", "qgpu_dask/cli.py"] + COMPRESSED + SERVICE,
     "tensor_rates": [],
+    "view_gpu": ["qgpu_dask/view", "qgpu_dask/detector/masks.py"] + SERVICE + DENSE + COMPRESSED,
     "cpu_vs_libertem": SERVICE + DENSE + COMPRESSED + LOADS,
     "series_gpu": SERVICE + DENSE + COMPRESSED + ["qgpu_dask/io/saved.py"],
     "load_series_gpu": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py", "qgpu_dask/io/saved.py",
@@ -515,6 +516,18 @@ TABLES: tuple[Table | Figure, ...] = (
                RatioOf("bitshuffle_lz4/with_viewer/frames_per_s", "arina_rate_frames_per_s")),
               ("over the wire", "", F("bitshuffle_lz4/alone/over_wire"), F("bitshuffle_lz4/with_viewer/over_wire"), "", "", ""),
               ("resident: raw / held", F("bitshuffle_lz4/with_viewer/ratio"), "", "", "", "", ""))),
+    *(Table(f"view_{backend}", PAGE, f"view_{backend}", "view_gpu",
+            ("in headless chromium", "viewer", "the API alone, same run", "target"), (
+                ("drag: images drawn per second", F("drag/updates_per_s", "{:.1f}", bold=True), (F("baseline/image_per_s", "{:.1f}"), " answers/s"),
+                 F("targets/drag_updates_per_s_min", "{:.0f}")),
+                ("drag to pixels, ms p50 / p95", (F("drag/latency_p50_ms", "{:.1f}", bold=True), " / ", F("drag/latency_p95_ms", "{:.1f}")), "",
+                 (F("targets/latency_p50_ms_max", "{:.0f}"), " / ", F("targets/latency_p95_ms_max", "{:.0f}"))),
+                ("grid of every acquisition: updates per second", F("grid/updates_per_s", "{:.1f}", bold=True),
+                 (F("baseline/series_per_s", "{:.1f}"), " answers/s"), F("targets/grid_updates_per_s_min", "{:.0f}")),
+                ("slider step to the next image painted, ms p50 (max)", (F("slider/step_p50_ms", "{:.1f}", bold=True), " (", F("slider/step_max_ms", "{:.1f}"), ")"),
+                 "", F("targets/step_ms_max", "{:.0f}")),
+                ("acquisitions; scan; detector", (F("acquisitions"), "; ", F("scan/0"), " x ", F("scan/1"), "; ", F("det"), " x ", F("det")), "", ""),
+            )) for backend in ("cuda", "cpu")),
     Table("tensor_rates_cuda", PAGE, "tensor_rates_cuda", "tensor_rates", ("unit", "TFLOPS", "against float32 multiply-adds"), tuple(
         (label, F(f"tflops/{k}", "{:.1f}"), F(f"over_f32_fma/{k}")) for label, k in (
             ("float64 tensor cores, m8n8k4", "f64_m8n8k4"), ("float64 tensor cores, m16n8k4", "f64_m16n8k4"),
