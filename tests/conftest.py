@@ -88,6 +88,16 @@ def scheduler_file(svc, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Headless chromium for the viewer's browser tests (tests/browser.py), quit after the module."""
+    from browser import chromium
+
+    driver = chromium()
+    yield driver
+    driver.quit()
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test's name: fresh inputs per test, repeatable runs."""
