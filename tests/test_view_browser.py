@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from browser import SETTLED, STATUS, VIEWER, drag, needs_browser, wait_for
+from browser import SETTLED, STATUS, VIEWER, drag, needs_browser, stop, wait_for
 from qgpu_dask.detector import masks
 
 pytestmark = needs_browser
@@ -43,12 +42,7 @@ def view_command(svc, scheduler_file):
             pytest.fail(f"qgpu-dask view printed no URL in 60 s: {''.join(lines)}")
         yield found.group(1)
     finally:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
+        stop(process)
 
 
 def test_dragging_the_detector_redraws_the_api_image(svc, view_command, browser, tmp_path):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from browser import SETTLED, VIEWER, drag, needs_browser, wait_for
+from browser import SETTLED, VIEWER, drag, needs_browser, stop, wait_for
 from qgpu_dask.detector import masks
 
 pytestmark = needs_browser
@@ -115,13 +114,7 @@ def jupyterlab(tmp_path):
                 urllib.request.urlopen(request, timeout=30).close()
         except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
             pass
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait()
+        stop(process)
 
 
 def test_the_notebook_widget_draws_and_drags_like_the_api(svc, scheduler_file, tmp_path, jupyterlab, browser):
