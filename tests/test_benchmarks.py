@@ -32,6 +32,7 @@ CPU_ONLY = {"cpu_vs_libertem"}  # a comparison of CPU workers, on any machine
 # The other project's fields: those with a part ("a/b/c") that starts with one of these.
 OTHER_PROJECT = {"ssb_vs_ptychography40": ("ptychography40", "phases_correlation", "first_over_udf", "repeat_over_udf"),
                  "cpu_vs_libertem": ("libertem", "all_equal")}
+NEEDS_BROWSER = {"view_gpu"}  # benchmarks measured in headless chromium
 # Figures read from JSON that an earlier version of the benchmark wrote (its layout since changed).
 EARLIER_LAYOUT = {"multi_gpu_256", "multi_gpu_512"}
 
@@ -69,6 +70,8 @@ def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path):
     source = (ROOT / "benchmarks" / f"{script}.py").read_text()
     if "--small" not in source and "record.parse" not in source:
         pytest.skip(f"benchmarks/{script}.py has no --small yet")
+    if script in NEEDS_BROWSER and not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip(f"benchmarks/{script}.py drives chromium: apt-get install chromium chromium-driver")
     env = {**os.environ, "QGPU_DASK_RESULTS": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     if backend == "cpu":
         env["QGPU_DASK_CPU"] = "1"
