@@ -85,11 +85,10 @@ class Session:
             elif kind == "mode":
                 shown = self.state.set(mode=ask.get("mode"))
                 self.images.give(lambda: self.answer_image(seq, shown, kind))
-            elif kind == "index":  # the image first: the state's calibration of a new acquisition is a query of its own
+            elif kind == "index":  # the state after the image: a new acquisition's calibration is a query of its own
                 shown = self.state.set(index=ask.get("index"))
-                self.images.give(lambda: self.answer_image(seq, shown, kind))
+                self.images.give(lambda: (self.answer_image(seq, shown, kind), self.answer_state()))
                 self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
-                self.answer_state()
             elif kind == "cursor":
                 shown = self.state.set(cursor=(ask.get("row"), ask.get("col")))
                 self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))

@@ -210,7 +210,8 @@ class ViewState:
 
 def binned(images: np.ndarray, side: int) -> np.ndarray:
     """(n, rows, cols) images summed over square bins so that neither side exceeds ``side`` (exact for integers:
-    uint64 / int64 / float64 sums; the edge rows and columns that do not fill a bin are left out)."""
+    uint64 / int64 / float64 sums, sent as 32-bit integers where every sum fits, so the page needs no 64-bit
+    decoding; the edge rows and columns that do not fill a bin are left out)."""
     n, rows, cols = images.shape
     factor = max(1, -(-max(rows, cols) // side))
     if factor == 1:
@@ -218,4 +219,12 @@ def binned(images: np.ndarray, side: int) -> np.ndarray:
     out_rows, out_cols = rows // factor, cols // factor
     kept = images[:, : out_rows * factor, : out_cols * factor]
     wide = np.uint64 if kept.dtype.kind == "u" else np.int64 if kept.dtype.kind == "i" else np.float64
-    return kept.reshape(n, out_rows, factor, out_cols, factor).sum(axis=(2, 4), dtype=wide)
+    # rows of a bin first (whole image rows: contiguous), then columns: twice as fast as one sum over both
+    sums = kept.reshape(n, out_rows, factor, out_cols * factor).sum(axis=2, dtype=wide)
+    sums = sums.reshape(n, out_rows, out_cols, factor).sum(axis=3)
+    if wide is not np.float64 and sums.size:
+        narrow = np.uint32 if wide is np.uint64 else np.int32
+        limits = np.iinfo(narrow)
+        if limits.min <= sums.min() and sums.max() <= limits.max:
+            return sums.astype(narrow)
+    return sums

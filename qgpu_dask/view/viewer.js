@@ -712,15 +712,22 @@ export function mount(el, transport, options = {}) {
     const c = contrast();
     const [lo, hi] = percentiles(values, [c.lo, c.hi]); // one contrast for every tile: they compare
     const s = TILE_SIDE / Math.max(rows, cols, 1);
-    const tiles = [];
-    for (let k = 0; k < n; k++) {
-      const canvas = h("canvas", { "data-role": "grid-tile", "data-index": k });
+    const names = (header.names || []).join("\n");
+    if (ui.gridBox.children.length !== n || ui.gridBox.dataset.names !== names) { // new tiles only for a new series
+      const tiles = [];
+      for (let k = 0; k < n; k++) {
+        const canvas = h("canvas", { "data-role": "grid-tile", "data-index": k });
+        const name = header.names?.[k] ?? String(k);
+        tiles.push(h("div", { class: `qv-tile${k === S.index ? " current" : ""}`, title: name, onclick: () => setIndex(k) }, canvas, h("span", {}, name)));
+      }
+      ui.gridBox.replaceChildren(...tiles);
+      ui.gridBox.dataset.names = names;
+    }
+    for (const [k, tile] of [...ui.gridBox.children].entries()) {
+      const canvas = tile.firstChild;
       paint(canvas, values.subarray(k * rows * cols, (k + 1) * rows * cols), rows, cols, ui.cmap.value, lo, hi, c.gamma);
       canvas.style.width = `${cols * s}px`; canvas.style.height = `${rows * s}px`;
-      const name = header.names?.[k] ?? String(k);
-      tiles.push(h("div", { class: `qv-tile${k === S.index ? " current" : ""}`, title: name, onclick: () => setIndex(k) }, canvas, h("span", {}, name)));
     }
-    ui.gridBox.replaceChildren(...tiles);
   }
 
   function showGrid(on) {
