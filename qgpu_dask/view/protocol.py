@@ -17,7 +17,8 @@ Asks (``seq`` a number the page increases; an answer carries the seq of the ask 
 - ``{"type": "region", "seq", "rect": [top, left, bottom, right], "op": "sum" | "mean" | "max"}``: the
   reduction over scan rows top..bottom-1 and columns left..right-1 (``pattern``).
 - ``{"type": "grid", "seq", "detector"?}``: every acquisition's image of the detector (given: it becomes the
-  current one; else the current one), binned to at most GRID_SIDE pixels a side by exact sums (``grid``).
+  current one; else the current one), binned to at most GRID_SIDE pixels a side by exact sums (``grid``;
+  32-bit integers where every sum fits).
 
 Answers: ``state`` (no buffers), ``image`` / ``pattern`` / ``grid`` (one buffer, with ``dtype`` and
 ``shape``; ``image`` also ``detector``, ``mode``, ``index``, ``min``, ``max``; ``pattern`` its ``source``),
