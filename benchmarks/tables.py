@@ -37,9 +37,15 @@ class F:
     fmt: str = ""  # "": integers as they are, other numbers with 2 decimals
     bold: bool = False
     scale: float = 1.0
+    absent: str = ""  # the cell where a run may leave the figure out (a part it was told to skip); else an error
 
     def text(self, results: dict) -> str:
-        value = lookup(results, self.path)
+        try:
+            value = lookup(results, self.path)
+        except KeyError:
+            if self.absent:
+                return self.absent
+            raise
         if self.scale != 1.0:
             value = value * self.scale
         out = (self.fmt or ("{}" if isinstance(value, (int, bool, str)) or value is None else "{:.2f}")).format(value)
@@ -59,6 +65,7 @@ class RatioOf:
         return self.fmt.format(lookup(results, self.path) / lookup(results, self.over) * self.scale)
 
 
+NOT_RUN = "not run in this record (`--rehome 0`)"
 Cell = str | F | RatioOf | tuple  # a tuple joins its parts: ("(", F(...), ")")
 
 
@@ -405,13 +412,14 @@ TABLES: tuple[Table | Figure, ...] = (
         ("series: counts over held bytes", F("series/raw_over_held", "{:.1f}"), ""),
         ("layout held", F("layout"), ""),
         ("every checksum equal to h5py's", F("series/checksums_equal"), ""),
-        ("acquisitions held on the shard (filled until one was refused, where filled)", F("held/acquisitions", bold=True),
-         F("targets/held_acquisitions_min")),
+        ("acquisitions held on the shard; filled until one was refused (`--fill`)", (F("held/acquisitions", bold=True), "; filled: ",
+                                                                                   F("held/filled")), F("targets/held_acquisitions_min")),
         ("cold start: first load minus a warm one, s", F("cold_start/cold_minus_warm_s", "{:.2f}", bold=True), F("targets/cold_minus_warm_s_max")),
         ("saved form reopened, GB/s of file", F("saved_reopen/GBps", "{:.2f}", bold=True), F("targets/saved_reopen_GBps_min")),
-        ("a worker's acquisitions held again after SIGKILL, s", F("rehome/seconds_to_rehomed", "{:.2f}", bold=True), F("targets/rehome_s_max")),
-        ("  of them: acquisitions, where from, checksums equal", (F("rehome/acquisitions"), ", ", F("rehome/restored_from/0"), ", ",
-                                                                  F("rehome/checksums_equal")), ""),
+        ("a worker's acquisitions held again after SIGKILL, s", F("rehome/seconds_to_rehomed", "{:.2f}", bold=True, absent=NOT_RUN),
+         F("targets/rehome_s_max")),
+        ("  of them: acquisitions, where from, checksums equal",
+         (F("rehome/acquisitions", absent="—"), ", ", F("rehome/restored_from/0", absent="—"), ", ", F("rehome/checksums_equal", absent="—")), ""),
         ("baseline: stored bytes read in 1 thread, GB/s of counts", F("baselines/raw_read_1_thread_GBps", "{:.1f}"), ""),
         ("baseline: stored bytes read on every core, GB/s of counts", F("baselines/raw_read_all_threads_GBps", "{:.1f}"), ""),
         ("baseline: h5py + hdf5plugin in 1 thread, GB/s of counts", F("baselines/h5py_hdf5plugin_1_thread_GBps", "{:.2f}"), ""))),
