@@ -109,6 +109,29 @@ def test_service_series_of_mixed_layouts_and_dtypes(svc, names, rng):
         assert (bf[0] == acqs[0].virtual_image(masks[0])).all()
 
 
+def test_binned_virtual_images_are_exact_square_sums_made_on_the_owners(svc, names, rng):
+    det = (12, 10)
+    data = [rng.poisson(0.6, (11, 8, *det)).astype(np.uint16) for _ in range(2)] + [rng.poisson(0.6, (11, 8, *det)).astype(np.uint8)]
+    acqs = [svc.put(d, name=names(), layout=lay) for d, lay in zip(data, ["compressed", "dense", "compressed"])]
+    series = qd.Series(svc, acqs)
+    disk, signed = qd.masks.disk(det, (5, 5), 3), rng.integers(-2, 3, det)
+    full = series.virtual_images(disk)
+    for factor in (1, 2, 3, 8):
+        got = series.virtual_images(disk, bin=factor)
+        rows, cols = 11 // factor, 8 // factor  # the edge rows and columns that fill no square are left out
+        want = full[:, : rows * factor, : cols * factor].reshape(3, rows, factor, cols, factor).sum(axis=(2, 4), dtype=np.uint64)
+        assert got.dtype == (np.uint32 if factor == 1 else np.uint64) and got.shape == (3, rows, cols)
+        assert (got == want).all()
+    both = series.virtual_images(np.stack([disk, signed]), bin=2)
+    assert both.dtype == np.int64 and both.shape == (3, 2, 5, 4)
+    assert (both[1, 1] == series.virtual_images(signed)[1, :10, :8].reshape(5, 2, 4, 2).sum(axis=(1, 3))).all()
+    assert (acqs[0].virtual_images(disk, bin=3)[0] == series.virtual_images(disk, bin=3)[0]).all()
+    for bad in (0, 9, 2.0, True):
+        with pytest.raises(ValueError, match="bin must be a whole number of scan positions from 1 to 8"):
+            series.virtual_images(disk, bin=bad)
+    assert (series.virtual_images(disk) == full).all()  # the service answers as before
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_members_of_other_index_centres_share_one_pass(rng, backend):
     """Members whose bright disks sit elsewhere have other group geometries: each gets its own residual pixels

@@ -17,7 +17,7 @@ import qgpu_dask as qd
 from qgpu_dask.detector import masks
 from qgpu_dask.view.protocol import GRID_SIDE, frame, unframe
 from qgpu_dask.view.server import ViewServer
-from qgpu_dask.view.state import binned
+from qgpu_dask.view.state import ViewState, narrowed
 
 DETECTORS = [
     {"kind": "disk", "center": [15.5, 16.0], "radius": 5},
@@ -208,17 +208,26 @@ def test_the_series_page_steps_through_acquisitions_and_answers_a_grid(viewed, s
     talk(ws(server, f"/series/ws?names={acqs[0].name},{acqs[1].name}"), script)
 
 
-def test_grid_tiles_are_exact_bin_sums():
-    images = np.random.default_rng(1).integers(0, 2**32, (3, 300, 257), dtype=np.uint64) >> np.uint64(8)
-    tiles = binned(images, GRID_SIDE)
-    assert tiles.shape == (3, 100, 85)  # factor 3: 300 / 3, 257 // 3
-    assert tiles[1, 7, 9] == images[1, 21:24, 27:30].sum() and tiles.dtype == np.uint32  # every sum fits 32 bits
-    assert (tiles == images[:, :300, :255].reshape(3, 100, 3, 85, 3).sum(axis=(2, 4))).all()
-    big = binned(images << np.uint64(8), GRID_SIDE)  # sums past 2**32 stay 64-bit
-    assert big.dtype == np.uint64 and big[2, 99, 84] == (images[2, 297:, 252:255] << np.uint64(8)).sum()
-    signed = binned(-images.astype(np.int64), GRID_SIDE)
-    assert signed.dtype == np.int32 and (signed == -tiles.astype(np.int64)).all()
-    assert binned(images[:, :128, :100], GRID_SIDE).shape == (3, 128, 100)
+def test_a_large_scan_s_grid_is_binned_on_the_owners_to_fit_a_tile(svc, names):
+    counts = np.random.default_rng(4).poisson(2.0, (2 * GRID_SIDE + 1, 5, 6, 6)).astype(np.uint16)
+    series = qd.Series(svc, [svc.put(counts, name=names()), svc.put(counts[::-1].copy(), name=names())])
+    state = ViewState(series, detector={"kind": "disk", "center": [2.5, 2.5], "radius": 2})
+    grid = state.grid()
+    images = series.virtual_images(masks.from_detector((6, 6), state.shown.detector))  # factor 3; 1 column of 5 // 3
+    want = images[:, :255, :3].reshape(2, 85, 3, 1, 3).sum(axis=(2, 4))
+    assert grid.dtype == np.uint32 and grid.shape == (2, 85, 1) and (grid == want).all()
+
+
+def test_grid_sums_travel_as_32_bit_integers_where_they_fit():
+    sums = np.random.default_rng(1).integers(0, 2**32, (3, 100, 85), dtype=np.uint64)
+    assert narrowed(sums).dtype == np.uint32 and (narrowed(sums) == sums).all()
+    big = sums.copy()
+    big[2, 99, 84] = 2**32  # one sum past 32 bits: all stay 64-bit
+    assert narrowed(big) is big
+    signed = -sums.astype(np.int64) // 2
+    assert narrowed(signed).dtype == np.int32 and (narrowed(signed) == signed).all()
+    floats = sums.astype(np.float64)
+    assert narrowed(floats) is floats
 
 
 def test_the_listing_page_script_and_tokens(svc, viewed):

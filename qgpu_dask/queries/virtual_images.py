@@ -145,22 +145,49 @@ def run_together(plans: list[Plan]) -> list:
 sent: set[tuple[str, str]] = set()  # (shard address, digest) of the stacks this client has sent
 
 
+def bin_sums(images, factor: int):
+    """(..., rows, cols) images summed over ``factor`` x ``factor`` squares of scan positions, on the device
+    they are on, in the 64-bit type of their kind (exact for integer sums); the edge rows and columns that
+    do not fill a square are left out. Rows of a square first (whole image rows), then its columns."""
+    if factor == 1:
+        return images
+    *lead, rows, cols = images.shape
+    out_rows, out_cols = rows // factor, cols // factor
+    kept = images[..., : out_rows * factor, : out_cols * factor]
+    wide = wide_dtype(images.dtype)
+    sums = kept.reshape(*lead, out_rows, factor, out_cols * factor).sum(axis=-2, dtype=wide)
+    return sums.reshape(*lead, out_rows, out_cols, factor).sum(axis=-1, dtype=wide)
+
+
+def wide_dtype(dtype) -> np.dtype:
+    """The 64-bit dtype of ``dtype``'s kind: what binned sums are held in."""
+    kind = np.dtype(dtype).kind
+    return np.dtype(np.uint64 if kind == "u" else np.int64 if kind == "i" else np.float64)
+
+
 @register
 class VirtualImages(Query):
     """(n_acquisitions, n_masks, scan_rows, scan_cols) exact virtual images, every mask in one pass over
     each resident; ``one``: one 2-D mask, the masks axis dropped (default: when ``masks`` is one 2-D
-    array)."""
+    array); ``bin`` > 1: each image summed over bin x bin squares of scan positions on its owner (a
+    thumbnail that crosses to the client bin**2 times smaller; 64-bit sums, ``bin_sums``)."""
 
     name = "virtual_images"
     inline = True
     keeps = {"masks": MaskCache}
 
-    def __init__(self, series, masks, one: bool | None = None):
+    def __init__(self, series, masks, one: bool | None = None, bin: int = 1):
         self.stack = as_mask_stack(masks, series.same("det_shape"))
-        self.images_shape = (len(self.stack), *series.same("scan_shape"))
+        rows, cols = series.same("scan_shape")
+        if isinstance(bin, bool) or not isinstance(bin, (int, np.integer)) or not 1 <= bin <= min(rows, cols):
+            raise ValueError(f"bin must be a whole number of scan positions from 1 to {min(rows, cols)} "
+                             f"(the scan is {rows} x {cols}), got {bin!r}")
+        self.bin = int(bin)
+        self.images_shape = (len(self.stack), rows // self.bin, cols // self.bin)
         self.one = (np.ndim(masks) == 2 and not isinstance(masks, (list, tuple))) if one is None else one
         self.digest = mask_digest(self.stack)
-        self.acc = mask_weights(self.stack, self.stack.shape[1:], series[0].dtype).acc_dtype  # as the owner of the first chooses it
+        acc = mask_weights(self.stack, self.stack.shape[1:], series[0].dtype).acc_dtype  # as the owner of the first chooses it
+        self.acc = acc if self.bin == 1 else wide_dtype(acc)
         self.out: np.ndarray | None = None
 
     def destination(self, n: int) -> np.ndarray:
@@ -173,20 +200,20 @@ class VirtualImages(Query):
         key = (owner, self.digest)
         if key in sent:
             try:
-                return await call(owner, names, self.digest)
+                return await call(owner, names, self.digest, None, self.bin)
             except MaskNotCached:
                 pass
-        result = await call(owner, names, self.digest, self.stack)
+        result = await call(owner, names, self.digest, self.stack, self.bin)
         if len(sent) > SENT_REMEMBERED:
             sent.clear()
         sent.add(key)
         return result
 
     @staticmethod
-    def run(ctx: Context, residents: list[Resident], digest: str, masks: np.ndarray | None = None) -> dict:
+    def run(ctx: Context, residents: list[Resident], digest: str, masks: np.ndarray | None = None, bin: int = 1) -> dict:
         """{"acc": the sums' dtype, "parts": [(places among ``residents``, images (k, n_masks, rows, cols))]}: the
         compressed residents of each count dtype answered together by the series engine (one plan and one
-        launch for all of them), the others each by their own kept plan."""
+        launch for all of them), the others each by their own kept plan; binned where they were made."""
         cache: MaskCache = ctx.kept["masks"]
         stack = cache.stack(digest, masks)
         weights: dict[tuple, Any] = {}
@@ -215,9 +242,9 @@ class VirtualImages(Query):
             r = residents[i]
             places.append([i])
             plans.append(cache.plan([r.name], digest, lambda r=r: r.plan_virtual_images(prepared(r))))
-        images = run_together(plans)
+        images = [bin_sums(im if im.ndim == 4 else im[None], bin) for im in run_together(plans)]
         acc = prepared(residents[0]).acc_dtype
-        return {"acc": acc.str, "parts": [(p, im if im.ndim == 4 else im[None]) for p, im in zip(places, images)]}
+        return {"acc": (acc if bin == 1 else wide_dtype(acc)).str, "parts": list(zip(places, images))}
 
     @staticmethod
     def written(reply: dict, write) -> dict:

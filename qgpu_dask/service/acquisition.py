@@ -87,10 +87,12 @@ class Series(Sequence):
 
     # -- queries (each also an Acquisition's, for its one image) ----------------
 
-    def virtual_images(self, masks, wait: bool = True):
+    def virtual_images(self, masks, wait: bool = True, bin: int = 1):
         """(n_acquisitions, scan_rows, scan_cols) for one 2-D mask; (n_acquisitions, n_masks, ...) for a
-        stack; exact (uint32, uint64 where a sum could exceed 2**32, int64 signed, float64 weights)."""
-        return self.ask(VirtualImages, masks, wait=wait)
+        stack; exact (uint32, uint64 where a sum could exceed 2**32, int64 signed, float64 weights).
+        ``bin`` > 1: thumbnails, each image summed over bin x bin squares of scan positions where it is
+        made (scan_rows // bin, scan_cols // bin; 64-bit sums)."""
+        return self.ask(VirtualImages, masks, None, bin, wait=wait)
 
     def reduce(self, roi=None, op: str = "sum", total: bool = False, wait: bool = True):
         """One pattern per acquisition (n, det_rows, det_cols) over a bool scan ROI (None: all): "sum"
@@ -210,9 +212,10 @@ class Acquisition(AcquisitionShape, Series):
             raise ValueError(f"virtual_image takes one 2-D mask, got shape {np.shape(mask)} (use virtual_images for several)")
         return self.ask(VirtualImages, mask, True, wait=wait)
 
-    def virtual_images(self, masks, wait: bool = True):
-        """(n_masks, scan_rows, scan_cols) exact virtual images, all masks in one pass over the data."""
-        return self.ask(VirtualImages, masks, False, wait=wait)
+    def virtual_images(self, masks, wait: bool = True, bin: int = 1):
+        """(n_masks, scan_rows, scan_cols) exact virtual images, all masks in one pass over the data; ``bin``
+        as the series' ``virtual_images``."""
+        return self.ask(VirtualImages, masks, False, bin, wait=wait)
 
     def reduce(self, roi=None, op: str = "sum", wait: bool = True):
         """Per detector pixel over a bool scan ROI (None: all): "sum" (uint64; int64 signed), "mean" (float64), "max" (native)."""

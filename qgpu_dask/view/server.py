@@ -104,6 +104,7 @@ class Socket(tornado.websocket.WebSocketHandler):
             self.close(4004, str(err)[:120])
             return
         self.session = Session(state, self.send)
+        self.app.sockets.add(self)
 
     def on_message(self, message):
         if self.session is not None:
@@ -112,7 +113,10 @@ class Socket(tornado.websocket.WebSocketHandler):
     def send(self, header: dict, buffers: list[bytes]) -> None:
         """Called from any thread: the frame goes out on the event loop."""
         data = frame(header, buffers)
-        self.loop.call_soon_threadsafe(self.write_frame, data)
+        try:
+            self.loop.call_soon_threadsafe(self.write_frame, data)
+        except RuntimeError:
+            pass  # the server stopped (its loop is closed): no page is left to tell
 
     def write_frame(self, data: bytes) -> None:
         try:
@@ -121,6 +125,7 @@ class Socket(tornado.websocket.WebSocketHandler):
             pass  # the page left
 
     def on_close(self):
+        self.app.sockets.discard(self)
         if self.session is not None:
             self.session.close()
         self.asks.shutdown(wait=False)
@@ -138,6 +143,7 @@ class ViewServer:
             token = secrets.token_urlsafe(24)
         self.token = token or ""
         self.dashboard = getattr(service.client, "dashboard_link", None)
+        self.sockets: set[Socket] = set()  # the pages connected now (touched on the event loop only)
         started = threading.Event()
         self.failure: BaseException | None = None
         self.thread = threading.Thread(target=self.run, args=(port, started), name="qgpu-view-server", daemon=True)
@@ -184,6 +190,9 @@ class ViewServer:
             started.set()
             await self.stop.wait()
             self.http.stop()
+            for socket in list(self.sockets):  # their sessions' threads end; the pages see the connection closed
+                socket.close(1001, "the viewer server stopped")
+                socket.on_close()
 
         asyncio.run(serve())
 

@@ -154,12 +154,12 @@ class ViewState:
         return acq.reduce(roi, op)
 
     def grid(self, shown: Shown | None = None) -> np.ndarray:
-        """Every acquisition's virtual image of the detector, one series query, each binned by exact sums to at
-        most GRID_SIDE pixels a side: (n, rows', cols')."""
+        """Every acquisition's virtual image of the detector, one series query, each binned on its owner by exact
+        sums to at most GRID_SIDE pixels a side: (n, rows', cols')."""
         shown = shown or self.shown
         shape = self.series.same("shape")
-        images = self.series.virtual_images(masks.from_detector(shape[2:], shown.detector))
-        return binned(images, GRID_SIDE)
+        factor = min(-(-max(shape[:2]) // GRID_SIDE), *shape[:2])
+        return narrowed(self.series.virtual_images(masks.from_detector(shape[2:], shown.detector), bin=factor))
 
     # -- what the page is told -------------------------------------------------
 
@@ -208,23 +208,11 @@ class ViewState:
         return self.calibrated[acq.name]
 
 
-def binned(images: np.ndarray, side: int) -> np.ndarray:
-    """(n, rows, cols) images summed over square bins so that neither side exceeds ``side`` (exact for integers:
-    uint64 / int64 / float64 sums, sent as 32-bit integers where every sum fits, so the page needs no 64-bit
-    decoding; the edge rows and columns that do not fill a bin are left out)."""
-    n, rows, cols = images.shape
-    factor = max(1, -(-max(rows, cols) // side))
-    if factor == 1:
-        return images
-    out_rows, out_cols = rows // factor, cols // factor
-    kept = images[:, : out_rows * factor, : out_cols * factor]
-    wide = np.uint64 if kept.dtype.kind == "u" else np.int64 if kept.dtype.kind == "i" else np.float64
-    # rows of a bin first (whole image rows: contiguous), then columns: twice as fast as one sum over both
-    sums = kept.reshape(n, out_rows, factor, out_cols * factor).sum(axis=2, dtype=wide)
-    sums = sums.reshape(n, out_rows, out_cols, factor).sum(axis=3)
-    if wide is not np.float64 and sums.size:
-        narrow = np.uint32 if wide is np.uint64 else np.int32
-        limits = np.iinfo(narrow)
-        if limits.min <= sums.min() and sums.max() <= limits.max:
-            return sums.astype(narrow)
-    return sums
+def narrowed(sums: np.ndarray) -> np.ndarray:
+    """Integer ``sums`` as 32-bit integers where every one fits (the page then needs no 64-bit decoding), else
+    as they are; the values are the same."""
+    if sums.dtype.kind not in "ui" or sums.dtype.itemsize <= 4 or not sums.size:
+        return sums
+    narrow = np.dtype(np.uint32 if sums.dtype.kind == "u" else np.int32)
+    limits = np.iinfo(narrow)
+    return sums.astype(narrow) if limits.min <= sums.min() and sums.max() <= limits.max else sums

@@ -742,12 +742,13 @@ export function mount(el, transport, options = {}) {
     drawGrid();
   }
 
-  // Time an image or grid ask once its pixels are on screen.
+  // Time an image or grid ask once its pixels are on screen: asked, its answer received, drawn.
+  let received = 0;
   function timed(answerSeq) {
     if (answerSeq == null) return;
-    const asked = askedAt.get(answerSeq);
+    const asked = askedAt.get(answerSeq), got = received;
     for (const k of askedAt.keys()) if (k <= answerSeq) askedAt.delete(k);
-    if (asked !== undefined) requestAnimationFrame(() => hooks.timings.push({ seq: answerSeq, asked, drawn: performance.now() }));
+    if (asked !== undefined) requestAnimationFrame(() => hooks.timings.push({ seq: answerSeq, asked, received: got, drawn: performance.now() }));
   }
 
   // lastImage / lastPattern records; their values become a plain Array only when read
@@ -766,6 +767,7 @@ export function mount(el, transport, options = {}) {
   }
 
   function onAnswer(header, buffers = []) {
+    received = performance.now();
     try {
       switch (header.type) {
         case "state": return applyState(header);
