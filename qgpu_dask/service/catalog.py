@@ -50,8 +50,10 @@ class Catalog(SchedulerPlugin):
         self.events: list[dict[str, Any]] = []
         self.budget_request: int | None = None
         self.recovery: Recovery | None = None
+        self.workers: dict = {}  # the scheduler's workers (address -> state), once started
 
     async def start(self, scheduler) -> None:
+        self.workers = scheduler.workers
         scheduler.handlers.update(
             {
                 "qgpu_register_shard": self.register_shard,
@@ -173,8 +175,8 @@ class Catalog(SchedulerPlugin):
                 break
 
     def state(self) -> dict:
-        """Everything, for clients: shards, acquisitions, recent events."""
-        return {"shards": self.shards, "acquisitions": self.acquisitions, "events": self.events[-50:],
+        """Everything, for clients: workers, shards, acquisitions, recent events."""
+        return {"workers": sorted(self.workers), "shards": self.shards, "acquisitions": self.acquisitions, "events": self.events[-50:],
                 "copy_bytes": sum(len(c) for c in self.copies.values())}
 
     def add_worker(self, scheduler, worker: str) -> None:

@@ -159,13 +159,14 @@ class Service:
         self.check_open()
         return self.client.sync(self.client.scheduler.qgpu_state)
 
-    def ensure_shards(self) -> None:
+    def ensure_shards(self) -> dict:
         """Start a shard actor on every worker that has none (idempotent across clients); warn where a shard
-        holds less than the budget asked for (more than its worker's memory)."""
-        self.check_open()
-        workers = list(self.client.scheduler_info(n_workers=-1)["workers"])
-        known = self.state()["shards"]
-        missing = [w for w in workers if w not in known]
+        holds less than the budget asked for (more than its worker's memory). Returns the catalog's ``state``
+        with every shard in it (one ask of the scheduler where none was missing)."""
+        state = self.state()
+        missing = [w for w in state["workers"] if w not in state["shards"]]
+        if not missing:
+            return state
         futures = {
             w: self.client.submit(Shard, shard_key(w), self.budget, actor=True, workers=[w], key=shard_key(w))
             for w in missing
@@ -183,6 +184,7 @@ class Service:
                 memory = "GPU memory" if shard["device"]["kind"] == "cuda" else "memory limit"
                 warnings.warn(f"budget={format_bytes(self.budget)} is more than the {format_bytes(shard['budget'])} {memory} "
                               f"of worker {w}: its shard holds at most {format_bytes(shard['budget'])}", stacklevel=2)
+        return self.state()
 
     # -- loading ------------------------------------------------------------------
 
@@ -261,8 +263,7 @@ class Service:
             raise ValueError("no paths given")
         names = self.names_for(paths, name, one)
         sources = [Source(os.path.abspath(os.fspath(p)), dataset, tuple(scan_shape) if scan_shape else None) for p in paths]
-        self.ensure_shards()
-        state = self.state()
+        state = self.ensure_shards()
         self.check_new_names(names, state)
         placer = Placer(state, pinned=worker)
         shards = [worker] if worker else sorted(state["shards"])
@@ -323,8 +324,7 @@ class Service:
         dtype = check_dtype(array.dtype)
         check_layout(layout, dtype, CHOICES)
         name = name or f"array-{uuid.uuid4().hex[:8]}"
-        self.ensure_shards()
-        state = self.state()
+        state = self.ensure_shards()
         self.check_new_names([name], state)
         owner = place([array.nbytes], state, pinned=worker)[0]
         check_copy_room(array.nbytes, state["copy_bytes"])
@@ -354,8 +354,7 @@ class Service:
         check_shape(shape)
         dtype = check_dtype(dtype)
         check_layout(layout, dtype)
-        self.ensure_shards()
-        state = self.state()
+        state = self.ensure_shards()
         self.check_new_names([name], state)
         nbytes = start_bytes(shape, dtype, layout)
         owner = place([nbytes], state, pinned=worker)[0]
