@@ -208,7 +208,7 @@ def test_the_series_page_steps_through_acquisitions_and_answers_a_grid(viewed, s
     talk(ws(server, f"/series/ws?names={acqs[0].name},{acqs[1].name}"), script)
 
 
-def test_a_large_scan_s_grid_is_binned_on_the_owners_to_fit_a_tile(svc, names):
+def test_a_large_scan_is_binned_on_the_owners_to_fit_a_grid_tile(svc, names):
     counts = np.random.default_rng(4).poisson(2.0, (2 * GRID_SIDE + 1, 5, 6, 6)).astype(np.uint16)
     series = qd.Series(svc, [svc.put(counts, name=names()), svc.put(counts[::-1].copy(), name=names())])
     state = ViewState(series, detector={"kind": "disk", "center": [2.5, 2.5], "radius": 2})
