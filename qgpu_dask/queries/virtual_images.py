@@ -114,16 +114,17 @@ def series_plan(series: SeriesSums, weights: MaskWeights, scan_shape: tuple[int,
     return Plan(series.plan(weights), (len(series.names), weights.n_masks, *scan_shape))
 
 
-def run_together(plans: list[Plan]) -> list:
+def run_together(plans: list[Plan], then: Callable[[Any], Any] = lambda result: result) -> list:
     """Answer several residents' plans at once, in this process's turn on its GPU (``gpu_turn``): each starts
     on one of a few CUDA streams of this thread, so their kernels overlap (one resident's query rarely fills
-    a GPU), then every result is collected where it was made (the device: the reply copies it to the host)."""
+    a GPU), then every result is collected where it was made (the device: the reply copies it to the host),
+    ``then`` applied to it on its stream in the same turn (a binning)."""
     cp = cupy_or_none()
     if cp is None:
-        return [plan.launch()() for plan in plans]
+        return [then(plan.launch()()) for plan in plans]
     with gpu_turn():
         if len(plans) < 2:
-            results = [plan.launch()() for plan in plans]
+            results = [then(plan.launch()()) for plan in plans]
             cp.cuda.get_current_stream().synchronize()  # all of it done in this turn (finish waits for its error word only)
             return results
         if not hasattr(side, "streams"):
@@ -137,8 +138,8 @@ def run_together(plans: list[Plan]) -> list:
         for stream, finish in pending:
             stream.synchronize()
             with stream:
-                results.append(finish())
-            stream.synchronize()  # what finish launched (a cast) is done before the reply copies it from another stream
+                results.append(then(finish()))
+            stream.synchronize()  # what finish and then launched (a cast, a binning) is done before the reply copies it from another stream
         return results
 
 
@@ -242,7 +243,7 @@ class VirtualImages(Query):
             r = residents[i]
             places.append([i])
             plans.append(cache.plan([r.name], digest, lambda r=r: r.plan_virtual_images(prepared(r))))
-        images = [bin_sums(im if im.ndim == 4 else im[None], bin) for im in run_together(plans)]
+        images = run_together(plans, lambda im: bin_sums(im if im.ndim == 4 else im[None], bin))
         acc = prepared(residents[0]).acc_dtype
         return {"acc": (acc if bin == 1 else wide_dtype(acc)).str, "parts": list(zip(places, images))}
 
