@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import urllib.error
 import urllib.request
 
@@ -289,3 +290,36 @@ def test_the_widget_answers_from_python(viewed, svc):
             qd.view("scan")
     finally:
         v.close()
+
+
+def test_stopping_the_server_closes_its_pages_and_their_sessions_quietly(svc, viewed):
+    _, (acq, _), _ = viewed
+    failures = []
+    hook, threading.excepthook = threading.excepthook, lambda args: failures.append(args.exc_value)
+    try:
+        with ViewServer(svc) as server:
+            async def script(page):
+                await page.ask(type="hello", seq=1)
+                await page.answer("image")
+                await page.ask(type="grid", seq=2, detector=DETECTORS[0])  # answered while the server stops, or not at all
+                return [t for t in threading.enumerate() if t.name.startswith("qgpu-view-") and t.name != "qgpu-view-server"]
+
+            async def run():
+                async with Page(ws(server, f"/acq/{acq.name}/ws")) as page:
+                    threads = await script(page)
+                    (socket,) = server.sockets
+                    server.close()
+                    closed = await asyncio.wait_for(page.ws.read_message(), 30)
+                    while closed is not None:  # answers sent before the close, then the close
+                        closed = await asyncio.wait_for(page.ws.read_message(), 30)
+                    return threads, socket
+
+            threads, socket = asyncio.run(run())
+        assert not server.sockets
+        socket.send({"type": "state"}, [])  # an answer finished after the server's loop closed: dropped, no error
+        for t in threads:
+            t.join(30)
+        assert threads and not [t.name for t in threads if t.is_alive()]  # the page's session ended with the server
+        assert not failures, failures
+    finally:
+        threading.excepthook = hook
