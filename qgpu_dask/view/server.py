@@ -190,9 +190,9 @@ class ViewServer:
             started.set()
             await self.stop.wait()
             self.http.stop()
-            for socket in list(self.sockets):  # their sessions' threads end; the pages see the connection closed
-                socket.close(1001, "the viewer server stopped")
-                socket.on_close()
+            for page in list(self.sockets):  # their sessions' threads end; the pages see the connection closed
+                page.close(1001, "the viewer server stopped")
+                page.on_close()
 
         asyncio.run(serve())
 
