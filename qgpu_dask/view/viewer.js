@@ -786,11 +786,19 @@ export function mount(el, transport, options = {}) {
     }
   }
 
-  function onImage(header, buffers) {
-    settle("image", header.seq);
-    if (!fresh("image", header.seq)) return;
+  // An answer's array, or null where an answer of its kind newer than it was drawn already; its channel is
+  // freed either way.
+  function accepted(kind, channel, header, buffers) {
+    settle(channel, header.seq);
+    if (!fresh(kind, header.seq)) return null;
     const values = decodeArray(buffers[0], header.dtype, header.shape);
-    if (header.seq != null) drawnSeq.image = header.seq;
+    if (header.seq != null) drawnSeq[kind] = header.seq;
+    return values;
+  }
+
+  function onImage(header, buffers) {
+    const values = accepted("image", "image", header, buffers);
+    if (!values) return;
     const [rows, cols] = header.shape;
     S.image = { values, rows, cols, header };
     drawImage();
@@ -803,10 +811,8 @@ export function mount(el, transport, options = {}) {
   }
 
   function onPattern(header, buffers) {
-    settle("pattern", header.seq);
-    if (!fresh("pattern", header.seq)) return;
-    const values = decodeArray(buffers[0], header.dtype, header.shape);
-    if (header.seq != null) drawnSeq.pattern = header.seq;
+    const values = accepted("pattern", "pattern", header, buffers);
+    if (!values) return;
     const [rows, cols] = header.shape;
     S.pattern = { values, rows, cols, header };
     // the image's mark follows what the pattern is of, unless a newer ask is on its way
@@ -821,10 +827,8 @@ export function mount(el, transport, options = {}) {
   }
 
   function onGrid(header, buffers) {
-    settle("image", header.seq);
-    if (!fresh("grid", header.seq)) return;
-    const values = decodeArray(buffers[0], header.dtype, header.shape);
-    if (header.seq != null) drawnSeq.grid = header.seq;
+    const values = accepted("grid", "image", header, buffers); // a grid takes the images' channel
+    if (!values) return;
     S.grid = { values, header };
     drawGrid();
     hooks.drawn.grid++;
