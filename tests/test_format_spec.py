@@ -26,7 +26,7 @@ from qgpu_dask.resident.compressed import CompressedCounts
 def read_container(raw: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     assert raw[:8] == b"QGPURES\x00"
     version, length = struct.unpack_from("<II", raw, 8)
-    assert version == 3
+    assert version == 4
     header = raw[16 : 16 + length]
     assert hashlib.sha256(header).digest() == raw[16 + length : 48 + length]
     meta = json.loads(header)
@@ -35,7 +35,7 @@ def read_container(raw: bytes) -> tuple[dict, dict[str, np.ndarray]]:
         offset, nbytes = entry["offset"], entry["nbytes"]
         assert offset % 4096 == 0 and offset >= 48 + length
         data = raw[offset : offset + nbytes]
-        leaves = b"".join(hashlib.sha256(data[at : at + 4 * 2**20]).digest() for at in range(0, nbytes, 4 * 2**20))
+        leaves = b"".join(hashlib.sha256(data[at : at + 32768]).digest() for at in range(0, nbytes, 32768))
         assert len(data) == nbytes and hashlib.sha256(leaves).hexdigest() == entry["sha256"]
         arrays[entry["name"]] = np.frombuffer(data, dtype=np.dtype(entry["dtype"])).reshape(entry["shape"])
     return meta, arrays
@@ -287,7 +287,7 @@ def test_independent_reader_on_the_worked_example(tmp_path):
     path = tmp_path / "a.qgpu"
     save_resident(CompressedCounts.encode("a", counts.reshape(8, 1), counts.shape), path)
     raw = path.read_bytes()
-    assert len(raw) == 45072 and raw[:16].hex(" ") == "51 47 50 55 52 45 53 00 03 00 00 00 09 07 00 00"
+    assert len(raw) == 45072 and raw[:16].hex(" ") == "51 47 50 55 52 45 53 00 04 00 00 00 09 07 00 00"
     meta, arrays = read_container(raw)
     assert arrays["payload"].tobytes().hex(" ") == "49 1a 6c 00 f9 31"
     assert meta["group_center"] == [0, 0]

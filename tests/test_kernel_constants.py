@@ -25,6 +25,7 @@ COMPILERS = {  # each kernel source and the module that compiles it
     "ssb.cu": "qgpu_dask/phase/cuda.py",
     "ptycho.cu": "qgpu_dask/phase/iterative/cuda.py",
     "bitshuffle_lz4.cu": "qgpu_dask/formats/bitshuffle_lz4_cuda.py",
+    "sha256.cu": "qgpu_dask/formats/sha256_cuda.py",
 }
 STAND_INS = ("cupy", "cupyx", "cupyx.scipy", "cupyx.scipy.fft")
 EXPECTED = re.compile(r'#ifndef (\w+)\n#error "(\w+) comes from (qgpu_dask/[\w/]+\.py)"\n#endif\n')

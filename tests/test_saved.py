@@ -78,7 +78,7 @@ def test_container_round_trip(tmp_path, rng):
         assert entry["offset"] % 4096 == 0
 
     raw = path.read_bytes()
-    assert raw[:8] == b"QGPURES\x00" and struct.unpack_from("<I", raw, 8)[0] == 3
+    assert raw[:8] == b"QGPURES\x00" and struct.unpack_from("<I", raw, 8)[0] == 4
     length = struct.unpack_from("<I", raw, 12)[0]
     assert hashlib.sha256(raw[16 : 16 + length]).digest() == raw[16 + length : 48 + length]
     container.write(tmp_path / "again.qgpu", {k: v for k, v in header.items() if k != "arrays"}, back)
@@ -108,6 +108,27 @@ def test_container_read_through_pinned_slots_into_device_memory(tmp_path, rng):
     assert slots.free.qsize() == 2
 
 
+@pytest.mark.gpu
+def test_device_range_digests_are_hashlibs(rng):
+    """The GPU's SHA-256 of byte ranges (kernels/sha256.cu) == hashlib's: every tail length around the padding
+    limits (55, 56, 63, 64 bytes), empty and whole leaves, starts off and on 16-byte lines."""
+    cp = pytest.importorskip("cupy")
+    from qgpu_dask.formats.sha256_cuda import range_digests
+
+    data = rng.integers(0, 256, 3 * container.LEAF + 4096, dtype=np.uint8)
+    lengths = [0, 1, 3, 55, 56, 57, 63, 64, 65, 119, 120, 127, 128, 1000, container.LEAF - 1, container.LEAF, 2 * container.LEAF + 77]
+    starts = [s for s in (0, 16, 1, 7, 4093) for _ in lengths]
+    lengths = lengths * 5
+    got = range_digests(cp.asarray(data), np.array(starts), np.array(lengths))
+    assert got.shape == (len(starts), 32)
+    for (a, n), digest in zip(zip(starts, lengths), got):
+        assert digest.tobytes() == hashlib.sha256(data[a : a + n]).digest(), (a, n)
+    assert container.leaf_digests(data) == range_digests(cp.asarray(data), np.arange(4) * container.LEAF,
+                                                         [container.LEAF] * 3 + [4096]).tobytes()
+    with pytest.raises(ValueError, match="a range ends past the"):
+        range_digests(cp.asarray(data), np.array([data.size - 3]), np.array([4]))
+
+
 def test_container_refuses_damage(tmp_path, rng):
     meta = {"layout": "compressed", "codec": codec.FORMAT, "block": 256, "shape": [1, 1, 1, 1], "dtype": "uint8", "group_center": [0, 0]}
     path = tmp_path / "c.qgpu"
@@ -128,8 +149,8 @@ def test_container_refuses_damage(tmp_path, rng):
     with pytest.raises(ValueError, match="truncated"):
         container.read(path)
 
-    path.write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
-    with pytest.raises(ValueError, match=r"format version 2 is not supported \(this qgpu-dask reads version 3\): save it again from its source"):
+    path.write_bytes(raw[:8] + struct.pack("<I", 3) + raw[12:])
+    with pytest.raises(ValueError, match=r"format version 3 is not supported \(this qgpu-dask reads version 4\): save it again from its source"):
         container.read(path)
 
     header = bytearray(raw)
@@ -228,7 +249,7 @@ def test_damaged_files_refused(svc, names, rng, tmp_path, layout):
     entries = {a["name"]: a for a in container.read_header(path)["arrays"]}
     target = "payload" if layout == "compressed" else "counts"
 
-    refused = [names("flipped"), names("v2"), names("short")]
+    refused = [names("flipped"), names("v3"), names("short")]
 
     flipped = bytearray(raw)
     flipped[entries[target]["offset"] + entries[target]["nbytes"] // 2] ^= 0x04
@@ -237,9 +258,9 @@ def test_damaged_files_refused(svc, names, rng, tmp_path, layout):
         svc.load(tmp_path / "flipped.qgpu", name=refused[0])
     still_usable(svc, names, rng)
 
-    (tmp_path / "v2.qgpu").write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
-    with pytest.raises(ValueError, match="saved resident format version 2 is not supported .* save it again from its source"):
-        svc.load(tmp_path / "v2.qgpu", name=refused[1])
+    (tmp_path / "v3.qgpu").write_bytes(raw[:8] + struct.pack("<I", 3) + raw[12:])
+    with pytest.raises(ValueError, match="saved resident format version 3 is not supported .* save it again from its source"):
+        svc.load(tmp_path / "v3.qgpu", name=refused[1])
 
     (tmp_path / "short.qgpu").write_bytes(raw[:-3])
     with pytest.raises(ValueError, match=r"is truncated: array '\w+' ends past the end of the file"):

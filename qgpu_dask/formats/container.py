@@ -2,15 +2,18 @@
 
 A resident is saved without re-encoding (compressed streams stay the bytes
 the encoder wrote), so reopening it costs a read and a copy to the device. The
-read is parallel: each array's checksum is a digest of digests of its 4 MiB
-chunks, so several threads read and check chunks at once, into one allocation
-that the arrays are views of (a single SHA-256 over an array would hold the
-read to one core, about 1 GB/s).
+read is parallel: each array's checksum is a digest of the digests of its
+32 KiB leaves, so several threads read CHUNKs at once into one allocation that
+the arrays are views of, and the leaves are checked where they land: on the
+host by the reading threads, or on the GPU in the device memory the chunks were
+copied into (``sha256_cuda``; a single SHA-256 over an array would hold the
+read to one core, about 1.4 GB/s, and hashing on the host costs as much as
+reading).
 
 Layout (all integers little-endian; offsets from the start of the file)::
 
     0        8 bytes   magic b"QGPURES\x00"
-    8        uint32    version (3)
+    8        uint32    version (4)
     12       uint32    header length H
     16       H bytes   header: UTF-8 JSON, keys sorted, no spaces
     16 + H   32 bytes  SHA-256 of the H header bytes
@@ -24,8 +27,8 @@ format of a compressed resident, ``formats.codec.FORMAT``), ``shape``,
 centre (cy2, cx2) in half pixels), ``stats`` and ``arrays``: a list of
 ``{name, dtype, shape, offset, nbytes, sha256}``, the dtype as NumPy's
 explicit little-endian string (``"<u2"``), ``sha256`` as hex of the SHA-256 of
-the concatenated SHA-256 digests of the array's bytes (C order) in chunks of
-CHUNK bytes (the last may be shorter; an empty array has no chunk). Writing
+the concatenated SHA-256 digests of the array's bytes (C order) in leaves of
+LEAF bytes (the last may be shorter; an empty array has no leaf). Writing
 the same meta and arrays gives the same bytes.
 """
 
@@ -45,12 +48,13 @@ import numpy as np
 from . import codec
 
 MAGIC = b"QGPURES\x00"
-VERSION = 3
+VERSION = 4
 PREFIX = struct.Struct("<8sII")  # magic, version, header length
 DIGEST_BYTES = 32
 ALIGN = 4096
-CHUNK = 4 << 20  # bytes of an array digested (and read) at once
-THREADS = min(16, os.cpu_count() or 1)  # threads that read and digest chunks
+LEAF = 32 << 10  # bytes of an array under one leaf digest
+CHUNK = 128 * LEAF  # bytes of an array read at once (4 MiB: whole leaves)
+THREADS = min(16, os.cpu_count() or 1)  # threads that read (and on the host, digest) chunks
 LAYOUTS = ("dense", "compressed")
 CODECS = (codec.FORMAT,)
 
@@ -106,19 +110,26 @@ def encode_header(meta: dict, entries: list[dict]) -> bytes:
     return json.dumps({**meta, "arrays": entries}, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def chunks(nbytes: int) -> list[tuple[int, int]]:
-    """The (start, end) of an array's digest chunks: CHUNK bytes each, the last shorter; none for no bytes."""
-    return [(lo, min(lo + CHUNK, nbytes)) for lo in range(0, nbytes, CHUNK)]
+def spans(nbytes: int, size: int) -> list[tuple[int, int]]:
+    """The (start, end) of ``nbytes`` cut into pieces of ``size`` bytes, the last shorter; none for no bytes."""
+    return [(lo, min(lo + size, nbytes)) for lo in range(0, nbytes, size)]
 
 
-def tree_digest(leaves: list[bytes]) -> str:
-    """An array's checksum from its chunks' SHA-256 digests, in order."""
-    return hashlib.sha256(b"".join(leaves)).hexdigest()
+def leaf_digests(data) -> bytes:
+    """The concatenated SHA-256 digests of the leaves of the bytes ``data`` (a buffer whose first byte starts
+    a leaf): on the host, the twin of ``sha256_cuda.range_digests``."""
+    view = memoryview(data).cast("B")
+    return b"".join(hashlib.sha256(view[a:b]).digest() for a, b in spans(view.nbytes, LEAF))
+
+
+def tree_digest(leaves: bytes) -> str:
+    """An array's checksum from its leaves' concatenated SHA-256 digests, in order."""
+    return hashlib.sha256(leaves).hexdigest()
 
 
 def digest(data: np.ndarray, threads: ThreadPoolExecutor) -> str:
-    """The checksum of the flat uint8 array ``data`` (its chunks digested on ``threads``)."""
-    return tree_digest(list(threads.map(lambda span: hashlib.sha256(data[span[0] : span[1]]).digest(), chunks(data.size))))
+    """The checksum of the flat uint8 array ``data`` (its chunks' leaves digested on ``threads``)."""
+    return tree_digest(b"".join(threads.map(lambda span: leaf_digests(data[span[0] : span[1]]), spans(data.size, CHUNK))))
 
 
 def write(path: PathLike, meta: dict, arrays: dict[str, np.ndarray]) -> int:
@@ -229,10 +240,11 @@ def check_entry(entry: dict, header_end: int, where: str) -> None:
 def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: np.empty(nbytes, np.uint8),
          stage=None) -> tuple[dict, dict[str, np.ndarray]]:
     """(header, arrays) of the container at ``path``, every checksum verified; the arrays are writable views of
-    one allocation (``allocate(nbytes)``, uint8: pinned memory for arrays bound for a GPU), read and checked
-    chunk by chunk on THREADS threads. With ``stage`` (``device.Uploads``), the allocation is device memory:
-    each chunk is read into one of its pinned host slots (``stage.slot(nbytes)``), checked there and sent on
-    into the allocation, so the file never passes through host memory of its size."""
+    one allocation (``allocate(nbytes)``, uint8), read chunk by chunk on THREADS threads, each chunk's leaves
+    digested by the thread that read it. With ``stage`` (``device.Uploads``), the allocation is device memory:
+    each chunk is read into one of its pinned host slots (``stage.slot(nbytes)``) and sent on into the
+    allocation, so the file never passes through host memory of its size, and the leaves are digested there,
+    on the GPU, once every copy is done."""
     where = str(path)
     with open(path, "rb") as f:
         meta = header_of(f, where)
@@ -244,34 +256,42 @@ def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: 
         lo = min((e["offset"] for e in entries), default=0)
         hi = max((e["offset"] + e["nbytes"] for e in entries), default=0)
         buffer = allocate(max(hi - lo, 0))
-        spans = [(k, entry["offset"] - lo + a, entry["offset"] - lo + b) for k, entry in enumerate(entries) for a, b in chunks(entry["nbytes"])]
+        pieces = [(k, entry["offset"] - lo + a, entry["offset"] - lo + b) for k, entry in enumerate(entries)
+                  for a, b in spans(entry["nbytes"], CHUNK)]
 
-        def filled(view: memoryview, at: int) -> bytes:
+        def filled(view: memoryview, at: int) -> None:
             done = 0
             while done < view.nbytes:
                 got = os.preadv(f.fileno(), [view[done:]], lo + at + done)
                 if got <= 0:
                     raise ValueError(f"{where!r} is truncated: it ended while being read")
                 done += got
-            return hashlib.sha256(view).digest()
 
-        def leaf(span: tuple[int, int, int]) -> bytes:
-            _, a, b = span
-            if stage is None:
-                return filled(memoryview(buffer)[a:b], a)
+        def on_host(piece: tuple[int, int, int]) -> bytes:
+            _, a, b = piece
+            view = memoryview(buffer)[a:b]
+            filled(view, a)
+            return leaf_digests(view)
+
+        def to_device(piece: tuple[int, int, int]) -> None:
+            _, a, b = piece
             with stage.slot(b - a) as slot:
-                leaf_digest = filled(memoryview(slot.host), a)
+                filled(memoryview(slot.host), a)
                 slot.send(buffer, a)
-            return leaf_digest
 
+        leaves_of = [b""] * len(entries)
         try:
             with ThreadPoolExecutor(THREADS) as threads:
-                leaves_of: list[list[bytes]] = [[] for _ in entries]
-                for (k, _, _), leaf_digest in zip(spans, threads.map(leaf, spans)):
-                    leaves_of[k].append(leaf_digest)
+                if stage is None:
+                    for (k, _, _), leaves in zip(pieces, threads.map(on_host, pieces)):
+                        leaves_of[k] += leaves
+                else:
+                    list(threads.map(to_device, pieces))
         finally:
             if stage is not None:
                 stage.finish()  # no copy may still run into memory freed after a failed read
+    if stage is not None:
+        leaves_of = device_leaves(buffer, [(e["offset"] - lo, e["nbytes"]) for e in entries])
     arrays = {}
     for entry, leaves in zip(entries, leaves_of):
         name = entry["name"]
@@ -280,3 +300,15 @@ def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: 
         start = entry["offset"] - lo
         arrays[name] = buffer[start : start + entry["nbytes"]].view(np.dtype(entry["dtype"])).reshape(entry["shape"])
     return meta, arrays
+
+
+def device_leaves(buffer, places: list[tuple[int, int]]) -> list[bytes]:
+    """The concatenated leaf digests of each array (start, nbytes) of the device allocation ``buffer``, taken
+    on its GPU in one launch."""
+    from .sha256_cuda import range_digests
+
+    leaves = [[(start + a, b - a) for a, b in spans(nbytes, LEAF)] for start, nbytes in places]
+    flat = [leaf for array in leaves for leaf in array]
+    digests = range_digests(buffer, np.array([a for a, _ in flat], np.uint64), np.array([n for _, n in flat], np.uint64))
+    bounds = np.cumsum([0] + [len(array) for array in leaves])
+    return [digests[a:b].tobytes() for a, b in zip(bounds[:-1], bounds[1:])]
