@@ -41,7 +41,7 @@ import struct
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -59,6 +59,7 @@ LAYOUTS = ("dense", "compressed")
 CODECS = (codec.FORMAT,)
 
 PathLike = str | os.PathLike
+T = TypeVar("T")
 
 
 def aligned(n: int) -> int:
@@ -239,12 +240,23 @@ def check_entry(entry: dict, header_end: int, where: str) -> None:
 
 def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: np.empty(nbytes, np.uint8),
          stage=None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(header, arrays) of the container at ``path``, every checksum verified; the arrays are writable views of
-    one allocation (``allocate(nbytes)``, uint8), read chunk by chunk on THREADS threads, each chunk's leaves
-    digested by the thread that read it. With ``stage`` (``device.Uploads``), the allocation is device memory:
-    each chunk is read into one of its pinned host slots (``stage.slot(nbytes)``) and sent on into the
-    allocation, so the file never passes through host memory of its size, and the leaves are digested there,
-    on the GPU, once every copy is done."""
+    """(header, arrays) of the container at ``path``, every checksum verified (``opened``, building nothing)."""
+    return opened(path, lambda meta, arrays: (meta, arrays), allocate, stage)
+
+
+def opened(path: PathLike, build: Callable[[dict, dict[str, np.ndarray]], T],
+           allocate: Callable[[int], np.ndarray] = lambda nbytes: np.empty(nbytes, np.uint8), stage=None,
+           pending: tuple[str, ...] = ()) -> T:
+    """``build(header, arrays)`` of the container at ``path``, returned once every checksum is verified.
+
+    The arrays are writable views of one allocation (``allocate(nbytes)``, uint8), read chunk by chunk on
+    THREADS threads, each chunk's leaves digested by the thread that read it. With ``stage``
+    (``device.Uploads``), the allocation is device memory: each chunk is read into one of its pinned host
+    slots (``stage.slot(nbytes)``) and sent on into the allocation, so the file never passes through host
+    memory of its size, and the leaves are digested there, on the GPU, once the copies are done. The arrays
+    named in ``pending`` are read last, while ``build`` runs on the calling thread (it may use their shape
+    and dtype, not their bytes): a reopen's checks and tables are made while the largest array still
+    arrives, and its result is dropped if that array then fails its checksum."""
     where = str(path)
     with open(path, "rb") as f:
         meta = header_of(f, where)
@@ -256,8 +268,10 @@ def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: 
         lo = min((e["offset"] for e in entries), default=0)
         hi = max((e["offset"] + e["nbytes"] for e in entries), default=0)
         buffer = allocate(max(hi - lo, 0))
-        pieces = [(k, entry["offset"] - lo + a, entry["offset"] - lo + b) for k, entry in enumerate(entries)
-                  for a, b in spans(entry["nbytes"], CHUNK)]
+        arrays = {e["name"]: buffer[e["offset"] - lo : e["offset"] - lo + e["nbytes"]].view(np.dtype(e["dtype"])).reshape(e["shape"])
+                  for e in entries}
+        early = [k for k, e in enumerate(entries) if e["name"] not in pending]
+        late = [k for k, e in enumerate(entries) if e["name"] in pending]
 
         def filled(view: memoryview, at: int) -> None:
             done = 0
@@ -267,39 +281,47 @@ def read(path: PathLike, allocate: Callable[[int], np.ndarray] = lambda nbytes: 
                     raise ValueError(f"{where!r} is truncated: it ended while being read")
                 done += got
 
-        def on_host(piece: tuple[int, int, int]) -> bytes:
-            _, a, b = piece
+        def on_host(a: int, b: int) -> bytes:
             view = memoryview(buffer)[a:b]
             filled(view, a)
             return leaf_digests(view)
 
-        def to_device(piece: tuple[int, int, int]) -> None:
-            _, a, b = piece
+        def to_device(a: int, b: int) -> None:
             with stage.slot(b - a) as slot:
                 filled(memoryview(slot.host), a)
                 slot.send(buffer, a)
 
-        leaves_of = [b""] * len(entries)
+        def started(ks: list[int]) -> list[list]:
+            """Each array's chunk reads, queued on the threads."""
+            work = on_host if stage is None else to_device
+            return [[threads.submit(work, entries[k]["offset"] - lo + a, entries[k]["offset"] - lo + b)
+                     for a, b in spans(entries[k]["nbytes"], CHUNK)] for k in ks]
+
+        def verified(ks: list[int], reads: list[list]) -> None:
+            """ValueError unless each array's leaves, its reads done, match its checksum."""
+            if stage is None:
+                leaves = [b"".join(r.result() for r in chunk_reads) for chunk_reads in reads]
+            else:
+                for chunk_reads in reads:
+                    for r in chunk_reads:
+                        r.result()
+                stage.finish()
+                leaves = device_leaves(buffer, [(entries[k]["offset"] - lo, entries[k]["nbytes"]) for k in ks])
+            for k, leaf_digests_of in zip(ks, leaves):
+                if tree_digest(leaf_digests_of) != entries[k]["sha256"]:
+                    raise ValueError(f"{where!r}: array {entries[k]['name']!r} does not match its checksum (the file is corrupted)")
+
+        threads = ThreadPoolExecutor(THREADS)
         try:
-            with ThreadPoolExecutor(THREADS) as threads:
-                if stage is None:
-                    for (k, _, _), leaves in zip(pieces, threads.map(on_host, pieces)):
-                        leaves_of[k] += leaves
-                else:
-                    list(threads.map(to_device, pieces))
+            first, last = started(early), started(late)
+            verified(early, first)
+            built = build(meta, arrays)
+            verified(late, last)
         finally:
+            threads.shutdown(cancel_futures=True)
             if stage is not None:
                 stage.finish()  # no copy may still run into memory freed after a failed read
-    if stage is not None:
-        leaves_of = device_leaves(buffer, [(e["offset"] - lo, e["nbytes"]) for e in entries])
-    arrays = {}
-    for entry, leaves in zip(entries, leaves_of):
-        name = entry["name"]
-        if tree_digest(leaves) != entry["sha256"]:
-            raise ValueError(f"{where!r}: array {name!r} does not match its checksum (the file is corrupted)")
-        start = entry["offset"] - lo
-        arrays[name] = buffer[start : start + entry["nbytes"]].view(np.dtype(entry["dtype"])).reshape(entry["shape"])
-    return meta, arrays
+    return built
 
 
 def device_leaves(buffer, places: list[tuple[int, int]]) -> list[bytes]:

@@ -25,6 +25,7 @@ from .source import Source
 
 DENSE_KEY = "counts"
 UPLOAD_SLOTS = 2 * container.THREADS  # one being filled and one being copied up per reading thread
+PENDING = ("payload",)  # read while the resident is built: only its size is needed to check the rest
 
 
 def save_resident(resident: Resident, path: str | os.PathLike) -> int:
@@ -73,11 +74,18 @@ def compressed_bytes(meta: dict) -> int:
 
 def open_resident(name: str, path: str | os.PathLike, xp: ModuleType | None = None) -> Resident:
     """The resident saved at ``path``, named ``name``, its arrays on the device of ``xp`` (default: this process's):
-    for a GPU, read in chunks through pinned slots straight into device memory (``device.Uploads``)."""
+    for a GPU, read in chunks through pinned slots straight into device memory (``device.Uploads``). A
+    compressed resident is built and checked while its payload is still read (``container.opened``)."""
     xp = xp or array_module()
+
+    def build(meta: dict, arrays: dict) -> Resident:
+        return resident_from(name, path, meta, arrays, xp)
+
     if xp is np:
-        return resident_from(name, path, *container.read(path), xp)
-    return resident_from(name, path, *container.read(path, lambda nbytes: xp.empty(nbytes, np.uint8), uploads()), xp)
+        return container.opened(path, build, pending=PENDING)
+    # 16 bytes spare: a payload that ends the allocation is still padded to whole lines for the decoder
+    # (else the resident would copy it, before its bytes arrive)
+    return container.opened(path, build, lambda nbytes: xp.empty(nbytes + 16, np.uint8)[:nbytes], uploads(), PENDING)
 
 
 @functools.cache
