@@ -138,7 +138,9 @@ def git(*args: str) -> str | None:
 DENSE = ["qgpu_dask/resident/dense.py", "qgpu_dask/resident/cpu/dense.py", "qgpu_dask/resident/cuda/dense.py", "kernels/dense.cu",
          "qgpu_dask/resident/masks.py"]
 COMPRESSED = ["qgpu_dask/resident/compressed.py", "qgpu_dask/resident/cpu/compressed.py", "qgpu_dask/resident/cuda/compressed.py",
-              "kernels/compressed.cu", "qgpu_dask/formats"]
+              "kernels/compressed.cu", "qgpu_dask/formats/codec.py", "qgpu_dask/formats/groups.py"]
+BITSHUFFLE = ["qgpu_dask/formats/bitshuffle_lz4.py", "qgpu_dask/formats/bitshuffle_lz4_cuda.py", "kernels/bitshuffle_lz4.cu"]
+SAVED = ["qgpu_dask/io/saved.py", "qgpu_dask/formats/container.py", "qgpu_dask/formats/sha256_cuda.py", "kernels/sha256.cu"]
 SERVICE = ["qgpu_dask/service", "qgpu_dask/queries", "qgpu_dask/resident/base.py"]
 LOADS = ["qgpu_dask/io/load.py", "qgpu_dask/io/readers/hdf5.py", "qgpu_dask/io/readers/npy.py", "qgpu_dask/resident/staging.py"]
 SSB = ["qgpu_dask/phase/calibration.py", "qgpu_dask/phase/cpu.py", "qgpu_dask/phase/cuda.py", "qgpu_dask/phase/fit.py", "qgpu_dask/phase/optics.py",
@@ -151,7 +153,7 @@ MEASURES: dict[str, list[str]] = {
     "service_overhead": SERVICE + DENSE + LOADS,
     "compressed": COMPRESSED + ["qgpu_dask/resident/dense.py", "qgpu_dask/resident/masks.py"],
     "load_arina": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py", "qgpu_dask/io/load.py", "qgpu_dask/resident/staging.py"]
-    + COMPRESSED + SERVICE,
+    + BITSHUFFLE + COMPRESSED + SERVICE,
     "reliability": SERVICE + DENSE + COMPRESSED + LOADS,
     "ssb_vs_ptychography40": SSB,
     "multi_gpu": SERVICE + DENSE + COMPRESSED + LOADS,
@@ -159,13 +161,12 @@ MEASURES: dict[str, list[str]] = {
     "direct_gpu": SSB + ["qgpu_dask/phase/direct.py"],
     "ptycho_gpu": ["qgpu_dask/phase/iterative", "kernels/ptycho.cu", "qgpu_dask/resident/feed.py"] + COMPRESSED,
     "live_gpu": ["qgpu_dask/resident/live.py", "qgpu_dask/io/stream.py", "qgpu_dask/io/wire.py", "qgpu_dask/io/simulator.py",
-                 "qgpu_dask/io/source.py", "qgpu_dask/io/registry.py", "qgpu_dask/io/readers/base.py", "kernels/bitshuffle_lz4.cu", "qgpu_dask/cli.py"] + COMPRESSED + SERVICE,
+                 "qgpu_dask/io/source.py", "qgpu_dask/io/registry.py", "qgpu_dask/io/readers/base.py", "qgpu_dask/cli.py"] + BITSHUFFLE + COMPRESSED + SERVICE,
     "tensor_rates": [],
     "view_gpu": ["qgpu_dask/view", "qgpu_dask/detector/masks.py"] + SERVICE + DENSE + COMPRESSED,
     "cpu_vs_libertem": SERVICE + DENSE + COMPRESSED + LOADS,
-    "series_gpu": SERVICE + DENSE + COMPRESSED + ["qgpu_dask/io/saved.py"],
-    "load_series_gpu": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py", "qgpu_dask/io/saved.py",
-                        "qgpu_dask/formats/container.py"] + LOADS + COMPRESSED + SERVICE,
+    "series_gpu": SERVICE + DENSE + COMPRESSED + SAVED,
+    "load_series_gpu": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py"] + SAVED + BITSHUFFLE + LOADS + COMPRESSED + SERVICE,
 }
 
 
