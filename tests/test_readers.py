@@ -292,7 +292,7 @@ def test_unrecognised_file_names_its_first_bytes(tmp_path):
     path = tmp_path / "x.bin"
     for content in (b"not a detector file", b"MQ1,000001," + bytes(3000), b"ab"):
         path.write_bytes(content)
-        with pytest.raises(ValueError, match=re.escape(f"is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {content[:8]!r})")):
+        with pytest.raises(ValueError, match=re.escape(f"is not an HDF5 file, a .npy array, a Zarr store, a Merlin .mib or .hdr file, an EMPAD .raw file or a saved resident (first bytes {content[:8]!r})")):
             detect_format(path)
 
 

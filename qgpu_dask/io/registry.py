@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..formats.container import is_container
-from .readers import arina, empad, gzip_stack, hdf5, npy, zarr_array
+from .readers import arina, empad, gzip_stack, hdf5, merlin, npy, zarr_array
 from .readers.base import Format, Reader
 from .source import Source
 
@@ -21,6 +21,7 @@ READERS: tuple[Format, ...] = (
     hdf5.FORMAT,
     npy.FORMAT,
     zarr_array.FORMAT,
+    merlin.FORMAT,
     empad.FORMAT,
 )
 
@@ -40,7 +41,7 @@ def detect_format(path: Path, dataset: str | None = None) -> Format:
     with open(path, "rb") as f:
         first = f.read(8)
     raise ValueError(
-        f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store, an EMPAD .raw file or a saved resident (first bytes {first!r})"
+        f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store, a Merlin .mib or .hdr file, an EMPAD .raw file or a saved resident (first bytes {first!r})"
     )
 
 

@@ -5,10 +5,9 @@ The stream comes in the wire format ``qgpu-frames-1`` (``io.wire``); chunks of b
 decoded on the receiving worker's GPU (or cores). The detector simulator that replays a file this way is
 ``io.simulator`` (``qgpu-dask simulate``).
 
-A real detector plugs in as another source with the same method, ``frames(det_shape, dtype, xp)``
-yielding (n, det_rows, det_cols) arrays of ``xp``: for a DECTRIS detector, a ZeroMQ pull socket on its
-stream interface, gathering the bitshuffle-LZ4 chunks of its image messages (CBOR) into ``Chunks`` that
-``decoded`` turns into frames on the GPU.
+A real detector plugs in as another ``FrameSource``, with the same method ``frames(det_shape, dtype, xp)``
+yielding (n, det_rows, det_cols) arrays of ``xp`` (``io.detectors``: a Merlin's data port). ``Records``
+reads fixed-size records (frames, or a detector's frame messages) off a socket in batches.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import socket
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import numba
 import numpy as np
@@ -29,6 +28,16 @@ from .wire import COMPRESSIONS, FORMAT, MESSAGE_FRAMES
 HEADER_LIMIT = 1 << 16  # the longest header line a source reads
 READ_BYTES = 1 << 24  # bytes a stream of chunks is read into
 LATENCY_S = 0.05  # a read hands on the whole frames it has after this long, full or not (a slow detector is seen live)
+
+
+class FrameSource(Protocol):
+    """What ``svc.ingest`` reads from: a stream of frames (``TcpSource``, a detector's in ``io.detectors``)."""
+
+    def describe(self) -> str: ...
+
+    def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
+        """(n, det_rows, det_cols) arrays of ``xp`` as they come; ValueError, after the frames before it, for what went wrong."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -85,20 +94,11 @@ class TcpSource:
     def raw_batches(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype, frame_bytes: int, buffer) -> Iterator[np.ndarray]:
         """Frames sent as their counts, read into ``buffer``s: a full one, or the whole frames that came
         within LATENCY_S."""
-        sent, carried = 0, b""
-        while True:
-            space = buffer(self.frames_per_read * frame_bytes)
-            space[: len(carried)] = np.frombuffer(carried, np.uint8)
-            got, end = read_into(conn, memoryview(space)[len(carried) :], frame_bytes - len(carried), self.timeout_s)
-            got += len(carried)
-            whole = got // frame_bytes
-            carried = space[whole * frame_bytes : got].tobytes()
-            if whole:
-                sent += whole
-                yield space[: whole * frame_bytes].view(dtype.newbyteorder("<")).reshape(whole, *det_shape).astype(dtype, copy=False)
-            if end:
-                self.check_end(end, sent, f"{len(carried)} of the next frame's {frame_bytes} bytes" if carried else "")
-                return
+        sent = 0
+        for whole in (ended := Records(conn, frame_bytes, self.frames_per_read, buffer, self.timeout_s)):
+            sent += len(whole)
+            yield whole.reshape(-1).view(dtype.newbyteorder("<")).reshape(-1, *det_shape).astype(dtype, copy=False)
+        self.check_end(ended.end, sent, f"{ended.carried} of the next frame's {frame_bytes} bytes" if ended.carried else "")
 
     def check_end(self, end: str, sent: int, partial: str) -> None:
         """ValueError for a stream gone quiet (``end`` "stalled"), or closed with ``partial`` (the bytes of a
@@ -180,6 +180,34 @@ def chunk_bounds(pending: np.ndarray, filled: int, limit: int, largest: int) -> 
         at = body
         k += n
     return starts[:k], ends[:k], at, -1, 0, False
+
+
+class Records:
+    """Records of ``size`` bytes as they come on ``conn``: (n, size) uint8 arrays of ``buffer(nbytes)``, each a
+    full read of up to ``per_read`` records (at most ``limit`` in all, if given) or the whole records that came
+    within LATENCY_S. Once iterated, ``end`` says how the stream ended ("closed", "stalled", or "" at the limit)
+    and ``carried`` how many bytes of a record cut short were left."""
+
+    def __init__(self, conn: socket.socket, size: int, per_read: int, buffer, timeout_s: float, limit: int | None = None):
+        self.conn, self.size, self.per_read, self.buffer, self.timeout_s, self.limit = conn, size, per_read, buffer, timeout_s, limit
+        self.end, self.carried = "", 0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        size, got_all, carried = self.size, 0, b""
+        while self.limit is None or got_all < self.limit:
+            n = self.per_read if self.limit is None else min(self.per_read, self.limit - got_all)
+            space = self.buffer(n * size)[: n * size]
+            space[: len(carried)] = np.frombuffer(carried, np.uint8)
+            got, self.end = read_into(self.conn, memoryview(space)[len(carried) :], size - len(carried), self.timeout_s)
+            got += len(carried)
+            whole = got // size
+            carried = space[whole * size : got].tobytes()
+            self.carried = len(carried)
+            if whole:
+                got_all += whole
+                yield space[: whole * size].reshape(whole, size)
+            if self.end:
+                return
 
 
 def read_into(conn: socket.socket, view: memoryview, least: int, timeout_s: float) -> tuple[int, str]:

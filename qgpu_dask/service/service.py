@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..device import has_gpu, parse_bytes
 from ..io.source import Source
-from ..io.stream import TcpSource
+from ..io.stream import FrameSource
 from ..resident.base import check_dtype, check_shape
 from ..queries.functions import Function, ShardFunction
 from ..resident.compressed import check_layout
@@ -361,11 +361,12 @@ class Service:
         record = self.router.on_loop(self.router.placed(name, owner, nbytes, worker is not None, Shard.create, shape, str(dtype), layout)).result()
         return Acquisition(self, record | {"name": name})
 
-    def ingest(self, source: TcpSource, acq: Acquisition, wait: bool = True, progress: bool = True):
-        """Have ``acq``'s owner read ``source``'s frames (a detector stream: ``qd.TcpSource(host, port)``) into
-        it as they come; the frames go from the stream to the owner, not through this client. Returns the
-        owner's {"frames", "received"} (with ``wait=False`` a future of it, while queries go on). If the stream
-        stops inside a frame or breaks, the error is raised and the positions that arrived are kept."""
+    def ingest(self, source: FrameSource, acq: Acquisition, wait: bool = True, progress: bool = True):
+        """Have ``acq``'s owner read ``source``'s frames into it as they come: a detector's stream
+        (``qd.MerlinSource(host)``) or a qgpu-frames-1 one (``qd.TcpSource(host, port)``). The frames go from
+        the stream to the owner, not through this client. Returns the owner's {"frames", "received"} (with
+        ``wait=False`` a future of it, while queries go on). If the stream stops inside a frame or breaks, the
+        error is raised and the positions that arrived are kept."""
         future = acq.call(Shard.ingest, source)
         if not wait:
             return future

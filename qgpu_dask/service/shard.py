@@ -34,7 +34,7 @@ from ..io.load import describe, inspect, model_sample, read_coded, read_dense, w
 from ..io.registry import open_reader
 from ..io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
 from ..io.source import Source
-from ..io.stream import TcpSource
+from ..io.stream import FrameSource
 from ..queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup
 from ..resident import DenseCounts, Resident
 from ..resident.base import check_dtype, check_shape
@@ -463,7 +463,7 @@ class Shard:
         resident = self.resident(name)
         return resident.received if isinstance(resident, LiveCounts) else resident.n_frames
 
-    async def ingest(self, name: str, source: TcpSource) -> dict:
+    async def ingest(self, name: str, source: FrameSource) -> dict:
         """Read ``source``'s frames into live acquisition ``name`` here, as they come (one stream at a time);
         when the stream ends early or breaks, what arrived is kept (and the error raised). Releasing the
         acquisition drops the stream."""
