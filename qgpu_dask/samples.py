@@ -10,6 +10,8 @@
 - ``run7_master.h5`` and its data files: the crystal as an Arina/Eiger master links it (bitshuffle-LZ4
   chunks of one frame);
 - ``scan_x16_y16.raw`` and ``empad.raw``: EMPAD frames (130 x 128 float32, 2 rows of metadata);
+- ``run3.hdr``, ``run3_1.mib`` and ``run3_2.mib``: the crystal as a Merlin writes it (U16 counts, MQ1 headers,
+  the acquisition split over two files);
 - ``phase.h5``: a wave-optical simulation (`ssb.simulate`) of atomic columns seen through an
   aberrated probe (300 kV, 20 mrad, 0.5 A steps, C10 -60 A, C12 20 A at 0.5 rad), 24 x 24 x 48 x 48,
   for calibration, DPC, SSB and direct ptychography; ``drift-0.h5`` .. ``drift-2.h5``: three frames of
@@ -76,6 +78,49 @@ def write_empad(path: Path, frames: np.ndarray) -> Path:
     return path
 
 
+def merlin_frame_header(seq: int, shape: tuple[int, int], pixel: str, depth: int, chips: int = 1, layout: str = "1x1") -> bytes:
+    """The MQ1 header of frame ``seq`` (from 1) of ``shape`` (the header's Y, X) as Merlin software 1.x writes it:
+    384 bytes for one chip, 768 for four, NUL-padded."""
+    size = 384 if chips == 1 else 768
+    dacs = ",".join(["3RX"] + ["000"] * 27)
+    fields = ["MQ1", f"{seq:06d}", f"{size:05d}", f"{chips:02d}", f"{shape[1]:04d}", f"{shape[0]:04d}", pixel, f"{layout:>6}",
+              "01" if chips == 1 else "0F", "2026-12-03 12:00:00.000000", "0.001000", "0", "0", "0",
+              "1.200000E+2", *["0.000000E+0"] * 7, *[dacs] * chips, "MQ1A", "2026-12-03T12:00:00.000000000Z", "1000000ns", str(depth), ""]
+    text = ",".join(fields).encode()
+    return text + bytes(size - len(text))
+
+
+def merlin_hdr(frames: int, per_trigger: int, depth: int, chips: int = 1, scan: tuple[int, int] | None = None) -> bytes:
+    """A Merlin acquisition header (the .hdr file's text, and the HDR message's): ``frames`` announced,
+    ``per_trigger`` a trigger, ScanX and ScanY where ``scan`` is given."""
+    lines = ["HDR,\t", "Time and Date Stamp (day, mnth, yr, hr, min, s):\t03/12/2026 12:00:00", "Chip ID:\tW529_F5,-,-,-",
+             "Chip Type (Medipix 3.0, Medipix 3.1, Medipix 3RX):\tMedipix 3RX",
+             f"Assembly Size (NX1, 2X2):\t{'   1x1' if chips == 1 else '   2x2'}", "Chip Mode  (SPM, CSM, CM, CSCM):\tSPM",
+             f"Counter Depth (number):\t{depth}", "Gain:\tSLGM", "Active Counters:\tAlternating",
+             "Acquisition Type (Normal, Th_scan, Config):\tNormal", f"Frames in Acquisition (Number):\t{frames}",
+             f"Frames per Trigger (Number):\t{per_trigger}", "Trigger Start (Positive, Negative, Internal):\tRising Edge LVDS",
+             "Readout System:\tMerlin Quad", "Software Version:\t1.6.0"]
+    if scan is not None:
+        lines += [f"ScanX:\t{scan[1]}", f"ScanY:\t{scan[0]}"]
+    return ("\n".join(lines + ["End\t"])).encode("latin-1")
+
+
+def write_merlin(folder: Path, stem: str, pixels: np.ndarray, shape: tuple[int, int], scan: tuple[int, int], pixel: str = "U16",
+                 depth: int = 12, chips: int = 1, layout: str = "1x1", files: int = 1, scan_in_header: bool = True) -> Path:
+    """Frames as a Merlin writes them: ``stem.hdr`` and ``stem_1.mib`` .. ``stem_{files}.mib`` (the frames split
+    evenly, in scan order), each frame an MQ1 header and its pixel bytes ``pixels[i]`` ((n, bytes) uint8,
+    encoded as ``pixel`` says); ``shape`` is the headers' (Y, X). Returns the .hdr path."""
+    per_file = -(-len(pixels) // files)
+    for k in range(files):
+        with open(folder / f"{stem}_{k + 1}.mib", "wb") as f:
+            for i in range(k * per_file, min((k + 1) * per_file, len(pixels))):
+                f.write(merlin_frame_header(i + 1, shape, pixel, depth, chips, layout))
+                f.write(pixels[i].tobytes())
+    hdr = folder / f"{stem}.hdr"
+    hdr.write_bytes(merlin_hdr(len(pixels), scan[1], depth, chips, scan if scan_in_header else None))
+    return hdr
+
+
 def write(folder: str | Path = ".") -> dict[str, Path]:
     """Write the sample files into ``folder`` (made if missing, files overwritten); their paths by name."""
     out = Path(folder).expanduser()
@@ -102,6 +147,7 @@ def write(folder: str | Path = ".") -> dict[str, Path]:
     empad = crystal(SCAN, (128, 128), "float32", seed=0).reshape(-1, 128, 128)
     for name in ("scan_x16_y16.raw", "empad.raw"):
         paths[name] = write_empad(out / name, empad)
+    paths["run3.hdr"] = write_merlin(out, "run3", frames.astype(">u2").view(np.uint8).reshape(len(frames), -1), DET, SCAN, files=2)
 
     over = PHASE_OVER
     potential = simulate.atoms_potential((PHASE_SCAN[0] * over, PHASE_SCAN[1] * over), PHASE_OPTICS.scan_step_A / over, 3.9)

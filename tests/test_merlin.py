@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from merlin_files import encoded, frame_header, hdr_text, write_mib
+from merlin_files import encoded, write_mib
 from qgpu_dask.formats import merlin
 from qgpu_dask.io.registry import detect_format, open_reader
 from qgpu_dask.io.source import Source
+from qgpu_dask.samples import merlin_frame_header as frame_header
+from qgpu_dask.samples import merlin_hdr as hdr_text
 
 CASES = {  # pixel, depth, chips, layout, shape (rows, cols, det), largest count
     "U08": ("U08", 6, 1, "1x1", (3, 4, 24, 40), 63),
@@ -77,7 +79,7 @@ def test_files_read_as_libertem_reads_them(tmp_path, rng, case):
     # LiberTEM reads a 24-bit raw file's first frame only right: one frame a file there
     files = shape[0] * shape[1] if depth == 24 and pixel == "R64" else 2
     hdr = write_mib(tmp_path, "scan", counts, pixel, depth, chips, layout, files=files)
-    assert detect_format(hdr).name == detect_format(tmp_path / "scan1.mib").name == "merlin"
+    assert detect_format(hdr).name == detect_format(tmp_path / "scan_1.mib").name == "merlin"
     reader = open_reader(Source(str(hdr)))
     assert reader.shape == counts.shape and reader.dtype == counts.dtype
     assert (read_all(reader) == counts).all()
@@ -88,7 +90,7 @@ def test_scan_shape_from_header_or_argument(tmp_path, rng):
     counts = counts_for(rng, "U16")
     hdr = write_mib(tmp_path, "a", counts, scan_in_header=False)  # frames per trigger (a scan row) give the shape
     assert open_reader(Source(str(hdr))).shape == counts.shape
-    alone = tmp_path / "a1.mib"
+    alone = tmp_path / "a_1.mib"
     assert open_reader(Source(str(alone))).shape == counts.shape  # its .hdr found beside it
     flat = (1, 12)
     assert open_reader(Source(str(alone), scan_shape=flat)).shape == (*flat, *counts.shape[2:])
@@ -114,16 +116,16 @@ def test_damaged_files_refused(svc, names, rng, tmp_path):
     counts = counts_for(rng, "U16")
     refused = [names("cut"), names("damaged")]
     hdr = write_mib(tmp_path, "cut", counts)
-    mib = tmp_path / "cut1.mib"
+    mib = tmp_path / "cut_1.mib"
     raw = mib.read_bytes()
     frame_bytes = len(raw) // 12
     mib.write_bytes(raw[: 7 * frame_bytes + 100])
-    with pytest.raises(ValueError, match=r"holds 7 whole frames, the scan \(3, 4\) needs 12; .*cut1.mib' ends 100 bytes into frame 8"):
+    with pytest.raises(ValueError, match=r"holds 7 whole frames, the scan \(3, 4\) needs 12; .*cut_1.mib' ends 100 bytes into frame 8"):
         svc.load(hdr, name=refused[0], progress=False)
     damaged = bytearray(raw)
     damaged[5 * frame_bytes : 5 * frame_bytes + 4] = b"XXXX"
     mib.write_bytes(bytes(damaged))
-    with pytest.raises(ValueError, match=r"cut1.mib': frame 5 of the file \(scan position 5\) has no MQ1 header"):
+    with pytest.raises(ValueError, match=r"cut_1.mib': frame 5 of the file \(scan position 5\) has no MQ1 header"):
         svc.load(hdr, name=refused[1], progress=False)
     wide = tmp_path / "wide.mib"
     wide.write_bytes(frame_header(1, (4, 4), "U64", 24) + bytes(128))

@@ -36,8 +36,9 @@ def is_merlin(path: Path, dataset: str | None = None) -> bool:
 
 
 def companion_header(mib: Path) -> Path | None:
-    """The .hdr written beside a .mib: ``<stem>.hdr``, or with the file number at the stem's end taken off."""
-    for stem in (mib.stem, re.sub(r"\d+$", "", mib.stem)):
+    """The .hdr written beside a .mib: ``<stem>.hdr``, or with the file number at the stem's end (and a ``_``
+    before it) taken off."""
+    for stem in (mib.stem, re.sub(r"\d+$", "", mib.stem), re.sub(r"_\d+$", "", mib.stem)):
         hdr = mib.with_name(f"{stem}.hdr")
         if hdr.is_file():
             return hdr
