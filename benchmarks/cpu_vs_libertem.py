@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--baseline-repeats", type=int, default=None, help="timed LiberTEM and NumPy runs (default 7; 2 with --small)")
     p.add_argument("--libertem", default=None,
                    help="LiberTEM executors: default (Context()), or make_with specs like dask:2, inline, threads:2 "
-                        "(default inline,threads:2,default,dask:2; inline with --small)")
+                        "(default inline,threads:2,default,dask:2, also with --small: the fields the docs' tables read)")
     p.add_argument("--workers", default="1,2", help="qgpu-dask worker counts to try")
     p.add_argument("--series", type=int, default=4, help="acquisitions of the compressed series (the file held that many times)")
     p.add_argument("--keep-omp-env", action="store_true", help="leave OMP_NUM_THREADS unset (see below)")
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict:
     scan, det = SHAPES[size]
     repeats = args.repeats or (3 if args.small else 30)
     baseline_repeats = args.baseline_repeats or (2 if args.small else 7)
-    specs = [s for s in (args.libertem or ("inline" if args.small else "inline,threads:2,default,dask:2")).split(",") if s]
+    specs = [s for s in (args.libertem or "inline,threads:2,default,dask:2").split(",") if s]
     path = args.file or Path(tempfile.gettempdir()) / ("qgpu_cpu_vs_libertem_small.h5" if args.small else "qgpu_cpu_vs_libertem.h5")
     load_before = os.getloadavg()
     # LiberTEM's Numba code (OpenMP threading layer) in this process fights OpenBLAS's

@@ -1,0 +1,148 @@
+"""Ingest from real detectors' streams against LiberTEM-live's own receivers on the same stream (issue 26's measure).
+
+A Merlin: LiberTEM-live's simulator (``libertem-live-mib-sim --cached mem``, a process of its own) replays a
+.mib of ``--scan`` x ``--scan`` frames of ``--det`` x ``--det`` U16 counts (Poisson, ``--dose`` per pixel)
+on its data port, as fast as it goes, an acquisition a connection. Measured in the same run, each the
+median of ``--runs`` after one unmeasured pass (the simulator fills its cache, receivers compile): a bare
+reader of the messages (the simulator's own send rate), ``libertem_qd_mpx.QdConnection`` decoding every
+frame into one NumPy array (LiberTEM-live's receiver), and ``svc.ingest(qd.MerlinSource(...))`` into a
+compressed live acquisition on a one-worker cluster, alone and with a viewer asking a moving-disk virtual
+image as fast as it can, and into a dense one (the receiver and the appends without the coding).
+
+    python benchmarks/live_detectors.py            # on the GPU machine
+    python benchmarks/live_detectors.py --small    # seconds, on the CPU too: what CI runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import qgpu_dask as qd
+from qgpu_dask.formats import merlin
+from qgpu_dask.samples import write_merlin
+
+import record
+from live_gpu import median_run, view
+
+
+def simulator(hdr: Path) -> tuple[int, subprocess.Popen]:
+    """LiberTEM-live's Merlin simulator replaying ``hdr`` from memory, once its data port listens: (port, process)."""
+    ports = []
+    for _ in range(3):
+        with socket.create_server(("127.0.0.1", 0)) as probe:
+            ports.append(probe.getsockname()[1])
+    program = Path(sys.executable).with_name("libertem-live-mib-sim")
+    process = subprocess.Popen([str(program), str(hdr), "--host", "127.0.0.1", "--cached", "mem", "--data-port", str(ports[0]),
+                                "--control-port", str(ports[1]), "--trigger-port", str(ports[2])],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        if f"{ports[0]})" in line and "listening" in line:
+            return ports[0], process
+    raise RuntimeError(f"libertem-live-mib-sim {hdr} did not start")
+
+
+def bare(port: int, n_frames: int) -> float:
+    """Frames per second of one acquisition read off the port and dropped (the simulator's send rate)."""
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        t0 = time.perf_counter()
+        stream = conn.makefile("rb")
+        stream.read(merlin.mpx_length(stream.read(merlin.MPX_BYTES), "sim"))
+        prefix = stream.read(merlin.MPX_BYTES)
+        size = merlin.MPX_BYTES + merlin.mpx_length(prefix, "sim")
+        stream.read(size - merlin.MPX_BYTES)
+        left = (n_frames - 1) * size
+        sink = bytearray(1 << 22)
+        while left:
+            got = stream.readinto(memoryview(sink)[: min(left, len(sink))])
+            left -= got
+        return n_frames / (time.perf_counter() - t0)
+
+
+def libertem_live(port: int, n_frames: int, det: int) -> float:
+    """Frames per second of one acquisition received and decoded into NumPy by LiberTEM-live's receiver."""
+    import libertem_qd_mpx
+
+    out = np.empty((n_frames, det, det), np.uint16)
+    with tempfile.TemporaryDirectory() as shm:
+        conn = libertem_qd_mpx.QdConnection(data_host="127.0.0.1", data_port=port, frame_stack_size=16,
+                                            shm_handle_path=str(Path(shm) / "qd-shm"), bytes_per_frame=det * det * 2)
+        try:
+            t0 = time.perf_counter()
+            conn.start_passive()
+            cam = libertem_qd_mpx.CamClient(conn.get_socket_path())
+            if conn.wait_for_arm(timeout=60.0) is None:
+                raise RuntimeError("LiberTEM-live's receiver saw no acquisition header in 60 s")
+            at = 0
+            while (stack := conn.get_next_stack(max_size=64)) is not None:
+                cam.decode_range_into_buffer(stack, out[at : at + len(stack)], 0, len(stack))
+                at += len(stack)
+                cam.done(stack)
+            seconds = time.perf_counter() - t0
+        finally:
+            conn.close()
+    if at != n_frames:
+        raise RuntimeError(f"LiberTEM-live's receiver got {at} of {n_frames} frames")
+    return n_frames / seconds
+
+
+def ingest(svc, port: int, scan: tuple[int, int], det: int, viewer: bool, layout: str = "compressed") -> dict:
+    """One acquisition ingested from the port into a live acquisition of ``layout``, with or without a viewer
+    loop; rates."""
+    acq = svc.create(f"merlin-{time.monotonic_ns()}", scan, (det, det), "uint16", layout=layout)
+    t0 = time.perf_counter()
+    future = svc.ingest(qd.MerlinSource("127.0.0.1", port), acq, wait=False, progress=False)
+    views = 0
+    if viewer:
+        while not future.done():
+            view(acq, det, views)
+            views += 1
+    result = future.result()
+    seconds = time.perf_counter() - t0
+    out = {"frames_per_s": result["received"] / seconds, "views_per_s": views / seconds if viewer else None,
+           "ratio": acq.info()["raw_bytes"] / acq.info()["nbytes"]}
+    acq.release()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scan", type=int, default=64)
+    ap.add_argument("--det", type=int, default=256)
+    ap.add_argument("--dose", type=float, default=0.3)
+    ap.add_argument("--runs", type=int, default=3, help="runs of each measurement; the median is kept")
+    args = record.parse(ap, small={"scan": 16, "det": 64, "runs": 1})
+    scan, n_frames = (args.scan, args.scan), args.scan * args.scan
+    counts = np.random.default_rng(5).poisson(args.dose, (n_frames, args.det, args.det)).astype(">u2")
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
+        hdr = write_merlin(Path(tmp), "bench", counts.view(np.uint8).reshape(n_frames, -1), (args.det, args.det), scan)
+        port, process = simulator(hdr)
+        try:
+            with qd.Service.local(n_workers=1) as svc:
+                bare(port, n_frames), libertem_live(port, n_frames, args.det), ingest(svc, port, scan, args.det, False)
+                sent = statistics.median(bare(port, n_frames) for _ in range(args.runs))
+                theirs = statistics.median(libertem_live(port, n_frames, args.det) for _ in range(args.runs))
+                alone = median_run(args.runs, lambda: ingest(svc, port, scan, args.det, False))
+                viewed = median_run(args.runs, lambda: ingest(svc, port, scan, args.det, True))
+                dense = median_run(args.runs, lambda: ingest(svc, port, scan, args.det, False, "dense"))
+        finally:
+            process.terminate()
+            process.wait()
+    results = {"frames": n_frames, "det": args.det, "dose": args.dose, "runs": args.runs,
+               "merlin": {"simulator_frames_per_s": sent, "libertem_live_frames_per_s": theirs,
+                          "alone": alone | {"over_libertem_live": alone["frames_per_s"] / theirs, "over_simulator": alone["frames_per_s"] / sent},
+                          "with_viewer": viewed | {"over_libertem_live": viewed["frames_per_s"] / theirs},
+                          "dense": dense | {"over_libertem_live": dense["frames_per_s"] / theirs}}}
+    record.publish(f"live_detectors_{'cuda' if qd.device.has_gpu() else 'cpu'}", results)
+
+
+if __name__ == "__main__":
+    main()
