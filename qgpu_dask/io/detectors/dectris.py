@@ -1,0 +1,190 @@
+"""A DECTRIS detector's stream interface, version 1 (SIMPLON "legacy" format): a ZeroMQ PUSH socket the
+detector binds (port 9999), which the receiver pulls from.
+
+A series is a header (``dheader-1.0``, then the detector configuration as JSON; with ``header_detail`` "all"
+also flat field, pixel mask and count-rate table, each a JSON part and a blob), then per image a
+``dimage-1.0`` part (series, frame number), a ``dimage_d-1.0`` part (shape [x, y], type, encoding), the blob
+and a ``dconfig-1.0`` part, and at the end ``dseries_end-1.0``. Parts are read one by one and told apart by
+their ``htype`` (LiberTEM-live's simulators send the header's two parts as two messages). Blobs encoded
+``bs8-lz4<``, ``bs16-lz4<`` or ``bs32-lz4<`` are bitshuffle-LZ4 chunks in the HDF5 filter's framing (a
+12-byte header, then blocks), gathered into ``batches.Chunks`` and decoded on the acquisition's device like
+an Arina file's; a header of zeros (LiberTEM-live's mocked frames) is filled in with the frame's size and
+the 8192-byte blocks DECTRIS writes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Iterator
+
+import numpy as np
+
+from ...formats.bitshuffle_lz4 import HEADER_BYTES
+from ..batches import AHEAD, Chunks, decoded, host_buffers, prefetched
+
+ENDPOINT_PORT = 9999
+BLOCK_BYTES = 8192  # the bitshuffle block DECTRIS detectors write (in bytes)
+ENCODINGS = {"bs8-lz4<": 1, "bs16-lz4<": 2, "bs32-lz4<": 4}  # readable encodings, by the element size they shuffle
+LATENCY_S = 0.05  # a batch is handed on after this long, full or not (a slow detector is seen live)
+
+
+@dataclass(frozen=True)
+class DectrisSource:
+    """A DECTRIS detector's stream interface at ``host``:``port`` (one series), read up to ``frames_per_read`` frames
+    at a time."""
+
+    host: str
+    port: int = ENDPOINT_PORT
+    frames_per_read: int = 256
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.frames_per_read < 1 or not self.timeout_s > 0:
+            raise ValueError(f"a DectrisSource reads at least 1 frame at a time and waits a positive time, got frames_per_read="
+                             f"{self.frames_per_read}, timeout_s={self.timeout_s}")
+
+    def describe(self) -> str:
+        return f"tcp://{self.host}:{self.port} (DECTRIS stream v1)"
+
+    def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
+        """The series' frames, (n, det_rows, det_cols) arrays of ``xp``, read ahead in a thread of their own;
+        ValueError naming the frame for a series of other frames, an unreadable encoding, a lost or foreign
+        frame, a malformed chunk, or a stream quiet for ``timeout_s`` (the frames before it handed on first)."""
+        dtype, sent = np.dtype(dtype), 0
+        for batch in prefetched(self.batches(tuple(det_shape), dtype, host_buffers(xp)), AHEAD):
+            block, bad = decoded(batch, det_shape, dtype, xp)
+            if len(block):
+                sent += len(block)
+                yield block
+            if bad is not None:
+                raise ValueError(f"{self.describe()} sent a malformed frame {sent}: {bad.problem}")
+
+    def batches(self, det_shape: tuple[int, int], dtype: np.dtype, buffer) -> Iterator[Chunks]:
+        """The series' blobs, whole frames gathered into Chunks in ``buffer``s."""
+        try:
+            import zmq
+        except ImportError:
+            raise ValueError("reading a DECTRIS stream needs pyzmq on the worker: pip install 'qgpu-dask[detectors]'") from None
+
+        where = self.describe()
+        context = zmq.Context.instance()
+        pull = context.socket(zmq.PULL)
+        pull.setsockopt(zmq.LINGER, 0)
+        pull.setsockopt(zmq.RCVTIMEO, int(self.timeout_s * 1000))
+        pull.connect(f"tcp://{self.host}:{self.port}")
+        try:
+            parts = Parts(pull, where, self.timeout_s)
+            header = parts.series_header()
+            if header.get("header_detail") == "none":
+                raise ValueError(f"{where} sends header_detail 'none': the series' frame count is in the detector configuration,"
+                                 " sent with 'basic' or 'all' (set the stream's header_detail)")
+            config = parts.json()
+            if "htype" in config:
+                raise ValueError(f"{where}: the series header is followed by {config['htype']!r}, not the detector configuration")
+            if header.get("header_detail") == "all":
+                for _ in range(3):  # flat field, pixel mask, count-rate table: a JSON part and a blob each
+                    parts.json()
+                    parts.next()
+            total = series_frames(config, where)
+            shape = (int(config["y_pixels_in_detector"]), int(config["x_pixels_in_detector"]))
+            if shape != det_shape:
+                raise ValueError(f"{where} sends frames of {shape}, the acquisition holds {det_shape}")
+            frame_bytes = shape[0] * shape[1] * dtype.itemsize
+            series, sent = header.get("series"), 0
+            while sent < total:
+                n = min(self.frames_per_read, total - sent)
+                blobs: list[bytes] = []
+                since = time.perf_counter()
+                while len(blobs) < n and (not blobs or time.perf_counter() - since < LATENCY_S):
+                    blobs.append(self.blob(parts, series, sent + len(blobs), dtype, det_shape, where))
+                yield gathered(blobs, frame_bytes, buffer)
+                sent += len(blobs)
+        finally:
+            pull.close()
+
+    def blob(self, parts: "Parts", series, frame: int, dtype: np.dtype, det_shape: tuple[int, int], where: str) -> bytes:
+        """The next image's blob, its parts checked."""
+        image = parts.json()
+        if image.get("htype") != "dimage-1.0":
+            raise ValueError(f"{where}: expected frame {frame}, got {image.get('htype')!r} (the series ended early?)")
+        if image.get("series") != series or image.get("frame") != frame:
+            raise ValueError(f"{where}: frame {frame} came as frame {image.get('frame')} of series {image.get('series')}"
+                             f" (series {series} expected: a frame was lost, or another series began)")
+        info = parts.json()
+        encoding = info.get("encoding")
+        if ENCODINGS.get(encoding) != dtype.itemsize or info.get("type") != dtype.name:
+            raise ValueError(f"{where}: frame {frame} is {info.get('type')} encoded {encoding!r}; the acquisition holds {dtype}"
+                             f" (readable: {', '.join(ENCODINGS)}, the shuffle's element size the counts')")
+        if list(info.get("shape", [])) != [det_shape[1], det_shape[0]]:
+            raise ValueError(f"{where}: frame {frame} has shape [x, y] = {info.get('shape')}, the acquisition {det_shape[::-1]}")
+        data = parts.next()
+        parts.json()  # dconfig-1.0: the frame's times
+        while parts.more():
+            parts.next()  # an image appendix
+        return data
+
+
+class Parts:
+    """The parts of a ZeroMQ PULL socket, one at a time."""
+
+    def __init__(self, pull, where: str, timeout_s: float):
+        self.pull, self.where, self.timeout_s = pull, where, timeout_s
+
+    def next(self) -> bytes:
+        import zmq
+
+        try:
+            return self.pull.recv(copy=True)
+        except zmq.Again:
+            raise ValueError(f"{self.where} sent nothing for {self.timeout_s:g} s") from None
+
+    def more(self) -> bool:
+        import zmq
+
+        return bool(self.pull.getsockopt(zmq.RCVMORE))
+
+    def series_header(self) -> dict:
+        """The next series header; the parts before it (the rest of a series begun before this receiver) skipped."""
+        while True:
+            part = self.next()
+            try:
+                value = json.loads(part)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and value.get("htype") == "dheader-1.0":
+                return value
+
+    def json(self) -> dict:
+        part = self.next()
+        try:
+            value = json.loads(part)
+        except ValueError:
+            raise ValueError(f"{self.where}: expected a JSON part, got {len(part)} bytes starting {part[:32]!r}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{self.where}: expected a JSON object, got {part[:64]!r}")
+        return value
+
+
+def series_frames(config: dict, where: str) -> int:
+    """Frames of the series: one per trigger in the modes exte and inte, nimages a trigger in exts and ints."""
+    try:
+        mode, ntrigger, nimages = config["trigger_mode"], int(config["ntrigger"]), int(config["nimages"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{where}: the detector configuration lacks trigger_mode, ntrigger or nimages") from None
+    return ntrigger if mode in ("exte", "inte") else ntrigger * nimages
+
+
+def gathered(blobs: list[bytes], frame_bytes: int, buffer) -> Chunks:
+    """``blobs`` back to back in ``buffer(nbytes)`` as Chunks; a 12-byte header of zeros filled in with the frame's
+    size and DECTRIS's block size."""
+    ends = np.cumsum([len(b) for b in blobs])
+    starts = ends - [len(b) for b in blobs]
+    data = buffer(int(ends[-1]))
+    for blob, start in zip(blobs, starts):
+        data[start : start + len(blob)] = np.frombuffer(blob, np.uint8)
+        if len(blob) >= HEADER_BYTES and not data[start : start + HEADER_BYTES].any():
+            data[start : start + HEADER_BYTES] = np.frombuffer(frame_bytes.to_bytes(8, "big") + BLOCK_BYTES.to_bytes(4, "big"), np.uint8)
+    return Chunks(data, starts.astype(np.int64), ends.astype(np.int64))

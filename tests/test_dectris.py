@@ -1,0 +1,127 @@
+"""A DECTRIS detector's stream interface (v1) ingested live from LiberTEM-live's DECTRIS simulator (a separate
+process replaying a dump this test records from known frames, armed through its REST API, started and stopped
+here by its PID): every frame equal to those written, bad series refused naming the frame."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import h5py
+import hdf5plugin
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+
+
+def bslz4_blobs(frames: np.ndarray, folder: Path) -> list[bytes]:
+    """Each frame as the bitshuffle-LZ4 chunk HDF5's filter 32008 writes (the framing DECTRIS detectors send)."""
+    path = folder / "chunks.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("d", data=frames, chunks=(1, *frames.shape[1:]), **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
+    with h5py.File(path, "r") as f:
+        return [f["d"].id.read_direct_chunk((k, 0, 0))[1] for k in range(len(frames))]
+
+
+def write_dump(path: Path, frames: np.ndarray, series: int = 7) -> Path:
+    """A dump the simulator replays: each part of a series (header, configuration, 4 parts an image, end) as an
+    int64 little-endian length and its bytes."""
+    n, rows, cols = frames.shape
+    config = {"trigger_mode": "exte", "ntrigger": n, "nimages": 1, "x_pixels_in_detector": cols, "y_pixels_in_detector": rows,
+              "bit_depth_image": 8 * frames.dtype.itemsize, "compression": "bslz4", "count_time": 0.001, "frame_time": 0.001}
+    parts = [json.dumps({"htype": "dheader-1.0", "series": series, "header_detail": "basic"}).encode(), json.dumps(config).encode()]
+    for k, blob in enumerate(bslz4_blobs(frames, path.parent)):
+        parts += [json.dumps({"htype": "dimage-1.0", "series": series, "frame": k, "hash": hashlib.md5(blob).hexdigest()}).encode(),
+                  json.dumps({"htype": "dimage_d-1.0", "shape": [cols, rows], "type": frames.dtype.name,
+                              "encoding": f"bs{8 * frames.dtype.itemsize}-lz4<", "size": len(blob)}).encode(),
+                  blob, json.dumps({"htype": "dconfig-1.0", "start_time": 0, "stop_time": 1000, "real_time": 1000}).encode()]
+    parts.append(json.dumps({"htype": "dseries_end-1.0", "series": series}).encode())
+    path.write_bytes(b"".join(struct.pack("<q", len(p)) + p for p in parts))
+    return path
+
+
+@pytest.fixture
+def dectris_sim(tmp_path):
+    """Start LiberTEM-live's DECTRIS simulator on a dump (a function of its path, giving (zmq port, REST port));
+    stopped by its PID."""
+    pytest.importorskip("libertem_live")
+    pytest.importorskip("zmq")
+    program = Path(sys.executable).with_name("libertem-live-dectris-sim")
+    if not program.exists():
+        pytest.skip("libertem-live-dectris-sim is not installed beside this Python (pip install 'libertem-live[sim]')")
+    started = []
+
+    def start(dump: Path) -> tuple[int, int]:
+        log = tmp_path / f"sim-{len(started)}.log"
+        process = subprocess.Popen([str(program), str(dump), "--port", "0", "--zmqport", "0"], stdout=open(log, "w"),
+                                   stderr=subprocess.STDOUT)
+        started.append(process)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            text = log.read_text()
+            zmq_port = re.search(r"listening on tcp://127\.0\.0\.1:(\d+)", text)
+            rest_port = re.search(r"API server listening on \('127\.0\.0\.1', (\d+)\)", text)
+            if zmq_port and rest_port:
+                return int(zmq_port.group(1)), int(rest_port.group(1))
+            assert process.poll() is None, f"the simulator exited: {text[-2000:]}"
+            time.sleep(0.2)
+        raise AssertionError("the DECTRIS simulator did not listen within 120 s")
+
+    yield start
+    for process in started:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def arm(rest_port: int) -> dict:
+    """The detector armed through the SIMPLON REST API: the series starts."""
+    request = urllib.request.Request(f"http://127.0.0.1:{rest_port}/detector/api/1.8.0/command/arm", method="PUT", data=b"{}",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def test_ingest_from_libertem_live_dectris_simulator(svc, names, rng, tmp_path, dectris_sim):
+    counts = rng.poisson(rng.uniform(0.1, 30, (48, 64)), (6, 8, 48, 64)).astype(np.uint16)
+    zmq_port, rest_port = dectris_sim(write_dump(tmp_path / "series.dump", counts.reshape(-1, 48, 64)))
+    assert arm(rest_port) == {"sequence id": 7}
+    acq = svc.create(names(), scan_shape=(6, 8), det_shape=(48, 64), dtype="uint16")
+    result = svc.ingest(qd.DectrisSource("127.0.0.1", zmq_port, frames_per_read=10, timeout_s=60), acq, progress=False)
+    assert result == {"frames": 48, "received": 48}
+    assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+
+
+def test_bad_series_refused_naming_why(svc, names, rng, tmp_path, dectris_sim):
+    """Frames of another shape or dtype are refused before any is appended; a detector that sends nothing is
+    named after the wait; the acquisition takes the series afterwards."""
+    counts = rng.poisson(2.0, (2, 3, 16, 24)).astype(np.uint16)
+    zmq_port, rest_port = dectris_sim(write_dump(tmp_path / "series.dump", counts.reshape(-1, 16, 24)))
+    other = svc.create(names(), scan_shape=(2, 3), det_shape=(24, 16), dtype="uint16")
+    arm(rest_port)
+    with pytest.raises(ValueError, match=r"sends frames of \(16, 24\), the acquisition holds \(24, 16\)"):
+        svc.ingest(qd.DectrisSource("127.0.0.1", zmq_port, timeout_s=30), other, progress=False)
+    wide = svc.create(names(), scan_shape=(2, 3), det_shape=(16, 24), dtype="uint32")
+    arm(rest_port)
+    with pytest.raises(ValueError, match=r"frame 0 is uint16 encoded 'bs16-lz4<'; the acquisition holds uint32"):
+        svc.ingest(qd.DectrisSource("127.0.0.1", zmq_port, timeout_s=30), wide, progress=False)
+    acq = svc.create(names(), scan_shape=(2, 3), det_shape=(16, 24), dtype="uint16")
+    with pytest.raises(ValueError, match=r"sent nothing for 2 s"):
+        svc.ingest(qd.DectrisSource("127.0.0.1", zmq_port, timeout_s=2), acq, progress=False)  # not armed: no series
+    assert acq.received == 0
+    arm(rest_port)
+    svc.ingest(qd.DectrisSource("127.0.0.1", zmq_port, timeout_s=30), acq, progress=False)
+    assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
