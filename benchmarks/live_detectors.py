@@ -1,5 +1,12 @@
 """Ingest from real detectors' streams against LiberTEM-live's own receivers on the same stream (issue 26's measure).
 
+A DECTRIS detector: LiberTEM-live's DECTRIS simulator (``libertem-live-dectris-sim``) replays a recorded
+stream-v1 series of ``--scan`` x ``--scan`` frames of ``--dectris-det`` x ``--dectris-det`` uint16 counts
+(bitshuffle-LZ4, Poisson ``--dose``), once per arm through its REST API. Measured as for the Merlin below:
+a bare pyzmq reader of every part (the simulator's send rate), ``libertem_dectris.DectrisConnection``
+decoding every frame into one NumPy array, and ``svc.ingest(qd.DectrisSource(...))`` (compressed, alone and
+with a viewer; dense).
+
 A Merlin: LiberTEM-live's simulator (``libertem-live-mib-sim --cached mem``, a process of its own) replays a
 .mib of ``--scan`` x ``--scan`` frames of ``--det`` x ``--det`` U16 counts (Poisson, ``--dose`` per pixel)
 on its data port, as fast as it goes, an acquisition a connection. Measured in the same run, each the
@@ -16,19 +23,21 @@ image as fast as it can, and into a dense one (the receiver and the appends with
 from __future__ import annotations
 
 import argparse
+import re
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 import qgpu_dask as qd
 from qgpu_dask.formats import merlin
-from qgpu_dask.samples import write_merlin
+from qgpu_dask.samples import write_dectris_series, write_merlin
 
 import record
 from live_gpu import median_run, view
@@ -94,12 +103,81 @@ def libertem_live(port: int, n_frames: int, det: int) -> float:
     return n_frames / seconds
 
 
-def ingest(svc, port: int, scan: tuple[int, int], det: int, viewer: bool, layout: str = "compressed") -> dict:
-    """One acquisition ingested from the port into a live acquisition of ``layout``, with or without a viewer
-    loop; rates."""
-    acq = svc.create(f"merlin-{time.monotonic_ns()}", scan, (det, det), "uint16", layout=layout)
+def dectris_simulator(dump: Path) -> tuple[int, int, subprocess.Popen]:
+    """LiberTEM-live's DECTRIS simulator replaying ``dump``, once it listens: (zmq port, REST port, process)."""
+    program = Path(sys.executable).with_name("libertem-live-dectris-sim")
+    process = subprocess.Popen([str(program), str(dump), "--port", "0", "--zmqport", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    zmq_port = rest_port = None
+    for line in process.stdout:
+        zmq_port = zmq_port or re.search(r"listening on tcp://127\.0\.0\.1:(\d+)", line)
+        rest_port = rest_port or re.search(r"API server listening on \('127\.0\.0\.1', (\d+)\)", line)
+        if zmq_port and rest_port:
+            return int(zmq_port.group(1)), int(rest_port.group(1)), process
+    raise RuntimeError(f"libertem-live-dectris-sim {dump} did not start")
+
+
+def arm(rest_port: int) -> None:
+    request = urllib.request.Request(f"http://127.0.0.1:{rest_port}/detector/api/1.8.0/command/arm", method="PUT", data=b"{}",
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=30).read()
+
+
+def dectris_bare(ports: tuple[int, int], n_frames: int) -> float:
+    """Frames per second of one series' parts pulled and dropped (the simulator's send rate)."""
+    import zmq
+
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.connect(f"tcp://127.0.0.1:{ports[0]}")
+    try:
+        t0 = time.perf_counter()
+        arm(ports[1])
+        while b"dseries_end" not in pull.recv()[:64]:
+            pass
+        return n_frames / (time.perf_counter() - t0)
+    finally:
+        pull.close()
+
+
+def dectris_libertem_live(ports: tuple[int, int], n_frames: int, det: int) -> float:
+    """Frames per second of one series received and decoded into NumPy by LiberTEM-live's receiver."""
+    import libertem_dectris
+
+    out = np.empty((n_frames, det, det), np.uint16)
+    with tempfile.TemporaryDirectory() as shm:
+        conn = libertem_dectris.DectrisConnection(uri=f"tcp://127.0.0.1:{ports[0]}", frame_stack_size=32,
+                                                  handle_path=str(Path(shm) / "shm"), num_slots=2000, bytes_per_frame=det * det * 2)
+        try:
+            t0 = time.perf_counter()
+            conn.start_passive()
+            cam = libertem_dectris.CamClient(conn.get_socket_path())
+            arm(ports[1])
+            if conn.wait_for_arm(60.0) is None:
+                raise RuntimeError("LiberTEM-live's DECTRIS receiver saw no series in 60 s")
+            at = 0
+            while (stack := conn.get_next_stack(max_size=32)) is not None:
+                n = len(stack)
+                cam.decode_range_into_buffer(stack, out[at : at + n], 0, n)
+                cam.done(stack)
+                at += n
+            seconds = time.perf_counter() - t0
+        finally:
+            conn.close()
+    if at != n_frames:
+        raise RuntimeError(f"LiberTEM-live's DECTRIS receiver got {at} of {n_frames} frames")
+    return n_frames / seconds
+
+
+def ingest(svc, port, scan: tuple[int, int], det: int, viewer: bool, layout: str = "compressed") -> dict:
+    """One acquisition ingested into a live acquisition of ``layout``, with or without a viewer loop; rates.
+    ``port``: a Merlin's data port, or a DECTRIS simulator's (zmq, REST) ports (armed here)."""
+    acq = svc.create(f"detector-{time.monotonic_ns()}", scan, (det, det), "uint16", layout=layout)
     t0 = time.perf_counter()
-    future = svc.ingest(qd.MerlinSource("127.0.0.1", port), acq, wait=False, progress=False)
+    source = qd.MerlinSource("127.0.0.1", port) if isinstance(port, int) else qd.DectrisSource("127.0.0.1", port[0])
+    future = svc.ingest(source, acq, wait=False, progress=False)
+    if not isinstance(port, int):
+        arm(port[1])
     views = 0
     if viewer:
         while not future.done():
@@ -113,34 +191,49 @@ def ingest(svc, port: int, scan: tuple[int, int], det: int, viewer: bool, layout
     return out
 
 
+def compared(svc, runs: int, port, scan: tuple[int, int], det: int, bare_rate, theirs_rate) -> dict:
+    """One detector's figures: each measure once unmeasured, then the median of ``runs``."""
+    bare_rate(), theirs_rate(), ingest(svc, port, scan, det, False)
+    sent = statistics.median(bare_rate() for _ in range(runs))
+    theirs = statistics.median(theirs_rate() for _ in range(runs))
+    alone = median_run(runs, lambda: ingest(svc, port, scan, det, False))
+    viewed = median_run(runs, lambda: ingest(svc, port, scan, det, True))
+    dense = median_run(runs, lambda: ingest(svc, port, scan, det, False, "dense"))
+    return {"simulator_frames_per_s": sent, "libertem_live_frames_per_s": theirs,
+            "alone": alone | {"over_libertem_live": alone["frames_per_s"] / theirs, "over_simulator": alone["frames_per_s"] / sent},
+            "with_viewer": viewed | {"over_libertem_live": viewed["frames_per_s"] / theirs},
+            "dense": dense | {"over_libertem_live": dense["frames_per_s"] / theirs}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scan", type=int, default=64)
     ap.add_argument("--det", type=int, default=256)
     ap.add_argument("--dose", type=float, default=0.3)
     ap.add_argument("--runs", type=int, default=3, help="runs of each measurement; the median is kept")
-    args = record.parse(ap, small={"scan": 16, "det": 64, "runs": 1})
+    ap.add_argument("--dectris-det", type=int, default=192)
+    args = record.parse(ap, small={"scan": 16, "det": 64, "dectris_det": 64, "runs": 1})
     scan, n_frames = (args.scan, args.scan), args.scan * args.scan
-    counts = np.random.default_rng(5).poisson(args.dose, (n_frames, args.det, args.det)).astype(">u2")
-    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
-        hdr = write_merlin(Path(tmp), "bench", counts.view(np.uint8).reshape(n_frames, -1), (args.det, args.det), scan)
-        port, process = simulator(hdr)
+    rng = np.random.default_rng(5)
+    results: dict = {"frames": n_frames, "det": args.det, "dectris_det": args.dectris_det, "dose": args.dose, "runs": args.runs}
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp, qd.Service.local(n_workers=1) as svc:
+        counts = rng.poisson(args.dose, (n_frames, args.det, args.det)).astype(">u2")
+        port, process = simulator(write_merlin(Path(tmp), "bench", counts.view(np.uint8).reshape(n_frames, -1), (args.det, args.det), scan))
         try:
-            with qd.Service.local(n_workers=1) as svc:
-                bare(port, n_frames), libertem_live(port, n_frames, args.det), ingest(svc, port, scan, args.det, False)
-                sent = statistics.median(bare(port, n_frames) for _ in range(args.runs))
-                theirs = statistics.median(libertem_live(port, n_frames, args.det) for _ in range(args.runs))
-                alone = median_run(args.runs, lambda: ingest(svc, port, scan, args.det, False))
-                viewed = median_run(args.runs, lambda: ingest(svc, port, scan, args.det, True))
-                dense = median_run(args.runs, lambda: ingest(svc, port, scan, args.det, False, "dense"))
+            results["merlin"] = compared(svc, args.runs, port, scan, args.det, lambda: bare(port, n_frames),
+                                         lambda: libertem_live(port, n_frames, args.det))
         finally:
             process.terminate()
             process.wait()
-    results = {"frames": n_frames, "det": args.det, "dose": args.dose, "runs": args.runs,
-               "merlin": {"simulator_frames_per_s": sent, "libertem_live_frames_per_s": theirs,
-                          "alone": alone | {"over_libertem_live": alone["frames_per_s"] / theirs, "over_simulator": alone["frames_per_s"] / sent},
-                          "with_viewer": viewed | {"over_libertem_live": viewed["frames_per_s"] / theirs},
-                          "dense": dense | {"over_libertem_live": dense["frames_per_s"] / theirs}}}
+        counts = rng.poisson(args.dose, (n_frames, args.dectris_det, args.dectris_det)).astype(np.uint16)
+        zmq_port, rest_port, process = dectris_simulator(write_dectris_series(Path(tmp) / "series.dump", counts))
+        ports = (zmq_port, rest_port)
+        try:
+            results["dectris"] = compared(svc, args.runs, ports, scan, args.dectris_det, lambda: dectris_bare(ports, n_frames),
+                                          lambda: dectris_libertem_live(ports, n_frames, args.dectris_det))
+        finally:
+            process.terminate()
+            process.wait()
     record.publish(f"live_detectors_{'cuda' if qd.device.has_gpu() else 'cpu'}", results)
 
 

@@ -163,7 +163,7 @@ MEASURES: dict[str, list[str]] = {
     "live_gpu": ["qgpu_dask/resident/live.py", "qgpu_dask/io/stream.py", "qgpu_dask/io/wire.py", "qgpu_dask/io/simulator.py",
                  "qgpu_dask/io/source.py", "qgpu_dask/io/registry.py", "qgpu_dask/io/readers/base.py", "qgpu_dask/cli.py"] + BITSHUFFLE + COMPRESSED + SERVICE,
     "live_detectors": ["qgpu_dask/resident/live.py", "qgpu_dask/io/detectors", "qgpu_dask/io/stream.py", "qgpu_dask/io/batches.py",
-                       "qgpu_dask/formats/merlin.py"] + COMPRESSED + SERVICE,
+                       "qgpu_dask/formats/merlin.py"] + BITSHUFFLE + COMPRESSED + SERVICE,
     "tensor_rates": [],
     "view_gpu": ["qgpu_dask/view", "qgpu_dask/detector/masks.py"] + SERVICE + DENSE + COMPRESSED,
     "cpu_vs_libertem": SERVICE + DENSE + COMPRESSED + LOADS,
@@ -528,15 +528,13 @@ TABLES: tuple[Table | Figure, ...] = (
               ("over the wire", "", F("bitshuffle_lz4/alone/over_wire"), F("bitshuffle_lz4/with_viewer/over_wire"), "", "", ""),
               ("resident: raw / held", F("bitshuffle_lz4/with_viewer/ratio"), "", "", "", "", ""))),
     Table("live_detectors_cpu", PAGE, "live_detectors_cpu", "live_detectors",
-          ("Merlin data port, frames/s", "the simulator's send rate", "LiberTEM-live's receiver", "ours: compressed", "with a viewer",
-           "ours: dense"), (
-              ("frames", F("merlin/simulator_frames_per_s", "{:,.0f}"), F("merlin/libertem_live_frames_per_s", "{:,.0f}"),
-               F("merlin/alone/frames_per_s", "{:,.0f}", bold=True), F("merlin/with_viewer/frames_per_s", "{:,.0f}"),
-               F("merlin/dense/frames_per_s", "{:,.0f}", bold=True)),
-              ("over LiberTEM-live's receiver", "", "", F("merlin/alone/over_libertem_live"), F("merlin/with_viewer/over_libertem_live"),
-               F("merlin/dense/over_libertem_live")),
-              ("viewer, queries/s", "", "", "", F("merlin/with_viewer/views_per_s", "{:.1f}"), ""),
-              ("frames; detector", (F("frames"), "; ", F("det"), " x ", F("det")), "", "", "", ""))),
+          ("frames/s", "the simulator's send rate", "LiberTEM-live's receiver", "ours: compressed", "with a viewer (queries/s)",
+           "ours: dense"), tuple(
+              (f"{label}, {size}", F(f"{key}/simulator_frames_per_s", "{:,.0f}"), F(f"{key}/libertem_live_frames_per_s", "{:,.0f}"),
+               (F(f"{key}/alone/frames_per_s", "{:,.0f}", bold=True), " (", F(f"{key}/alone/over_libertem_live"), " x)"),
+               (F(f"{key}/with_viewer/frames_per_s", "{:,.0f}"), " (", F(f"{key}/with_viewer/views_per_s", "{:.1f}"), ")"),
+               (F(f"{key}/dense/frames_per_s", "{:,.0f}", bold=True), " (", F(f"{key}/dense/over_libertem_live"), " x)"))
+              for label, key, size in (("Merlin data port", "merlin", "256 x 256 U16"), ("DECTRIS stream v1", "dectris", "192 x 192 bs16-lz4")))),
     *(Table(f"view_{backend}", PAGE, f"view_{backend}", "view_gpu",
             ("in headless chromium", "viewer", "the API alone, same run", "target"), (
                 ("drag: images drawn per second", F("drag/updates_per_s", "{:.1f}", bold=True), (F("baseline/image_per_s", "{:.1f}"), " answers/s"),

@@ -9,45 +9,17 @@ import json
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-import h5py
-import hdf5plugin
 import numpy as np
 import pytest
 
 import qgpu_dask as qd
-
-
-def bslz4_blobs(frames: np.ndarray, folder: Path) -> list[bytes]:
-    """Each frame as the bitshuffle-LZ4 chunk HDF5's filter 32008 writes (the framing DECTRIS detectors send)."""
-    path = folder / "chunks.h5"
-    with h5py.File(path, "w") as f:
-        f.create_dataset("d", data=frames, chunks=(1, *frames.shape[1:]), **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
-    with h5py.File(path, "r") as f:
-        return [f["d"].id.read_direct_chunk((k, 0, 0))[1] for k in range(len(frames))]
-
-
-def write_dump(path: Path, frames: np.ndarray, series: int = 7) -> Path:
-    """A dump the simulator replays: each part of a series (header, configuration, 4 parts an image, end) as an
-    int64 little-endian length and its bytes."""
-    n, rows, cols = frames.shape
-    config = {"trigger_mode": "exte", "ntrigger": n, "nimages": 1, "x_pixels_in_detector": cols, "y_pixels_in_detector": rows,
-              "bit_depth_image": 8 * frames.dtype.itemsize, "compression": "bslz4", "count_time": 0.001, "frame_time": 0.001}
-    parts = [json.dumps({"htype": "dheader-1.0", "series": series, "header_detail": "basic"}).encode(), json.dumps(config).encode()]
-    for k, blob in enumerate(bslz4_blobs(frames, path.parent)):
-        parts += [json.dumps({"htype": "dimage-1.0", "series": series, "frame": k, "hash": hashlib.md5(blob).hexdigest()}).encode(),
-                  json.dumps({"htype": "dimage_d-1.0", "shape": [cols, rows], "type": frames.dtype.name,
-                              "encoding": f"bs{8 * frames.dtype.itemsize}-lz4<", "size": len(blob)}).encode(),
-                  blob, json.dumps({"htype": "dconfig-1.0", "start_time": 0, "stop_time": 1000, "real_time": 1000}).encode()]
-    parts.append(json.dumps({"htype": "dseries_end-1.0", "series": series}).encode())
-    path.write_bytes(b"".join(struct.pack("<q", len(p)) + p for p in parts))
-    return path
+from qgpu_dask.samples import write_dectris_series as write_dump
 
 
 @pytest.fixture
