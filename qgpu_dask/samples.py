@@ -124,25 +124,30 @@ def write_merlin(folder: Path, stem: str, pixels: np.ndarray, shape: tuple[int, 
     return hdr
 
 
-def write_dectris_series(path: Path, frames: np.ndarray, series: int = 7) -> Path:
+def write_dectris_series(path: Path, frames: np.ndarray, series: int = 7, lz4: bool = False) -> Path:
     """``frames`` (n, rows, cols) as a DECTRIS stream v1 series (header_detail basic, trigger mode exte, blobs
-    bitshuffle-LZ4 as HDF5's filter 32008 writes them) recorded the way LiberTEM-live's DECTRIS simulator
-    replays it: each part (header, configuration, 4 parts an image, end) as an int64 little-endian length and
-    its bytes. Returns ``path``."""
+    bitshuffle-LZ4 as HDF5's filter 32008 writes them, or with ``lz4`` one LZ4 block of each frame) recorded
+    the way LiberTEM-live's DECTRIS simulator replays it: each part (header, configuration, 4 parts an image,
+    end) as an int64 little-endian length and its bytes. Returns ``path``."""
     n, rows, cols = frames.shape
-    chunks = path.with_name(f"{path.name}.chunks.h5")
-    with h5py.File(chunks, "w") as f:
-        f.create_dataset("d", data=frames, chunks=(1, rows, cols), **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
-    with h5py.File(chunks, "r") as f:
-        blobs = [f["d"].id.read_direct_chunk((k, 0, 0))[1] for k in range(n)]
-    chunks.unlink()
     bits = 8 * frames.dtype.itemsize
+    if lz4:
+        from numcodecs import LZ4
+
+        blobs = [LZ4().encode(np.ascontiguousarray(frame, frames.dtype.newbyteorder("<")))[4:] for frame in frames]  # without its size prefix
+    else:
+        chunks = path.with_name(f"{path.name}.chunks.h5")
+        with h5py.File(chunks, "w") as f:
+            f.create_dataset("d", data=frames, chunks=(1, rows, cols), **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
+        with h5py.File(chunks, "r") as f:
+            blobs = [f["d"].id.read_direct_chunk((k, 0, 0))[1] for k in range(n)]
+        chunks.unlink()
     config = {"trigger_mode": "exte", "ntrigger": n, "nimages": 1, "x_pixels_in_detector": cols, "y_pixels_in_detector": rows,
               "bit_depth_image": bits, "compression": "bslz4", "count_time": 0.001, "frame_time": 0.001}
     parts = [json.dumps({"htype": "dheader-1.0", "series": series, "header_detail": "basic"}).encode(), json.dumps(config).encode()]
     for k, blob in enumerate(blobs):
         parts += [json.dumps({"htype": "dimage-1.0", "series": series, "frame": k, "hash": hashlib.md5(blob).hexdigest()}).encode(),
-                  json.dumps({"htype": "dimage_d-1.0", "shape": [cols, rows], "type": frames.dtype.name, "encoding": f"bs{bits}-lz4<",
+                  json.dumps({"htype": "dimage_d-1.0", "shape": [cols, rows], "type": frames.dtype.name, "encoding": "lz4<" if lz4 else f"bs{bits}-lz4<",
                               "size": len(blob)}).encode(),
                   blob, json.dumps({"htype": "dconfig-1.0", "start_time": 0, "stop_time": 1000, "real_time": 1000}).encode()]
     parts.append(json.dumps({"htype": "dseries_end-1.0", "series": series}).encode())

@@ -67,9 +67,11 @@ def arm(rest_port: int) -> dict:
         return json.loads(answer.read())
 
 
-def test_ingest_from_libertem_live_dectris_simulator(svc, names, rng, tmp_path, dectris_sim):
+@pytest.mark.parametrize("lz4", [False, True], ids=["bs16-lz4", "lz4"])
+def test_ingest_from_libertem_live_dectris_simulator(svc, names, rng, tmp_path, dectris_sim, lz4):
+    """Bitshuffle-LZ4 blobs (decoded on the owner's device) and plain LZ4 blocks (on its cores): every frame equal."""
     counts = rng.poisson(rng.uniform(0.1, 30, (48, 64)), (6, 8, 48, 64)).astype(np.uint16)
-    zmq_port, rest_port = dectris_sim(write_dump(tmp_path / "series.dump", counts.reshape(-1, 48, 64)))
+    zmq_port, rest_port = dectris_sim(write_dump(tmp_path / "series.dump", counts.reshape(-1, 48, 64), lz4=lz4))
     assert arm(rest_port) == {"sequence id": 7}
     acq = svc.create(names(), scan_shape=(6, 8), det_shape=(48, 64), dtype="uint16")
     result = svc.ingest(qd.DectrisSource("127.0.0.1", zmq_port, frames_per_read=10, timeout_s=60), acq, progress=False)

@@ -9,7 +9,8 @@ their ``htype`` (LiberTEM-live's simulators send the header's two parts as two m
 ``bs8-lz4<``, ``bs16-lz4<`` or ``bs32-lz4<`` are bitshuffle-LZ4 chunks in the HDF5 filter's framing (a
 12-byte header, then blocks), gathered into ``batches.Chunks`` and decoded on the acquisition's device like
 an Arina file's; a header of zeros (LiberTEM-live's mocked frames) is filled in with the frame's size and
-the 8192-byte blocks DECTRIS writes.
+the 8192-byte blocks DECTRIS writes. Blobs encoded ``lz4<`` (one LZ4 block of the whole little-endian
+frame) are decoded on the receiving host's cores as they come.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from typing import Iterator
 
 import numpy as np
 
-from ...formats.bitshuffle_lz4 import HEADER_BYTES
+from ...formats.bitshuffle_lz4 import HEADER_BYTES, OK, WILD, lz4_block, message
 from ..batches import AHEAD, Chunks, decoded, host_buffers, prefetched
 
 ENDPOINT_PORT = 9999
 BLOCK_BYTES = 8192  # the bitshuffle block DECTRIS detectors write (in bytes)
-ENCODINGS = {"bs8-lz4<": 1, "bs16-lz4<": 2, "bs32-lz4<": 4}  # readable encodings, by the element size they shuffle
+SHUFFLED = {"bs8-lz4<": 1, "bs16-lz4<": 2, "bs32-lz4<": 4}  # bitshuffle-LZ4 encodings, by the element size they shuffle
+LZ4 = "lz4<"  # one LZ4 block of the frame
 LATENCY_S = 0.05  # a batch is handed on after this long, full or not (a slow detector is seen live)
 
 
@@ -93,20 +95,28 @@ class DectrisSource:
             if shape != det_shape:
                 raise ValueError(f"{where} sends frames of {shape}, the acquisition holds {det_shape}")
             frame_bytes = shape[0] * shape[1] * dtype.itemsize
-            series, sent = header.get("series"), 0
+            series, sent, encodings = header.get("series"), 0, set()
             while sent < total:
                 n = min(self.frames_per_read, total - sent)
                 blobs: list[bytes] = []
                 since = time.perf_counter()
                 while len(blobs) < n and (not blobs or time.perf_counter() - since < LATENCY_S):
-                    blobs.append(self.blob(parts, series, sent + len(blobs), dtype, det_shape, where))
-                yield gathered(blobs, frame_bytes, buffer)
+                    encoding, blob = self.blob(parts, series, sent + len(blobs), dtype, det_shape, where)
+                    encodings.add(encoding)
+                    if len(encodings) > 1:
+                        raise ValueError(f"{where}: frame {sent + len(blobs)} is encoded {encoding!r}, the frames before it"
+                                         f" {(encodings - {encoding}).pop()!r}")
+                    blobs.append(blob)
+                if encoding == LZ4:
+                    yield unpacked(blobs, det_shape, dtype, buffer, sent, where)
+                else:
+                    yield gathered(blobs, frame_bytes, buffer)
                 sent += len(blobs)
         finally:
             pull.close()
 
-    def blob(self, parts: "Parts", series, frame: int, dtype: np.dtype, det_shape: tuple[int, int], where: str) -> bytes:
-        """The next image's blob, its parts checked."""
+    def blob(self, parts: "Parts", series, frame: int, dtype: np.dtype, det_shape: tuple[int, int], where: str) -> tuple[str, bytes]:
+        """The next image's encoding and blob, its parts checked."""
         image = parts.json()
         if image.get("htype") != "dimage-1.0":
             raise ValueError(f"{where}: expected frame {frame}, got {image.get('htype')!r} (the series ended early?)")
@@ -115,16 +125,16 @@ class DectrisSource:
                              f" (series {series} expected: a frame was lost, or another series began)")
         info = parts.json()
         encoding = info.get("encoding")
-        if ENCODINGS.get(encoding) != dtype.itemsize or info.get("type") != dtype.name:
+        if info.get("type") != dtype.name or (encoding != LZ4 and SHUFFLED.get(encoding) != dtype.itemsize):
             raise ValueError(f"{where}: frame {frame} is {info.get('type')} encoded {encoding!r}; the acquisition holds {dtype}"
-                             f" (readable: {', '.join(ENCODINGS)}, the shuffle's element size the counts')")
+                             f" (readable: {', '.join([*SHUFFLED, LZ4])}, a shuffle's element size the counts')")
         if list(info.get("shape", [])) != [det_shape[1], det_shape[0]]:
             raise ValueError(f"{where}: frame {frame} has shape [x, y] = {info.get('shape')}, the acquisition {det_shape[::-1]}")
         data = parts.next()
         parts.json()  # dconfig-1.0: the frame's times
         while parts.more():
             parts.next()  # an image appendix
-        return data
+        return encoding, data
 
 
 class Parts:
@@ -188,3 +198,15 @@ def gathered(blobs: list[bytes], frame_bytes: int, buffer) -> Chunks:
         if len(blob) >= HEADER_BYTES and not data[start : start + HEADER_BYTES].any():
             data[start : start + HEADER_BYTES] = np.frombuffer(frame_bytes.to_bytes(8, "big") + BLOCK_BYTES.to_bytes(4, "big"), np.uint8)
     return Chunks(data, starts.astype(np.int64), ends.astype(np.int64))
+
+
+def unpacked(blobs: list[bytes], det_shape: tuple[int, int], dtype: np.dtype, buffer, first: int, where: str) -> np.ndarray:
+    """Frames of ``lz4<`` blobs (one LZ4 block each), decoded into ``buffer``; ValueError naming the first that is not."""
+    frame_bytes = det_shape[0] * det_shape[1] * dtype.itemsize
+    data = buffer(len(blobs) * frame_bytes + WILD)
+    for k, blob in enumerate(blobs):
+        out = data[k * frame_bytes : (k + 1) * frame_bytes + WILD]
+        code, a, b, c = lz4_block(np.frombuffer(blob, np.uint8), out, frame_bytes)
+        if code != OK:
+            raise ValueError(f"{where} sent a malformed frame {first + k}: {message(code, 0, a, b, c)}")
+    return data[: len(blobs) * frame_bytes].view(dtype.newbyteorder("<")).reshape(len(blobs), *det_shape).astype(dtype, copy=False)
