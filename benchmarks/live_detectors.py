@@ -40,7 +40,7 @@ from qgpu_dask.formats import merlin
 from qgpu_dask.samples import write_dectris_series, write_merlin
 
 import record
-from live_gpu import median_run, view
+from live_gpu import median_run, watched
 
 
 def simulator(hdr: Path) -> tuple[int, subprocess.Popen]:
@@ -90,17 +90,24 @@ def libertem_live(port: int, n_frames: int, det: int) -> float:
             cam = libertem_qd_mpx.CamClient(conn.get_socket_path())
             if conn.wait_for_arm(timeout=60.0) is None:
                 raise RuntimeError("LiberTEM-live's receiver saw no acquisition header in 60 s")
-            at = 0
-            while (stack := conn.get_next_stack(max_size=64)) is not None:
-                cam.decode_range_into_buffer(stack, out[at : at + len(stack)], 0, len(stack))
-                at += len(stack)
-                cam.done(stack)
+            decoded_stacks(conn, cam, out, 64, "LiberTEM-live's receiver")
             seconds = time.perf_counter() - t0
         finally:
             conn.close()
-    if at != n_frames:
-        raise RuntimeError(f"LiberTEM-live's receiver got {at} of {n_frames} frames")
     return n_frames / seconds
+
+
+def decoded_stacks(conn, cam, out: np.ndarray, max_size: int, receiver: str) -> None:
+    """Every frame stack a LiberTEM-live connection hands on, decoded into ``out`` in turn (its shared-memory slot
+    freed after); RuntimeError unless they fill ``out``."""
+    at = 0
+    while (stack := conn.get_next_stack(max_size=max_size)) is not None:
+        n = len(stack)
+        cam.decode_range_into_buffer(stack, out[at : at + n], 0, n)
+        cam.done(stack)
+        at += n
+    if at != len(out):
+        raise RuntimeError(f"{receiver} got {at} of {len(out)} frames")
 
 
 def dectris_simulator(dump: Path) -> tuple[int, int, subprocess.Popen]:
@@ -155,34 +162,21 @@ def dectris_libertem_live(ports: tuple[int, int], n_frames: int, det: int) -> fl
             arm(ports[1])
             if conn.wait_for_arm(60.0) is None:
                 raise RuntimeError("LiberTEM-live's DECTRIS receiver saw no series in 60 s")
-            at = 0
-            while (stack := conn.get_next_stack(max_size=32)) is not None:
-                n = len(stack)
-                cam.decode_range_into_buffer(stack, out[at : at + n], 0, n)
-                cam.done(stack)
-                at += n
+            decoded_stacks(conn, cam, out, 32, "LiberTEM-live's DECTRIS receiver")
             seconds = time.perf_counter() - t0
         finally:
             conn.close()
-    if at != n_frames:
-        raise RuntimeError(f"LiberTEM-live's DECTRIS receiver got {at} of {n_frames} frames")
     return n_frames / seconds
 
 
-def ingest(svc, port, scan: tuple[int, int], det: int, viewer: bool, layout: str = "compressed") -> dict:
-    """One acquisition ingested into a live acquisition of ``layout``, with or without a viewer loop; rates.
-    ``port``: a Merlin's data port, or a DECTRIS simulator's (zmq, REST) ports (armed here)."""
+def ingest(svc, source, start, scan: tuple[int, int], det: int, viewer: bool, layout: str = "compressed") -> dict:
+    """One acquisition ingested from ``source`` into a live acquisition of ``layout`` (``start()`` called once the
+    ingest is asked: a DECTRIS detector is armed), with or without a viewer loop; rates."""
     acq = svc.create(f"detector-{time.monotonic_ns()}", scan, (det, det), "uint16", layout=layout)
     t0 = time.perf_counter()
-    source = qd.MerlinSource("127.0.0.1", port) if isinstance(port, int) else qd.DectrisSource("127.0.0.1", port[0])
     future = svc.ingest(source, acq, wait=False, progress=False)
-    if not isinstance(port, int):
-        arm(port[1])
-    views = 0
-    if viewer:
-        while not future.done():
-            view(acq, det, views)
-            views += 1
+    start()
+    views = watched(future, acq, det) if viewer else 0
     result = future.result()
     seconds = time.perf_counter() - t0
     out = {"frames_per_s": result["received"] / seconds, "views_per_s": views / seconds if viewer else None,
@@ -191,14 +185,15 @@ def ingest(svc, port, scan: tuple[int, int], det: int, viewer: bool, layout: str
     return out
 
 
-def compared(svc, runs: int, port, scan: tuple[int, int], det: int, bare_rate, theirs_rate) -> dict:
-    """One detector's figures: each measure once unmeasured, then the median of ``runs``."""
-    bare_rate(), theirs_rate(), ingest(svc, port, scan, det, False)
+def compared(svc, runs: int, source, start, scan: tuple[int, int], det: int, bare_rate, theirs_rate) -> dict:
+    """One detector's figures (``source`` and ``start`` as ``ingest`` takes them): each measure once unmeasured,
+    then the median of ``runs``."""
+    bare_rate(), theirs_rate(), ingest(svc, source, start, scan, det, False)
     sent = statistics.median(bare_rate() for _ in range(runs))
     theirs = statistics.median(theirs_rate() for _ in range(runs))
-    alone = median_run(runs, lambda: ingest(svc, port, scan, det, False))
-    viewed = median_run(runs, lambda: ingest(svc, port, scan, det, True))
-    dense = median_run(runs, lambda: ingest(svc, port, scan, det, False, "dense"))
+    alone = median_run(runs, lambda: ingest(svc, source, start, scan, det, False))
+    viewed = median_run(runs, lambda: ingest(svc, source, start, scan, det, True))
+    dense = median_run(runs, lambda: ingest(svc, source, start, scan, det, False, "dense"))
     return {"simulator_frames_per_s": sent, "libertem_live_frames_per_s": theirs,
             "alone": alone | {"over_libertem_live": alone["frames_per_s"] / theirs, "over_simulator": alone["frames_per_s"] / sent},
             "with_viewer": viewed | {"over_libertem_live": viewed["frames_per_s"] / theirs},
@@ -220,7 +215,8 @@ def main() -> None:
         counts = rng.poisson(args.dose, (n_frames, args.det, args.det)).astype(">u2")
         port, process = simulator(write_merlin(Path(tmp), "bench", counts.view(np.uint8).reshape(n_frames, -1), (args.det, args.det), scan))
         try:
-            results["merlin"] = compared(svc, args.runs, port, scan, args.det, lambda: bare(port, n_frames),
+            results["merlin"] = compared(svc, args.runs, qd.MerlinSource("127.0.0.1", port), lambda: None, scan, args.det,
+                                         lambda: bare(port, n_frames),
                                          lambda: libertem_live(port, n_frames, args.det))
         finally:
             process.terminate()
@@ -229,7 +225,8 @@ def main() -> None:
         zmq_port, rest_port, process = dectris_simulator(write_dectris_series(Path(tmp) / "series.dump", counts))
         ports = (zmq_port, rest_port)
         try:
-            results["dectris"] = compared(svc, args.runs, ports, scan, args.dectris_det, lambda: dectris_bare(ports, n_frames),
+            results["dectris"] = compared(svc, args.runs, qd.DectrisSource("127.0.0.1", zmq_port), lambda: arm(rest_port), scan,
+                                          args.dectris_det, lambda: dectris_bare(ports, n_frames),
                                           lambda: dectris_libertem_live(ports, n_frames, args.dectris_det))
         finally:
             process.terminate()

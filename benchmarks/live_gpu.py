@@ -86,6 +86,15 @@ def view(acq, det: int, i: int) -> None:
     acq.virtual_image(qd.masks.disk((det, det), (det / 2 + 10 * det / 192 * np.sin(i / 7), det / 2), det / 8))
 
 
+def watched(future, acq, det: int) -> int:
+    """The viewer's queries on ``acq``, asked one after another until ``future`` (its ingest) is done; how many."""
+    views = 0
+    while not future.done():
+        view(acq, det, views)
+        views += 1
+    return views
+
+
 def median_run(runs: int, measure) -> dict:
     """The run with the median ``frames_per_s`` of ``runs`` calls of ``measure()``."""
     results = sorted((measure() for _ in range(runs)), key=lambda r: r["frames_per_s"])
@@ -99,11 +108,7 @@ def ingest(svc, simulate: list[str], scan: tuple[int, int], det: int, viewer: bo
     port, process = serving(simulate)
     t0 = time.perf_counter()
     future = svc.ingest(qd.TcpSource("127.0.0.1", port, frames_per_read), acq, wait=False)
-    views = 0
-    if viewer:
-        while not future.done():
-            view(acq, det, views)
-            views += 1
+    views = watched(future, acq, det) if viewer else 0
     result = future.result()
     seconds = time.perf_counter() - t0
     process.wait()

@@ -6,10 +6,7 @@ conftest.py). The page's viewer is ``window.qgpuViewers[0]`` (its test hooks: vi
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import time
 
 import pytest
@@ -65,15 +62,3 @@ def drag(driver, element, start: tuple[float, float], end: tuple[float, float], 
         y = start[1] + (end[1] - start[1]) * k / steps
         chain = chain.move_to_element_with_offset(element, int(x * width), int(y * height))
     chain.release().perform()
-
-
-def stop(process: subprocess.Popen) -> None:
-    """Stop a server the test started, by its PID: SIGTERM, then SIGKILL after 30 s."""
-    if process.poll() is not None:
-        return
-    os.kill(process.pid, signal.SIGTERM)
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +15,7 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
+from processes import Started
 from qgpu_dask.samples import write_dectris_series as write_dump
 
 
@@ -31,32 +28,15 @@ def dectris_sim(tmp_path):
     program = Path(sys.executable).with_name("libertem-live-dectris-sim")
     if not program.exists():
         pytest.skip("libertem-live-dectris-sim is not installed beside this Python (pip install 'libertem-live[sim]')")
-    started = []
+    started = Started(tmp_path)
 
-    def start(dump: Path) -> tuple[int, int]:
-        log = tmp_path / f"sim-{len(started)}.log"
-        process = subprocess.Popen([str(program), str(dump), "--port", "0", "--zmqport", "0"], stdout=open(log, "w"),
-                                   stderr=subprocess.STDOUT)
-        started.append(process)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            text = log.read_text()
-            zmq_port = re.search(r"listening on tcp://127\.0\.0\.1:(\d+)", text)
-            rest_port = re.search(r"API server listening on \('127\.0\.0\.1', (\d+)\)", text)
-            if zmq_port and rest_port:
-                return int(zmq_port.group(1)), int(rest_port.group(1))
-            assert process.poll() is None, f"the simulator exited: {text[-2000:]}"
-            time.sleep(0.2)
-        raise AssertionError("the DECTRIS simulator did not listen within 120 s")
+    def ports(text: str) -> tuple[int, int] | None:
+        zmq_port = re.search(r"listening on tcp://127\.0\.0\.1:(\d+)", text)
+        rest_port = re.search(r"API server listening on \('127\.0\.0\.1', (\d+)\)", text)
+        return (int(zmq_port.group(1)), int(rest_port.group(1))) if zmq_port and rest_port else None
 
-    yield start
-    for process in started:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
+    yield lambda dump: started.start([str(program), str(dump), "--port", "0", "--zmqport", "0"], ports, "dectris-sim")
+    started.close()
 
 
 def arm(rest_port: int) -> dict:

@@ -5,13 +5,9 @@ own reader, loaded through the service; the data port ingested live from LiberTE
 from __future__ import annotations
 
 import hashlib
-import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +15,7 @@ import pytest
 
 import qgpu_dask as qd
 from merlin_files import encoded, write_mib
+from processes import Started
 from qgpu_dask.formats import merlin
 from qgpu_dask.io.registry import detect_format, open_reader
 from qgpu_dask.io.source import Source
@@ -151,36 +148,21 @@ def free_ports(n: int) -> list[int]:
 
 @pytest.fixture
 def mib_sim(tmp_path):
-    """Start LiberTEM-live's Merlin simulator on a .hdr (a function of the .hdr path); stopped by its PID."""
+    """Start LiberTEM-live's Merlin simulator on a .hdr (a function of the .hdr path, giving its data port); stopped by its PID."""
     pytest.importorskip("libertem_live")
     program = Path(sys.executable).with_name("libertem-live-mib-sim")
     if not program.exists():
         pytest.skip("libertem-live-mib-sim is not installed beside this Python (pip install 'libertem-live[sim]')")
-    started = []
+    started = Started(tmp_path)
 
     def start(hdr: Path) -> int:
         data, control, trigger = free_ports(3)
-        log = open(tmp_path / f"sim-{data}.log", "w")
-        process = subprocess.Popen([str(program), str(hdr), "--host", "127.0.0.1", "--data-port", str(data), "--control-port", str(control),
-                                    "--trigger-port", str(trigger)], stdout=log, stderr=subprocess.STDOUT)
-        started.append(process)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            text = (tmp_path / f"sim-{data}.log").read_text()
-            if f"{data})" in text and "listening" in text:
-                return data
-            assert process.poll() is None, f"the simulator exited: {text[-2000:]}"
-            time.sleep(0.2)
-        raise AssertionError(f"the simulator did not listen on {data} within 120 s")
+        command = [str(program), str(hdr), "--host", "127.0.0.1", "--data-port", str(data), "--control-port", str(control),
+                   "--trigger-port", str(trigger)]
+        return started.start(command, lambda text: data if f"{data})" in text and "listening" in text else None, "merlin-sim")
 
     yield start
-    for process in started:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
+    started.close()
 
 
 @pytest.mark.parametrize("case", ["U16", "R12-quad-gaps"])

@@ -17,7 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from browser import SETTLED, STATUS, VIEWER, drag, needs_browser, stop, wait_for
+from browser import SETTLED, STATUS, VIEWER, drag, needs_browser, wait_for
+from processes import stop
 from qgpu_dask.detector import masks
 
 pytestmark = needs_browser

@@ -22,7 +22,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from browser import SETTLED, VIEWER, drag, needs_browser, stop, wait_for
+from browser import SETTLED, VIEWER, drag, needs_browser, wait_for
+from processes import stop
 from qgpu_dask.detector import masks
 
 pytestmark = needs_browser

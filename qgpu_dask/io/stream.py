@@ -40,6 +40,13 @@ class FrameSource(Protocol):
         ...
 
 
+def check_reading(source) -> None:
+    """ValueError unless ``source`` reads at least one frame at a time and waits a positive time."""
+    if source.frames_per_read < 1 or not source.timeout_s > 0:
+        raise ValueError(f"a {type(source).__name__} reads at least 1 frame at a time and waits a positive time, got frames_per_read="
+                         f"{source.frames_per_read}, timeout_s={source.timeout_s}")
+
+
 @dataclass(frozen=True)
 class TcpSource:
     """A ``qgpu-frames-1`` stream served at ``host``:``port``: what a worker connects to and reads frames
@@ -51,9 +58,7 @@ class TcpSource:
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.frames_per_read < 1 or not self.timeout_s > 0:
-            raise ValueError(f"a TcpSource reads at least 1 frame at a time and waits a positive time, got frames_per_read="
-                             f"{self.frames_per_read}, timeout_s={self.timeout_s}")
+        check_reading(self)
 
     def describe(self) -> str:
         return f"tcp://{self.host}:{self.port}"

@@ -25,6 +25,7 @@ import numpy as np
 
 from ...formats.bitshuffle_lz4 import HEADER_BYTES, OK, WILD, lz4_block, message
 from ..batches import AHEAD, Chunks, decoded, host_buffers, prefetched
+from ..stream import check_reading
 
 ENDPOINT_PORT = 9999
 BLOCK_BYTES = 8192  # the bitshuffle block DECTRIS detectors write (in bytes)
@@ -44,9 +45,7 @@ class DectrisSource:
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.frames_per_read < 1 or not self.timeout_s > 0:
-            raise ValueError(f"a DectrisSource reads at least 1 frame at a time and waits a positive time, got frames_per_read="
-                             f"{self.frames_per_read}, timeout_s={self.timeout_s}")
+        check_reading(self)
 
     def describe(self) -> str:
         return f"tcp://{self.host}:{self.port} (DECTRIS stream v1)"
@@ -141,20 +140,18 @@ class Parts:
     """The parts of a ZeroMQ PULL socket, one at a time."""
 
     def __init__(self, pull, where: str, timeout_s: float):
-        self.pull, self.where, self.timeout_s = pull, where, timeout_s
-
-    def next(self) -> bytes:
         import zmq
 
+        self.pull, self.where, self.timeout_s, self.zmq = pull, where, timeout_s, zmq
+
+    def next(self) -> bytes:
         try:
             return self.pull.recv(copy=True)
-        except zmq.Again:
+        except self.zmq.Again:
             raise ValueError(f"{self.where} sent nothing for {self.timeout_s:g} s") from None
 
     def more(self) -> bool:
-        import zmq
-
-        return bool(self.pull.getsockopt(zmq.RCVMORE))
+        return bool(self.pull.getsockopt(self.zmq.RCVMORE))
 
     def series_header(self) -> dict:
         """The next series header; the parts before it (the rest of a series begun before this receiver) skipped."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...formats import merlin
 from ..batches import AHEAD, host_buffers, prefetched
-from ..stream import Records, read_into
+from ..stream import Records, check_reading, read_into
 
 DATA_PORT = 6342
 
@@ -33,9 +33,7 @@ class MerlinSource:
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.frames_per_read < 1 or not self.timeout_s > 0:
-            raise ValueError(f"a MerlinSource reads at least 1 frame at a time and waits a positive time, got frames_per_read="
-                             f"{self.frames_per_read}, timeout_s={self.timeout_s}")
+        check_reading(self)
 
     def describe(self) -> str:
         return f"merlin://{self.host}:{self.data_port}"

@@ -54,8 +54,7 @@ class MerlinFile:
             size = merlin.header_size(peek, repr(str(path)))
             self.header = merlin.parse_frame_header(peek + f.read(size - len(peek)), repr(str(path)))
         self.path = path
-        self.count = path.stat().st_size // self.header.frame_bytes
-        self.cut = path.stat().st_size % self.header.frame_bytes
+        self.count, self.cut = divmod(path.stat().st_size, self.header.frame_bytes)
         self.data = np.memmap(path, np.uint8, "r", shape=(self.count, self.header.frame_bytes)) if self.count else None
 
 

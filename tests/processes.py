@@ -1,0 +1,52 @@
+"""What tests that start other programs share: a program started with its output in a log file, waited for
+until the log says it is ready, and stopped by its PID. Not a test module: test modules import it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Stop a program the test started, by its PID: SIGTERM, then SIGKILL after 30 s."""
+    if process.poll() is not None:
+        return
+    os.kill(process.pid, signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+class Started:
+    """Programs a test starts (detector simulators), their output in log files in ``folder``; ``close`` stops them all."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.processes = folder, []
+
+    def start(self, command: list[str], ready: Callable[[str], T | None], what: str, timeout_s: float = 120) -> T:
+        """Start ``command`` and wait until ``ready(its log so far)`` gives a value (the ports it listens on), and return it."""
+        log = self.folder / f"{what}-{len(self.processes)}.log"
+        with open(log, "w") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        self.processes.append(process)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = log.read_text()
+            value = ready(text)
+            if value is not None:
+                return value
+            assert process.poll() is None, f"{what} exited: {text[-2000:]}"
+            time.sleep(0.2)
+        raise AssertionError(f"{what} was not ready within {timeout_s:g} s")
+
+    def close(self) -> None:
+        for process in self.processes:
+            stop(process)
