@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -57,6 +58,22 @@ def test_ingest_from_libertem_live_dectris_simulator(svc, names, rng, tmp_path, 
     result = svc.ingest(qd.DectrisSource("127.0.0.1", zmq_port, frames_per_read=10, timeout_s=60), acq, progress=False)
     assert result == {"frames": 48, "received": 48}
     assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+
+
+def test_consecutive_series_into_a_series_of_acquisitions(svc, names, rng, tmp_path, dectris_sim):
+    """Two arms, two DECTRIS series on one stream: a series of two live acquisitions takes one each, every
+    frame equal, each held as loaded once complete."""
+    counts = rng.poisson(1.5, (4, 5, 16, 24)).astype(np.uint16)
+    zmq_port, rest_port = dectris_sim(write_dump(tmp_path / "series.dump", counts.reshape(-1, 16, 24)))
+    series = svc.create([names(), names()], scan_shape=(4, 5), det_shape=(16, 24), dtype="uint16")
+    future = svc.ingest(qd.DectrisSource("127.0.0.1", zmq_port, frames_per_read=8, timeout_s=60), series, wait=False)
+    arm(rest_port)
+    while series[0].received < 20 and not future.done():
+        time.sleep(0.05)
+    arm(rest_port)
+    assert future.result(120) == {"frames": 40, "received": [20, 20]}
+    assert series.checksum() == [hashlib.sha256(counts.tobytes()).hexdigest()] * 2
+    assert not any(a.info()["live"] for a in series)
 
 
 def test_bad_series_refused_naming_why(svc, names, rng, tmp_path, dectris_sim):

@@ -178,6 +178,26 @@ def test_ingest_from_libertem_live_simulator(svc, names, rng, tmp_path, mib_sim,
     assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
 
 
+def test_series_of_acquisitions_on_one_connection(svc, names, rng, tmp_path, mib_sim):
+    """The simulator sends its acquisition again and again on one data connection: a series of three live
+    acquisitions takes one each, every frame equal, each held as loaded once complete; an acquisition of
+    another frame count is refused naming it, before any of its frames."""
+    pixel, depth, chips, layout, shape, _ = CASES["U16"]
+    counts = counts_for(rng, "U16")
+    port = mib_sim(write_mib(tmp_path, "live", counts, pixel, depth, chips, layout))
+    series = svc.create([names() for _ in range(3)], scan_shape=shape[:2], det_shape=shape[2:], dtype=counts.dtype)
+    assert isinstance(series, qd.Series) and len({a.owner for a in series}) == 1
+    result = svc.ingest(qd.MerlinSource("127.0.0.1", data_port=port, timeout_s=90), series, progress=False)
+    assert result == {"frames": 3 * shape[0] * shape[1], "received": [shape[0] * shape[1]] * 3}
+    assert series.checksum() == [hashlib.sha256(counts.tobytes()).hexdigest()] * 3
+    assert not any(a.info()["live"] for a in series)
+    longer = svc.create([names(), names()], scan_shape=(shape[0] + 1, shape[1]), det_shape=shape[2:], dtype=counts.dtype)
+    with pytest.raises(ValueError, match=rf"acquisition 1 of 2 announces {shape[0] * shape[1]} frames, the acquisition holds"
+                                         rf" {(shape[0] + 1) * shape[1]}"):
+        svc.ingest(qd.MerlinSource("127.0.0.1", data_port=port, timeout_s=90), longer, progress=False)
+    assert [a.received for a in longer] == [0, 0]
+
+
 def serve(messages: bytes) -> int:
     """A one-connection server on loopback sending ``messages``, then closing; its port."""
     listener = socket.create_server(("127.0.0.1", 0))

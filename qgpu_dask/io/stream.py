@@ -40,6 +40,16 @@ class FrameSource(Protocol):
         ...
 
 
+class SeriesSource(FrameSource, Protocol):
+    """A detector's stream that sends acquisition after acquisition on one connection (``svc.ingest`` of a
+    series): Merlin's data port, a DECTRIS stream."""
+
+    def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
+        """(k, frames) of ``len(counts)`` consecutive acquisitions, the k-th of ``counts[k]`` frames (None: as
+        the detector announces); ValueError naming the acquisition and frame for what went wrong."""
+        ...
+
+
 def check_reading(source) -> None:
     """ValueError unless ``source`` reads at least one frame at a time and waits a positive time."""
     if source.frames_per_read < 1 or not source.timeout_s > 0:

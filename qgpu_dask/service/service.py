@@ -339,15 +339,17 @@ class Service:
             raise
         return Acquisition(self, record | {"name": name})
 
-    def create(self, name: str, scan_shape: tuple[int, int], det_shape: tuple[int, int], dtype="uint16",
-               layout: str = "compressed", worker: str | None = None) -> Acquisition:
+    def create(self, name: str | list[str], scan_shape: tuple[int, int], det_shape: tuple[int, int], dtype="uint16",
+               layout: str = "compressed", worker: str | None = None) -> "Acquisition | Series":
         """A new, empty live acquisition on a chosen shard (``worker`` pins it): it grows by
         ``acq.append(frames)`` (from here or from worker-side code) or ``svc.ingest(source, acq)`` (frames
         from a detector stream, straight to the owner), and answers queries at any time, exactly, for the scan
         positions received (``acq.received``). ``layout``: "compressed" (complete scan blocks coded
         as they fill, the filling one kept dense) or "dense". Once every position has arrived it is held as
         one loaded from a file. A live acquisition has no file to be read again from: if its worker is lost
-        before it is saved, it is lost."""
+        before it is saved, it is lost. A list of names makes a Series of such acquisitions on one shard,
+        for a detector's series of scans (``svc.ingest(source, series)``)."""
+        names = [name] if isinstance(name, str) else list(name)
         shape = (*map(int, scan_shape), *map(int, det_shape))
         if len(shape) != 4:
             raise ValueError(f"scan_shape and det_shape are (rows, cols) each, got {scan_shape} and {det_shape}")
@@ -355,30 +357,57 @@ class Service:
         dtype = check_dtype(dtype)
         check_layout(layout, dtype)
         state = self.ensure_shards()
-        self.check_new_names([name], state)
+        if len(set(names)) != len(names) or not names:
+            raise ValueError(f"live acquisitions need one name each, got {names}")
+        self.check_new_names(names, state)
         nbytes = start_bytes(shape, dtype, layout)
-        owner = place([nbytes], state, pinned=worker)[0]
-        record = self.router.on_loop(self.router.placed(name, owner, nbytes, worker is not None, Shard.create, shape, str(dtype), layout)).result()
-        return Acquisition(self, record | {"name": name})
+        owner = place([nbytes * len(names)], state, pinned=worker)[0]
+        made = []
+        try:
+            for n in names:
+                record = self.router.on_loop(self.router.placed(n, owner, nbytes, worker is not None or bool(made), Shard.create, shape,
+                                                                str(dtype), layout)).result()
+                made.append(Acquisition(self, record | {"name": n}))
+        except BaseException:
+            for acq in made:
+                acq.release()
+            raise
+        return made[0] if isinstance(name, str) else Series(self, made)
 
-    def ingest(self, source: FrameSource, acq: Acquisition, wait: bool = True, progress: bool = True):
+    def ingest(self, source: FrameSource, acq: "Acquisition | Series", wait: bool = True, progress: bool = True):
         """Have ``acq``'s owner read ``source``'s frames into it as they come: a detector's stream
-        (``qd.MerlinSource(host)``) or a qgpu-frames-1 one (``qd.TcpSource(host, port)``). The frames go from
-        the stream to the owner, not through this client. Returns the owner's {"frames", "received"} (with
-        ``wait=False`` a future of it, while queries go on). If the stream stops inside a frame or breaks, the
-        error is raised and the positions that arrived are kept."""
-        future = acq.call(Shard.ingest, source)
+        (``qd.MerlinSource(host)``, ``qd.DectrisSource(host)``) or a qgpu-frames-1 one (``qd.TcpSource(host,
+        port)``). A Series of live acquisitions on one shard (``svc.create([...])``) takes the detector's
+        consecutive acquisitions, one each, on one connection; each is held as loaded once complete. The
+        frames go from the stream to the owner, not through this client. Returns the owner's {"frames",
+        "received"} (received: per acquisition for a series; with ``wait=False`` a future of it, while
+        queries go on). If the stream stops inside a frame or breaks, the error is raised and the positions
+        that arrived are kept."""
+        acqs = [acq] if isinstance(acq, Acquisition) else list(acq)
+        names = [a.name for a in acqs]
+
+        def send(owner: str, held: list[str], rows: list[int]):
+            if len(held) < len(names):
+                raise ValueError("the acquisitions of one stream must be held by one shard, these are on several: create them"
+                                 " together (svc.create([...]))")
+            return self.router.send(owner, Shard.ingest, held, source)
+
+        single = isinstance(acq, Acquisition)
+        future = QueryFuture(self.router.routed(names, send),
+                             lambda replies, positions: replies[0] | ({"received": replies[0]["received"][0]} if single else {}))
         if not wait:
             return future
-        with tqdm(total=acq.n_frames, desc=f"ingest {acq.name}", unit="frame", disable=not progress) as bar:
+        total = sum(a.n_frames for a in acqs)
+        with tqdm(total=total, desc=f"ingest {names[0]}" + (f" .. {names[-1]}" if len(names) > 1 else ""), unit="frame",
+                  disable=not progress) as bar:
             while not future.done():
                 try:
-                    bar.update(acq.received - bar.n)
+                    bar.update(sum(a.received for a in acqs) - bar.n)
                 except (KeyError, ValueError):
                     pass
                 concurrent.futures.wait([future.future], timeout=0.25)
             result = future.result()
-            bar.update(result["received"] - bar.n)
+            bar.update(int(np.sum(result["received"])) - bar.n)
         return result
 
     def gather(self, loads: "Loads", progress: bool, verb: str) -> list[dict]:

@@ -463,30 +463,46 @@ class Shard:
         resident = self.resident(name)
         return resident.received if isinstance(resident, LiveCounts) else resident.n_frames
 
-    async def ingest(self, name: str, source: FrameSource) -> dict:
-        """Read ``source``'s frames into live acquisition ``name`` here, as they come (one stream at a time);
-        when the stream ends early or breaks, what arrived is kept (and the error raised). Releasing the
-        acquisition drops the stream."""
-        resident = self.live(name)
-        if name in self.ingesting:
-            raise ValueError(f"acquisition {name!r} is already ingesting from {self.ingesting[name]}: one stream at a time keeps its frames in order")
-        self.ingesting[name] = source.describe()
+    async def ingest(self, names: list[str], source: FrameSource) -> dict:
+        """Read ``source``'s frames into live acquisitions ``names`` here, as they come (one stream at a time):
+        one acquisition, or consecutive acquisitions of a detector's series on one connection (a
+        ``SeriesSource``), each settled as it completes. When the stream ends early or breaks, what arrived
+        is kept (and the error raised). Releasing an acquisition drops the stream."""
+        residents = [self.live(name) for name in names]
+        if len(names) > 1 and not hasattr(source, "series"):
+            raise ValueError(f"{source.describe()} sends one acquisition a connection: ingest {len(names)} acquisitions one by one")
+        shapes = {(r.det_shape, r.dtype) for r in residents}
+        if len(shapes) > 1:
+            raise ValueError(f"the acquisitions of one stream hold frames of one shape and dtype, these hold {sorted(map(str, shapes))}")
+        busy = [f"{n!r} is already ingesting from {self.ingesting[n]}" for n in names if n in self.ingesting]
+        if busy:
+            raise ValueError(f"acquisition {busy[0]}: one stream at a time keeps its frames in order")
+        self.ingesting.update((n, source.describe()) for n in names)
+        loop = asyncio.get_running_loop()
 
         def pull() -> int:
-            frames = 0
-            for block in source.frames(resident.det_shape, resident.dtype, resident.xp):
+            frames, det_shape, xp = 0, residents[0].det_shape, residents[0].xp
+            if hasattr(source, "series"):
+                blocks = source.series(det_shape, residents[0].dtype, [r.n_frames - r.received for r in residents], xp)
+            else:
+                blocks = ((0, block) for block in source.frames(det_shape, residents[0].dtype, xp))
+            for k, block in blocks:
+                name, resident = names[k], residents[k]
                 if self.residents.get(name) is not resident:
                     raise ValueError(f"acquisition {name!r} was released while {source.describe()} streamed into it: the stream was dropped")
                 resident.append(block)
                 frames += len(block)
+                if resident.complete and k + 1 < len(names):
+                    asyncio.run_coroutine_threadsafe(self.settle(name), loop).result()
             return frames
 
         try:
             frames = await self.on(self.ingests, pull)
         finally:
-            del self.ingesting[name]
-            await self.settle(name)
-        return {"frames": frames, "received": resident.received}
+            for name in names:
+                self.ingesting.pop(name, None)
+                await self.settle(name)
+        return {"frames": frames, "received": [r.received for r in residents]}
 
     async def settle(self, name: str) -> None:
         """A live acquisition whose every position has arrived becomes the plain resident it now is (and

@@ -36,7 +36,7 @@ LATENCY_S = 0.05  # a batch is handed on after this long, full or not (a slow de
 
 @dataclass(frozen=True)
 class DectrisSource:
-    """A DECTRIS detector's stream interface at ``host``:``port`` (one series), read up to ``frames_per_read`` frames
+    """A DECTRIS detector's stream interface at ``host``:``port`` (a series, or several in a row), read up to ``frames_per_read`` frames
     at a time."""
 
     host: str
@@ -51,68 +51,84 @@ class DectrisSource:
         return f"tcp://{self.host}:{self.port} (DECTRIS stream v1)"
 
     def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
-        """The series' frames, (n, det_rows, det_cols) arrays of ``xp``, read ahead in a thread of their own;
-        ValueError naming the frame for a series of other frames, an unreadable encoding, a lost or foreign
-        frame, a malformed chunk, or a stream quiet for ``timeout_s`` (the frames before it handed on first)."""
-        dtype, sent = np.dtype(dtype), 0
-        for batch in prefetched(self.batches(tuple(det_shape), dtype, host_buffers(xp)), AHEAD):
+        """The next series' frames, (n, det_rows, det_cols) arrays of ``xp`` (``series`` of one)."""
+        for _, block in self.series(det_shape, dtype, [None], xp):
+            yield block
+
+    def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
+        """(k, frames) of ``len(counts)`` consecutive series of the stream, the k-th of ``counts[k]`` frames
+        (None: as its configuration says), read ahead in a thread of their own; ValueError naming the series
+        and frame for frames of another shape or count, an unreadable encoding, a lost or foreign frame, a
+        malformed chunk, or a stream quiet for ``timeout_s`` (the frames before it handed on first)."""
+        dtype, sent = np.dtype(dtype), [0] * len(counts)
+        for k, batch in prefetched(self.batches(tuple(det_shape), dtype, host_buffers(xp), list(counts)), AHEAD):
             block, bad = decoded(batch, det_shape, dtype, xp)
             if len(block):
-                sent += len(block)
-                yield block
+                sent[k] += len(block)
+                yield k, block
             if bad is not None:
-                raise ValueError(f"{self.describe()} sent a malformed frame {sent}: {bad.problem}")
+                raise ValueError(f"{self.where(k, len(counts))} sent a malformed frame {sent[k]}: {bad.problem}")
 
-    def batches(self, det_shape: tuple[int, int], dtype: np.dtype, buffer) -> Iterator[Chunks]:
-        """The series' blobs, whole frames gathered into Chunks in ``buffer``s."""
+    def where(self, k: int, n: int) -> str:
+        return self.describe() + (f", acquisition {k + 1} of {n}" if n > 1 else "")
+
+    def batches(self, det_shape: tuple[int, int], dtype: np.dtype, buffer, counts: list[int | None]) -> Iterator[tuple[int, Chunks | np.ndarray]]:
+        """(k, series k's blobs), whole frames gathered into Chunks (or decoded ``lz4<`` frames) in ``buffer``s."""
         try:
             import zmq
         except ImportError:
             raise ValueError("reading a DECTRIS stream needs pyzmq on the worker: pip install 'qgpu-dask[detectors]'") from None
 
-        where = self.describe()
         context = zmq.Context.instance()
         pull = context.socket(zmq.PULL)
         pull.setsockopt(zmq.LINGER, 0)
         pull.setsockopt(zmq.RCVTIMEO, int(self.timeout_s * 1000))
         pull.connect(f"tcp://{self.host}:{self.port}")
         try:
-            parts = Parts(pull, where, self.timeout_s)
-            header = parts.series_header()
-            if header.get("header_detail") == "none":
-                raise ValueError(f"{where} sends header_detail 'none': the series' frame count is in the detector configuration,"
-                                 " sent with 'basic' or 'all' (set the stream's header_detail)")
-            config = parts.json()
-            if "htype" in config:
-                raise ValueError(f"{where}: the series header is followed by {config['htype']!r}, not the detector configuration")
-            if header.get("header_detail") == "all":
-                for _ in range(3):  # flat field, pixel mask, count-rate table: a JSON part and a blob each
-                    parts.json()
-                    parts.next()
-            total = series_frames(config, where)
-            shape = (int(config["y_pixels_in_detector"]), int(config["x_pixels_in_detector"]))
-            if shape != det_shape:
-                raise ValueError(f"{where} sends frames of {shape}, the acquisition holds {det_shape}")
-            frame_bytes = shape[0] * shape[1] * dtype.itemsize
-            series, sent, encodings = header.get("series"), 0, set()
-            while sent < total:
-                n = min(self.frames_per_read, total - sent)
-                blobs: list[bytes] = []
-                since = time.perf_counter()
-                while len(blobs) < n and (not blobs or time.perf_counter() - since < LATENCY_S):
-                    encoding, blob = self.blob(parts, series, sent + len(blobs), dtype, det_shape, where)
-                    encodings.add(encoding)
-                    if len(encodings) > 1:
-                        raise ValueError(f"{where}: frame {sent + len(blobs)} is encoded {encoding!r}, the frames before it"
-                                         f" {(encodings - {encoding}).pop()!r}")
-                    blobs.append(blob)
-                if encoding == LZ4:
-                    yield unpacked(blobs, det_shape, dtype, buffer, sent, where)
-                else:
-                    yield gathered(blobs, frame_bytes, buffer)
-                sent += len(blobs)
+            for k, count in enumerate(counts):
+                for batch in self.one_series(Parts(pull, self.where(k, len(counts)), self.timeout_s), det_shape, dtype, buffer, count):
+                    yield k, batch
         finally:
             pull.close()
+
+    def one_series(self, parts: "Parts", det_shape: tuple[int, int], dtype: np.dtype, buffer, count: int | None) -> Iterator[Chunks | np.ndarray]:
+        """The next series' frames (its header read first; what comes before it skipped), ``count`` of them where given."""
+        where = parts.where
+        header = parts.series_header()
+        if header.get("header_detail") == "none":
+            raise ValueError(f"{where} sends header_detail 'none': the series' frame count is in the detector configuration,"
+                             " sent with 'basic' or 'all' (set the stream's header_detail)")
+        config = parts.json()
+        if "htype" in config:
+            raise ValueError(f"{where}: the series header is followed by {config['htype']!r}, not the detector configuration")
+        if header.get("header_detail") == "all":
+            for _ in range(3):  # flat field, pixel mask, count-rate table: a JSON part and a blob each
+                parts.json()
+                parts.next()
+        total = series_frames(config, where)
+        if count is not None and total != count:
+            raise ValueError(f"{where}: the series has {total} frames, the acquisition holds {count}")
+        shape = (int(config["y_pixels_in_detector"]), int(config["x_pixels_in_detector"]))
+        if shape != det_shape:
+            raise ValueError(f"{where} sends frames of {shape}, the acquisition holds {det_shape}")
+        frame_bytes = shape[0] * shape[1] * dtype.itemsize
+        series, sent, encodings = header.get("series"), 0, set()
+        while sent < total:
+            n = min(self.frames_per_read, total - sent)
+            blobs: list[bytes] = []
+            since = time.perf_counter()
+            while len(blobs) < n and (not blobs or time.perf_counter() - since < LATENCY_S):
+                encoding, blob = self.blob(parts, series, sent + len(blobs), dtype, det_shape, where)
+                encodings.add(encoding)
+                if len(encodings) > 1:
+                    raise ValueError(f"{where}: frame {sent + len(blobs)} is encoded {encoding!r}, the frames before it"
+                                     f" {(encodings - {encoding}).pop()!r}")
+                blobs.append(blob)
+            if encoding == LZ4:
+                yield unpacked(blobs, det_shape, dtype, buffer, sent, where)
+            else:
+                yield gathered(blobs, frame_bytes, buffer)
+            sent += len(blobs)
 
     def blob(self, parts: "Parts", series, frame: int, dtype: np.dtype, det_shape: tuple[int, int], where: str) -> tuple[str, bytes]:
         """The next image's encoding and blob, its parts checked."""

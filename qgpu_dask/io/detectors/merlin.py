@@ -39,53 +39,72 @@ class MerlinSource:
         return f"merlin://{self.host}:{self.data_port}"
 
     def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
-        """The acquisition's frames, (n, det_rows, det_cols) arrays of ``xp``, read ahead in a thread of their
-        own; ValueError naming the frame if nothing listens, the header or a frame is malformed, the frames are
-        not ``det_shape`` ``dtype``, a frame is missing, or the port closes or goes quiet inside the acquisition
-        (the frames before it are handed on first)."""
-        header: list[merlin.FrameHeader] = []
-        for batch in prefetched(self.batches(tuple(det_shape), np.dtype(dtype), host_buffers(xp), header), AHEAD):
-            pixels = batch[:, merlin.MPX_BYTES + header[0].data_offset :]
-            yield merlin.decode(pixels if xp is np else xp.asarray(pixels), header[0])
+        """The next acquisition's frames, (n, det_rows, det_cols) arrays of ``xp`` (``series`` of one, as many
+        frames as its header announces)."""
+        for _, block in self.series(det_shape, dtype, [None], xp):
+            yield block
 
-    def batches(self, det_shape: tuple[int, int], dtype: np.dtype, buffer, header: list) -> Iterator[np.ndarray]:
-        """Whole frame messages as they come, (n, message bytes) uint8 in ``buffer``s, their framing checked;
-        the first frame's header is put in ``header``."""
-        where = self.describe()
+    def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
+        """(k, frames) of ``len(counts)`` consecutive acquisitions on one connection to the data port, the k-th
+        of ``counts[k]`` frames (None: as its header announces), read ahead in a thread of their own;
+        ValueError naming the acquisition and frame if nothing listens, a header or frame is malformed, the
+        frames are not ``det_shape`` ``dtype``, an acquisition announces another frame count, a frame is
+        missing, or the port closes or goes quiet inside an acquisition (the frames before it handed on first)."""
+        headers: list[merlin.FrameHeader] = []
+        for k, batch in prefetched(self.batches(tuple(det_shape), np.dtype(dtype), host_buffers(xp), list(counts), headers), AHEAD):
+            pixels = batch[:, merlin.MPX_BYTES + headers[k].data_offset :]
+            yield k, merlin.decode(pixels if xp is np else xp.asarray(pixels), headers[k])
+
+    def batches(self, det_shape: tuple[int, int], dtype: np.dtype, buffer, counts: list[int | None], headers: list) -> Iterator[tuple[int, np.ndarray]]:
+        """(k, whole frame messages of acquisition k) as they come, (n, message bytes) uint8 in ``buffer``s,
+        their framing checked; each acquisition's first frame header is put in ``headers``."""
         try:
             conn = socket.create_connection((self.host, self.data_port), timeout=self.timeout_s)
         except OSError as err:
-            raise ValueError(f"no Merlin data port at {where}: {err}") from None
+            raise ValueError(f"no Merlin data port at {self.describe()}: {err}") from None
         with conn:
-            fields = merlin.parse_hdr(self.message(conn, 0, where))
-            announced = merlin.hdr_frames(fields)
-            first = self.message(conn, 0, where)
-            h = merlin.parse_frame_header(first, f"{where}, frame 0")
-            if h.det_shape != det_shape or h.dtype != dtype:
-                raise ValueError(f"{where} sends {h.det_shape} {h.dtype} frames ({h.pixel}, {h.layout}), the acquisition holds {det_shape} {dtype}")
-            header.append(h)
-            size = merlin.MPX_BYTES + len(first)
-            prefix = f"MPX,{len(first) + 1:010d},".encode()
-            start = buffer(size)[:size]
-            start[: merlin.MPX_BYTES] = np.frombuffer(prefix, np.uint8)
-            start[merlin.MPX_BYTES :] = np.frombuffer(first, np.uint8)
-            yield start.reshape(1, size)
-            sent, expected = 1, prefix + merlin.MAGIC
-            rest = None if announced == 0 else announced - 1
-            for whole in (ended := Records(conn, size, self.frames_per_read, buffer, self.timeout_s, rest)):
-                bad = first_bad(whole, expected, h.seq + sent)
-                if bad is not None:
-                    k, problem = bad
-                    if k:
-                        yield whole[:k]
-                    raise ValueError(f"{where}: frame {sent + k} {problem}")
-                sent += len(whole)
-                yield whole
-            if ended.end == "stalled":
-                raise ValueError(f"{where} sent nothing for {self.timeout_s:g} s after {sent} frames")
-            if ended.end == "closed" and (announced or ended.carried):
-                raise ValueError(f"{where} closed inside frame {sent} (of {announced or 'a continuous acquisition'}):"
-                                 f" {ended.carried} of its {size} bytes came")
+            for k, count in enumerate(counts):
+                where = self.describe() + (f", acquisition {k + 1} of {len(counts)}" if len(counts) > 1 else "")
+                for whole in self.acquisition(conn, det_shape, dtype, buffer, count, len(counts) > 1, headers, where):
+                    yield k, whole
+
+    def acquisition(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype, buffer, count: int | None, series: bool,
+                    headers: list, where: str) -> Iterator[np.ndarray]:
+        """One acquisition's frame messages (its HDR read first), ``count`` of them where given."""
+        fields = merlin.parse_hdr(self.message(conn, 0, where))
+        announced = merlin.hdr_frames(fields)
+        if announced == 0 and series:
+            raise ValueError(f"{where} runs a continuous acquisition (its header announces 0 frames): it is one acquisition,"
+                             " not a series; ingest it into one")
+        if count is not None and announced not in (0, count):
+            raise ValueError(f"{where} announces {announced} frames, the acquisition holds {count}")
+        first = self.message(conn, 0, where)
+        h = merlin.parse_frame_header(first, f"{where}, frame 0")
+        if h.det_shape != det_shape or h.dtype != dtype:
+            raise ValueError(f"{where} sends {h.det_shape} {h.dtype} frames ({h.pixel}, {h.layout}), the acquisition holds {det_shape} {dtype}")
+        headers.append(h)
+        size = merlin.MPX_BYTES + len(first)
+        prefix = f"MPX,{len(first) + 1:010d},".encode()
+        start = buffer(size)[:size]
+        start[: merlin.MPX_BYTES] = np.frombuffer(prefix, np.uint8)
+        start[merlin.MPX_BYTES :] = np.frombuffer(first, np.uint8)
+        yield start.reshape(1, size)
+        total = announced or count
+        sent, expected = 1, prefix + merlin.MAGIC
+        for whole in (ended := Records(conn, size, self.frames_per_read, buffer, self.timeout_s, None if total is None else total - 1)):
+            bad = first_bad(whole, expected, h.seq + sent)
+            if bad is not None:
+                k, problem = bad
+                if k:
+                    yield whole[:k]
+                raise ValueError(f"{where}: frame {sent + k} {problem}")
+            sent += len(whole)
+            yield whole
+        if ended.end == "stalled":
+            raise ValueError(f"{where} sent nothing for {self.timeout_s:g} s after {sent} frames")
+        if ended.end == "closed" and (announced or ended.carried):
+            raise ValueError(f"{where} closed inside frame {sent} (of {announced or 'a continuous acquisition'}):"
+                             f" {ended.carried} of its {size} bytes came")
 
     def message(self, conn: socket.socket, frame: int, where: str) -> bytes:
         """One MPX message's payload."""
