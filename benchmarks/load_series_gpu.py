@@ -114,7 +114,8 @@ def fill(svc, masters: list[Path], held: list, layout: str) -> str:
                               progress=False):
             held.append(acq)
             if len(held) % 8 == 0:
-                print(f"held: {len(held)}", flush=True)
+                shard = svc.info()["shards"][0]
+                print(f"held: {len(held)}, {shard['resident_bytes'] / 1e9:.1f} GB; CuPy's pool {shard['pool_bytes'] / 1e9:.1f} GB", flush=True)
     except ValueError as err:
         return str(err)
     return f"none: all {FILL_MAX} more were held"
@@ -204,7 +205,8 @@ def main() -> int:
             checksum_s = time.perf_counter() - t0
             exact = all(s == digests[int(a.name[1:]) % args.distinct] for a, s in zip(held_acqs, sums))  # s<i>, f<i>: master i % K
             held = sum(a.info()["nbytes"] for a in held_acqs[:n])
-            budget = svc.info()["shards"][0]["budget"]
+            shard = svc.info()["shards"][0]
+            budget, pool = shard["budget"], {"resident_bytes": shard["resident_bytes"], "pool_bytes": shard["pool_bytes"]}
 
         with qd.Service.local(n_workers=1, dashboard_address=":0", budget=args.budget) as svc:
             cold, warm = first_and_warm(svc, masters[1 % args.distinct], args.layout)  # a fresh cluster, the caches filled
@@ -218,7 +220,7 @@ def main() -> int:
                        "raw_over_held": counts_bytes * n / held, "checksums_equal": exact,
                        "over_raw_read_all_threads": base["raw_read_all_threads_GBps"] / (counts_bytes / per_acq / 1e9)},
             "saved_reopen": {"file_bytes": saved_bytes, "s": reopen, "s_each": reopens, "GBps": saved_bytes / reopen / 1e9},
-            "held": {"acquisitions": len(held_acqs), "filled": bool(args.fill), "refusal": refusal, "budget_bytes": budget,
+            "held": {"acquisitions": len(held_acqs), "filled": bool(args.fill), "refusal": refusal, "budget_bytes": budget, **pool,
                      "checksums_equal": exact, "checksum_s": checksum_s},
             "rehome": lost_worker,
         }

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..device import synchronize
+from ..device import own_bytes, synchronize
 from ..formats import codec
 from ..formats.groups import Geometry
 from .base import Resident, kernels_for
@@ -104,11 +104,10 @@ class Coding:
 
     def reserved_bytes(self, shape, dtype) -> int:
         """What a load coded this way reserves: the payload it starts with, the rest of what it is expected to
-        hold, and the block still filling."""
+        hold, the block still filling, and the payload's copy without its room made as it ends."""
         n_frames = shape[0] * shape[1]
-        streams = int(n_frames * self.frame_bytes)
         held = min(n_frames, self.block) * shape[2] * shape[3] * np.dtype(dtype).itemsize
-        return self.expected_bytes(shape) - streams + self.payload_room(shape, dtype) + held
+        return self.expected_bytes(shape) + self.payload_room(shape, dtype) + held
 
 
 class LiveCounts(Resident):
@@ -134,7 +133,7 @@ class LiveCounts(Resident):
         self.index = self.base = None
         self.geometry = None  # of the group index, centred with the model's choice
         self.group_pieces: list[tuple] = []  # the coded blocks' group index pieces
-        self.payload = xp.zeros(0 if coding is None else coding.payload_room(shape, self.dtype), np.uint8)
+        self.payload = own_bytes(xp, 0 if coding is None else coding.payload_room(shape, self.dtype))
         self.payload_bytes = 0
         self.totals = xp.zeros(self.n_frames, np.uint64)
         if coding is not None:
@@ -207,7 +206,7 @@ class LiveCounts(Resident):
             size = max(int(GROWTH * size), self.payload_bytes + worst)
         self.room(size - self.payload.size + worst_bytes(self.det_shape, held))
         if size > self.payload.size:
-            grown = self.xp.zeros(size, np.uint8)
+            grown = own_bytes(self.xp, size)
             grown[: self.payload_bytes] = self.payload[: self.payload_bytes]
             self.payload = grown
 
@@ -294,8 +293,11 @@ class LiveCounts(Resident):
             if self.layout == "dense":
                 dense = DenseCounts(self.name, self.flat, self.shape)
                 return dense.indexed() if index else dense
-            if self.payload.size > self.payload_bytes:  # the room left over goes back
-                self.payload = self.payload[: self.payload_bytes].copy()
+            if self.payload.size > self.payload_bytes:  # the room left over goes back (the budget asked for the copy)
+                self.room(self.payload_bytes)
+                trimmed = own_bytes(self.xp, self.payload_bytes)
+                trimmed[:] = self.payload[: self.payload_bytes]
+                self.payload = trimmed
             return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, self.coded_streams(), {},
                                     self.coded_groups())  # all coded
 

@@ -400,7 +400,12 @@ class Shard:
             self.budget.unreserve(nbytes)
             raise
         try:
-            resident, reason = await self.on(self.loads, build)
+            try:
+                resident, reason = await self.on(self.loads, build)
+            except MemoryError as err:  # CuPy's OutOfMemoryError is one: the budget left the device too little
+                raise ValueError(f"acquisition {name!r} ran the device out of memory as it was built ({err}); nothing of it was kept."
+                                 f" The shard's budget of {format_bytes(self.budget.limit)} leaves too little beside it: set a smaller"
+                                 " budget= (or QGPU_DASK_BUDGET)") from None
             if resident.nbytes > nbytes:
                 self.budget.check_room(f"acquisition {name!r} ({reason}) needs", resident.nbytes - nbytes)
             self.forget(name)
