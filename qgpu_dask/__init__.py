@@ -12,6 +12,7 @@ from .formats.png import save_png
 from .io.load import inspect_file as inspect
 from .io.detectors.dectris import DectrisSource
 from .io.detectors.merlin import MerlinSource
+from .io.detectors.timepix import TimepixSource
 from .io.stream import TcpSource
 from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
 from .phase.direct import DirectResult
@@ -19,6 +20,6 @@ from .phase.optics import Optics
 from .queries.base import Query, register
 from .view import view
 
-__all__ = ["Acquisition", "DectrisSource", "DirectResult", "MerlinSource", "Optics", "Query", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "device",
+__all__ = ["Acquisition", "DectrisSource", "DirectResult", "MerlinSource", "Optics", "Query", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "TimepixSource", "device",
            "inspect", "masks", "ptycho", "queries", "register", "samples", "save_png", "view"]
 __version__ = "0.1.0"

@@ -42,7 +42,7 @@ class FrameSource(Protocol):
 
 class SeriesSource(FrameSource, Protocol):
     """A detector's stream that sends acquisition after acquisition on one connection (``svc.ingest`` of a
-    series): Merlin's data port, a DECTRIS stream."""
+    series): Merlin's data port, a DECTRIS stream, an ASI Timepix3 server."""
 
     def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
         """(k, frames) of ``len(counts)`` consecutive acquisitions, the k-th of ``counts[k]`` frames (None: as

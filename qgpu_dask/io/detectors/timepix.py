@@ -1,0 +1,212 @@
+"""An ASI Timepix3 server's sparse-frame stream (TCP, 8283 by default): frames as CSR matrices, one row a frame.
+
+The stream is a run of 32-byte headers, little-endian, the first byte saying which: an acquisition start
+(format: CSR, or CSR of time over threshold; the scan and detector shapes; the widths of the row pointers
+and column indices), a scan start (then as many bytes of JSON metadata as it says), array chunks (the
+values' width, frames, non-zeros, and where indices and values start in the payload that follows: row
+pointers from 0, indices, values, padding allowed between them), a scan end and an acquisition end.
+Acquisition after acquisition may follow on one connection; each scan is one acquisition here (as
+LiberTEM-live reads it), of the frames its acquisition start's scan shape gives.
+
+The receiver reads whole chunks on a thread of its own, checks them (pointers rising to the non-zeros,
+indices inside the frame, values that fit the acquisition's dtype) and hands them on in pieces of at most
+``frames_per_read`` frames, which are made dense on the acquisition's device (a scatter of the non-zeros).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Iterator
+
+import numpy as np
+
+from ..batches import AHEAD, prefetched
+from ..stream import check_reading, read_into
+
+PORT = 8283
+HEADER_BYTES = 32
+ACQUISITION_START, SCAN_START, ARRAY_CHUNK, SCAN_END, ACQUISITION_END = range(5)
+HEADERS = ("acquisition start", "scan start", "array chunk", "scan end", "acquisition end")
+DTYPES = {2: np.dtype("<u1"), 3: np.dtype("<u2"), 4: np.dtype("<u4"), 5: np.dtype("<u8")}  # the wire's codes (0, 1: packed bits, not sent)
+FORMATS = {0: "CSR", 1: "CSR of time over threshold"}
+METADATA_LIMIT = 1 << 24  # bytes of scan metadata read at most
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What an acquisition start says of the scans after it."""
+
+    scan_shape: tuple[int, int]
+    det_shape: tuple[int, int]
+    indptr: np.dtype
+    indices: np.dtype
+    sequence: int
+
+
+@dataclass(frozen=True)
+class TimepixSource:
+    """An ASI Timepix3 server's sparse-frame stream at ``host``:``port``, handed on ``frames_per_read`` frames at a time."""
+
+    host: str
+    port: int = PORT
+    frames_per_read: int = 256
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        check_reading(self)
+
+    def describe(self) -> str:
+        return f"tcp://{self.host}:{self.port} (ASI Timepix3)"
+
+    def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
+        """The next scan's frames, (n, det_rows, det_cols) arrays of ``xp`` (``series`` of one)."""
+        for _, block in self.series(det_shape, dtype, [None], xp):
+            yield block
+
+    def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
+        """(k, frames) of ``len(counts)`` consecutive scans on one connection, the k-th of ``counts[k]`` frames
+        (None: as its acquisition start says), dense arrays of ``xp`` made from the non-zeros read ahead in a
+        thread of their own; ValueError naming the scan and frame if nothing listens, a header is unknown or
+        out of order, the frames are not ``det_shape`` or their values do not fit ``dtype``, a scan has
+        another frame count or ends short, a chunk is malformed, or the stream closes or goes quiet inside a
+        scan (the frames before it handed on first)."""
+        dtype = np.dtype(dtype)
+        for k, piece in prefetched(self.pieces(tuple(det_shape), dtype, list(counts)), AHEAD):
+            yield k, dense(*piece, det_shape, dtype, xp)
+
+    def pieces(self, det_shape: tuple[int, int], dtype: np.dtype, counts: list[int | None]) -> Iterator[tuple[int, tuple]]:
+        """(k, (row pointers from 0, indices, values)) of at most ``frames_per_read`` frames of scan k, checked."""
+        try:
+            conn = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+        except OSError as err:
+            raise ValueError(f"no Timepix3 stream at {self.describe()}: {err}") from None
+        with conn:
+            geometry = None
+            for k, count in enumerate(counts):
+                where = self.describe() + (f", acquisition {k + 1} of {len(counts)}" if len(counts) > 1 else "")
+                geometry = self.scan_start(conn, geometry, where)
+                if geometry.det_shape != det_shape:
+                    raise ValueError(f"{where} sends frames of {geometry.det_shape}, the acquisition holds {det_shape}")
+                total = geometry.scan_shape[0] * geometry.scan_shape[1]
+                if count is not None and total != count:
+                    raise ValueError(f"{where}: its scan of {geometry.scan_shape} is {total} frames, the acquisition holds {count}")
+                for piece in self.scan(conn, geometry, dtype, total, where):
+                    yield k, piece
+
+    def scan_start(self, conn: socket.socket, geometry: Geometry | None, where: str) -> Geometry:
+        """Read up to the next scan start (an acquisition start before it gives the geometry; an acquisition's
+        end is passed over) and its metadata; the geometry of the scan."""
+        while True:
+            tag, header = self.header(conn, where, 0)
+            if tag == ACQUISITION_START:
+                geometry = acquisition_start(header, where)
+            elif tag == ACQUISITION_END and geometry is not None:
+                continue
+            elif tag == SCAN_START and geometry is not None:
+                metadata = int(np.frombuffer(header, "<u8", 1, 5)[0])
+                if metadata > METADATA_LIMIT:
+                    raise ValueError(f"{where}: a scan start announces {metadata} bytes of metadata (at most {METADATA_LIMIT})")
+                self.exactly(conn, metadata, where, 0)
+                return geometry
+            else:
+                raise ValueError(f"{where}: expected {'a scan start' if geometry else 'an acquisition start'}, got "
+                                 f"{HEADERS[tag] if tag < len(HEADERS) else f'a header of unknown type {tag}'}")
+
+    def scan(self, conn: socket.socket, geometry: Geometry, dtype: np.dtype, total: int, where: str) -> Iterator[tuple]:
+        """The scan's chunks, checked and cut into pieces, until its end (which must come after ``total`` frames)."""
+        sent, frame_len = 0, geometry.det_shape[0] * geometry.det_shape[1]
+        while True:
+            tag, header = self.header(conn, where, sent)
+            if tag == SCAN_END or tag == ACQUISITION_END:
+                if sent != total:
+                    raise ValueError(f"{where}: the scan ended ({HEADERS[tag]}) after {sent} of its {total} frames")
+                return
+            if tag != ARRAY_CHUNK:
+                raise ValueError(f"{where}: frame {sent} came as {HEADERS[tag] if tag < len(HEADERS) else f'a header of unknown type {tag}'}"
+                                 ", not an array chunk")
+            values_dtype, n, nnz, at_indices, at_values = chunk_header(header, where, sent)
+            if sent + n > total:
+                raise ValueError(f"{where}: a chunk of frames {sent} to {sent + n - 1} goes past the scan's {total} frames")
+            indptr_end = (n + 1) * geometry.indptr.itemsize
+            indices_end = at_indices + nnz * geometry.indices.itemsize
+            if at_indices < indptr_end or at_values < indices_end:
+                raise ValueError(f"{where}: the chunk of frame {sent} puts its indices at byte {at_indices} and values at"
+                                 f" {at_values}, inside the parts before them")
+            payload = self.exactly(conn, at_values + nnz * values_dtype.itemsize, where, sent)
+            indptr = np.frombuffer(payload, geometry.indptr, n + 1).astype(np.int64)
+            indices = np.frombuffer(payload, geometry.indices, nnz, at_indices)
+            values = np.frombuffer(payload, values_dtype, nnz, at_values)
+            check_chunk(indptr, indices, values, nnz, frame_len, dtype, sent, where)
+            for lo in range(0, n, self.frames_per_read):
+                hi = min(lo + self.frames_per_read, n)
+                a, b = indptr[lo], indptr[hi]
+                yield indptr[lo : hi + 1] - a, indices[a:b], values[a:b]
+            sent += n
+
+    def header(self, conn: socket.socket, where: str, frame: int) -> tuple[int, bytes]:
+        header = self.exactly(conn, HEADER_BYTES, where, frame)
+        return header[0], header
+
+    def exactly(self, conn: socket.socket, n: int, where: str, frame: int) -> bytes:
+        data = bytearray(n)
+        got, end = read_into(conn, memoryview(data), n, self.timeout_s)
+        if got < n:
+            raise ValueError(f"{where} {'sent nothing for ' + format(self.timeout_s, 'g') + ' s' if end == 'stalled' else 'closed'}"
+                             f" at frame {frame} ({got} of {n} bytes came)")
+        return bytes(data)
+
+
+def acquisition_start(header: bytes, where: str) -> Geometry:
+    """The geometry an acquisition start header gives; ValueError for a format or width not read."""
+    fmt, indptr, indices = header[2], header[7], header[12]
+    if fmt not in FORMATS:
+        raise ValueError(f"{where}: an acquisition of format {fmt} (readable: {', '.join(f'{k} {v}' for k, v in FORMATS.items())})")
+    for what, code in (("row pointers", indptr), ("indices", indices)):
+        if code not in DTYPES:
+            raise ValueError(f"{where}: {what} of type code {code} (readable: {sorted(DTYPES)}: unsigned 8 to 64 bits)")
+    scan = tuple(int(v) for v in np.frombuffer(header, "<u2", 2, 3))
+    det = tuple(int(v) for v in np.frombuffer(header, "<u2", 2, 8))
+    return Geometry(scan, det, DTYPES[indptr], DTYPES[indices], int(np.frombuffer(header, "<u4", 1, 13)[0]))
+
+
+def chunk_header(header: bytes, where: str, frame: int) -> tuple[np.dtype, int, int, int, int]:
+    """(values' dtype, frames, non-zeros, indices' byte offset, values' byte offset) of an array chunk."""
+    if header[1] not in DTYPES:
+        raise ValueError(f"{where}: the chunk of frame {frame} has values of type code {header[1]} (readable: {sorted(DTYPES)})")
+    n, nnz, at_indices, at_values = (int(v) for v in np.frombuffer(header, "<u4", 4, 2))
+    if n == 0:
+        raise ValueError(f"{where}: a chunk of no frames at frame {frame}")
+    return DTYPES[header[1]], n, nnz, at_indices, at_values
+
+
+def check_chunk(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, nnz: int, frame_len: int, dtype: np.dtype, first: int,
+                where: str) -> None:
+    """ValueError naming the first frame of a chunk whose row pointers do not rise from 0 to its non-zeros,
+    whose indices fall outside the frame, or whose values do not fit ``dtype``."""
+    steps = np.diff(indptr)
+    if indptr[0] != 0 or indptr[-1] != nnz or (steps < 0).any():
+        bad = int(np.flatnonzero(steps < 0)[0]) if (steps < 0).any() else 0
+        raise ValueError(f"{where}: the chunk's row pointers do not rise from 0 to its {nnz} non-zeros (frame {first + bad})")
+    outside = np.flatnonzero(indices >= frame_len)
+    if outside.size:
+        frame = int(np.searchsorted(indptr, outside[0], side="right")) - 1
+        raise ValueError(f"{where}: frame {first + frame} has a pixel index {int(indices[outside[0]])} outside its {frame_len} pixels")
+    if values.dtype.itemsize > dtype.itemsize and nnz:
+        over = np.flatnonzero(values > np.iinfo(dtype).max)
+        if over.size:
+            frame = int(np.searchsorted(indptr, over[0], side="right")) - 1
+            raise ValueError(f"{where}: frame {first + frame} has a count of {int(values[over[0]])}, more than the acquisition's {dtype} holds")
+
+
+def dense(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, det_shape: tuple[int, int], dtype: np.dtype, xp: ModuleType):
+    """The frames of a CSR piece, (n, det_rows, det_cols) ``dtype`` on ``xp``'s device: the non-zeros go up
+    (a few bytes a frame) and are scattered there."""
+    n = len(indptr) - 1
+    out = xp.zeros((n, det_shape[0] * det_shape[1]), dtype)
+    if len(indices):
+        pointers, at = xp.asarray(indptr), xp.asarray(indices.astype(np.int64))
+        rows = xp.searchsorted(pointers[1:], xp.arange(len(indices)), side="right")
+        out[rows, at] = xp.asarray(values).astype(dtype)
+    return out.reshape(n, *det_shape)
