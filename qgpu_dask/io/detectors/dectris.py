@@ -1,5 +1,6 @@
-"""A DECTRIS detector's stream interface, version 1 (SIMPLON "legacy" format): a ZeroMQ PUSH socket the
-detector binds (port 9999), which the receiver pulls from.
+"""A DECTRIS detector's stream interface: a ZeroMQ PUSH socket the detector binds (9999 for version 1, the
+SIMPLON "legacy" format; 31001 for stream2, CBOR), which the receiver pulls from. Which version a series
+is in is told by its first message (JSON or CBOR).
 
 A series is a header (``dheader-1.0``, then the detector configuration as JSON; with ``header_detail`` "all"
 also flat field, pixel mask and count-rate table, each a JSON part and a blob), then per image a
@@ -11,6 +12,11 @@ their ``htype`` (LiberTEM-live's simulators send the header's two parts as two m
 an Arina file's; a header of zeros (LiberTEM-live's mocked frames) is filled in with the frame's size and
 the 8192-byte blocks DECTRIS writes. Blobs encoded ``lz4<`` (one LZ4 block of the whole little-endian
 frame) are decoded on the receiving host's cores as they come.
+
+A stream2 series is a start message (frame count, image size, channels), an image message per frame (its
+first channel's array: "bslz4" bytes gathered into Chunks as above; "lz4" and uncompressed pixels decoded
+here), and an end message (``formats.stream2``). Ends without a start (simulators send a second one on
+disarm) and a series begun before the receiver are skipped.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ...formats import stream2
 from ...formats.bitshuffle_lz4 import HEADER_BYTES, OK, WILD, lz4_block, message
 from ..batches import AHEAD, Chunks, decoded, host_buffers, prefetched
 from ..stream import check_reading
@@ -31,6 +38,7 @@ ENDPOINT_PORT = 9999
 BLOCK_BYTES = 8192  # the bitshuffle block DECTRIS detectors write (in bytes)
 SHUFFLED = {"bs8-lz4<": 1, "bs16-lz4<": 2, "bs32-lz4<": 4}  # bitshuffle-LZ4 encodings, by the element size they shuffle
 LZ4 = "lz4<"  # one LZ4 block of the frame
+BSLZ4, RAW = "bslz4", "raw"  # stream2's bitshuffle-LZ4 (as the HDF5 filter frames it), and pixels sent as they are
 LATENCY_S = 0.05  # a batch is handed on after this long, full or not (a slow detector is seen live)
 
 
@@ -92,9 +100,13 @@ class DectrisSource:
             pull.close()
 
     def one_series(self, parts: "Parts", det_shape: tuple[int, int], dtype: np.dtype, buffer, count: int | None) -> Iterator[Chunks | np.ndarray]:
-        """The next series' frames (its header read first; what comes before it skipped), ``count`` of them where given."""
-        where = parts.where
-        header = parts.series_header()
+        """The next series' frames (its header read first; what comes before it skipped), ``count`` of them
+        where given: version 1's JSON parts, or stream2's CBOR messages, told apart by the first message."""
+        where, first = parts.where, parts.next()
+        if stream2.is_cbor(first):
+            yield from self.stream2_series(parts, first, det_shape, dtype, buffer, count)
+            return
+        header = parts.series_header(first)
         if header.get("header_detail") == "none":
             raise ValueError(f"{where} sends header_detail 'none': the series' frame count is in the detector configuration,"
                              " sent with 'basic' or 'all' (set the stream's header_detail)")
@@ -106,28 +118,56 @@ class DectrisSource:
                 parts.json()
                 parts.next()
         total = series_frames(config, where)
+        shape = (int(config["y_pixels_in_detector"]), int(config["x_pixels_in_detector"]))
+        self.check_series(total, count, shape, det_shape, where)
+        series = header.get("series")
+        yield from self.batched(lambda frame: self.blob(parts, series, frame, dtype, det_shape, where), total, det_shape, dtype, buffer, where)
+
+    def stream2_series(self, parts: "Parts", first: bytes, det_shape: tuple[int, int], dtype: np.dtype, buffer,
+                       count: int | None) -> Iterator[Chunks | np.ndarray]:
+        """A stream2 series: its start message (images and ends of a series begun before skipped), then its images."""
+        where = parts.where
+        start = stream2.decoded(first, where)
+        while start["type"] != "start":
+            start = stream2.decoded(parts.next(), where)
+        try:
+            total, shape = int(start["number_of_images"]), (int(start["image_size_y"]), int(start["image_size_x"]))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{where}: the start message lacks number_of_images, image_size_x or image_size_y") from None
+        self.check_series(total, count, shape, det_shape, where)
+        if start.get("image_dtype", dtype.name) != dtype.name:
+            raise ValueError(f"{where} sends {start['image_dtype']} images, the acquisition holds {dtype}")
+        channel, series = (start.get("channels") or [None])[0], start.get("series_id")
+        yield from self.batched(lambda frame: image2(parts, series, frame, channel, det_shape, dtype, where), total, det_shape, dtype, buffer,
+                                where)
+
+    def check_series(self, total: int, count: int | None, shape: tuple[int, int], det_shape: tuple[int, int], where: str) -> None:
         if count is not None and total != count:
             raise ValueError(f"{where}: the series has {total} frames, the acquisition holds {count}")
-        shape = (int(config["y_pixels_in_detector"]), int(config["x_pixels_in_detector"]))
         if shape != det_shape:
             raise ValueError(f"{where} sends frames of {shape}, the acquisition holds {det_shape}")
-        frame_bytes = shape[0] * shape[1] * dtype.itemsize
-        series, sent, encodings = header.get("series"), 0, set()
+
+    def batched(self, image, total: int, det_shape: tuple[int, int], dtype: np.dtype, buffer, where: str) -> Iterator[Chunks | np.ndarray]:
+        """The series' ``total`` frames from ``image(frame)`` ((encoding, blob) of each), gathered
+        ``frames_per_read`` at a time, or what came within LATENCY_S: bitshuffle-LZ4 chunks for the device,
+        other encodings decoded here."""
+        frame_bytes = det_shape[0] * det_shape[1] * dtype.itemsize
+        sent, encodings = 0, set()
         while sent < total:
             n = min(self.frames_per_read, total - sent)
             blobs: list[bytes] = []
             since = time.perf_counter()
             while len(blobs) < n and (not blobs or time.perf_counter() - since < LATENCY_S):
-                encoding, blob = self.blob(parts, series, sent + len(blobs), dtype, det_shape, where)
+                encoding, blob = image(sent + len(blobs))
                 encodings.add(encoding)
                 if len(encodings) > 1:
                     raise ValueError(f"{where}: frame {sent + len(blobs)} is encoded {encoding!r}, the frames before it"
                                      f" {(encodings - {encoding}).pop()!r}")
                 blobs.append(blob)
-            if encoding == LZ4:
-                yield unpacked(blobs, det_shape, dtype, buffer, sent, where)
-            else:
+            if encoding in SHUFFLED or encoding == BSLZ4:
                 yield gathered(blobs, frame_bytes, buffer)
+            else:
+                yield unpacked(blobs, encoding, det_shape, dtype, buffer, sent, where)
             sent += len(blobs)
 
     def blob(self, parts: "Parts", series, frame: int, dtype: np.dtype, det_shape: tuple[int, int], where: str) -> tuple[str, bytes]:
@@ -169,16 +209,17 @@ class Parts:
     def more(self) -> bool:
         return bool(self.pull.getsockopt(self.zmq.RCVMORE))
 
-    def series_header(self) -> dict:
-        """The next series header; the parts before it (the rest of a series begun before this receiver) skipped."""
+    def series_header(self, part: bytes) -> dict:
+        """The series header, ``part`` or the next; the parts before it (the rest of a series begun before this
+        receiver) skipped."""
         while True:
-            part = self.next()
             try:
                 value = json.loads(part)
             except ValueError:
-                continue
+                value = None  # a blob
             if isinstance(value, dict) and value.get("htype") == "dheader-1.0":
                 return value
+            part = self.next()
 
     def json(self) -> dict:
         part = self.next()
@@ -213,13 +254,49 @@ def gathered(blobs: list[bytes], frame_bytes: int, buffer) -> Chunks:
     return Chunks(data, starts.astype(np.int64), ends.astype(np.int64))
 
 
-def unpacked(blobs: list[bytes], det_shape: tuple[int, int], dtype: np.dtype, buffer, first: int, where: str) -> np.ndarray:
-    """Frames of ``lz4<`` blobs (one LZ4 block each), decoded into ``buffer``; ValueError naming the first that is not."""
+def unpacked(blobs: list[bytes], encoding: str, det_shape: tuple[int, int], dtype: np.dtype, buffer, first: int, where: str) -> np.ndarray:
+    """Frames of blobs not bitshuffled (``lz4<``: one LZ4 block; stream2's "lz4": the HDF5 LZ4 filter's
+    blocks; "raw": the pixels), decoded into ``buffer``; ValueError naming the first that is malformed."""
     frame_bytes = det_shape[0] * det_shape[1] * dtype.itemsize
     data = buffer(len(blobs) * frame_bytes + WILD)
     for k, blob in enumerate(blobs):
         out = data[k * frame_bytes : (k + 1) * frame_bytes + WILD]
-        code, a, b, c = lz4_block(np.frombuffer(blob, np.uint8), out, frame_bytes)
-        if code != OK:
-            raise ValueError(f"{where} sent a malformed frame {first + k}: {message(code, 0, a, b, c)}")
+        if encoding == LZ4:
+            code, a, b, c = lz4_block(np.frombuffer(blob, np.uint8), out, frame_bytes)
+            problem = None if code == OK else message(code, 0, a, b, c)
+        elif encoding == RAW:
+            problem = None if len(blob) == frame_bytes else f"{len(blob)} bytes of pixels, a frame is {frame_bytes}"
+            out[: len(blob) if problem is None else 0] = np.frombuffer(blob, np.uint8)
+        else:
+            problem = stream2.lz4_frame(blob, frame_bytes, out)
+        if problem is not None:
+            raise ValueError(f"{where} sent a malformed frame {first + k}: {problem}")
     return data[: len(blobs) * frame_bytes].view(dtype.newbyteorder("<")).reshape(len(blobs), *det_shape).astype(dtype, copy=False)
+
+
+def image2(parts: "Parts", series, frame: int, channel: str | None, det_shape: tuple[int, int], dtype: np.dtype, where: str) -> tuple[str, bytes]:
+    """The next stream2 image's encoding ("bslz4", "lz4" or "raw") and bytes, its message checked."""
+    image = stream2.decoded(parts.next(), where)
+    if image["type"] != "image":
+        raise ValueError(f"{where}: expected frame {frame}, got a {image['type']!r} message (the series ended early?)")
+    if image.get("series_id") != series or image.get("image_id") != frame:
+        raise ValueError(f"{where}: frame {frame} came as image {image.get('image_id')} of series {image.get('series_id')}"
+                         f" (series {series} expected: an image was lost, or another series began)")
+    data = image.get("data") or {}
+    array = data.get(channel) if channel is not None else next(iter(data.values()), None)
+    if not isinstance(array, stream2.MultiDim) or not isinstance(array.array, stream2.Typed):
+        raise ValueError(f"{where}: frame {frame} has no typed array for channel {channel!r} (channels: {sorted(data)})")
+    typed = array.array
+    if tuple(array.dims) != det_shape:
+        raise ValueError(f"{where}: frame {frame} is {array.dims}, the acquisition holds {det_shape}")
+    if typed.dtype.kind != "u" or typed.dtype.itemsize != dtype.itemsize or typed.dtype.byteorder == ">":
+        raise ValueError(f"{where}: frame {frame} holds {typed.dtype.str} pixels; the acquisition holds {dtype} (little-endian)")
+    content = typed.content
+    if isinstance(content, bytes):
+        return RAW, content
+    if content.algorithm == BSLZ4 and content.element == dtype.itemsize:
+        return BSLZ4, content.data
+    if content.algorithm == "lz4":
+        return "lz4", content.data
+    raise ValueError(f"{where}: frame {frame} is compressed {content.algorithm!r} of elements of {content.element} bytes"
+                     f" (readable: 'bslz4' of the pixels' {dtype.itemsize}, 'lz4')")
