@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` TCP ports on loopback that nothing listens on now (for a program the test starts)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -1,13 +1,17 @@
-"""A DECTRIS detector's stream interface (v1) ingested live from LiberTEM-live's DECTRIS simulator (a separate
-process replaying a dump this test records from known frames, armed through its REST API, started and stopped
-here by its PID): every frame equal to those written, bad series refused naming the frame."""
+"""A DECTRIS detector's stream interface ingested live: version 1 from LiberTEM-live's DECTRIS simulator (a
+separate process replaying a dump this test records from known frames, armed through its REST API), stream2
+from tickit-devices' Eiger (armed and triggered through its REST API) and from a socket here sending messages
+written by hand; each simulator started and stopped here by its PID. Every frame equal to those sent, bad
+series refused naming the frame."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import socket
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,7 +20,7 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from processes import Started
+from processes import Started, free_ports
 from qgpu_dask.samples import write_dectris_series as write_dump
 
 
@@ -95,4 +99,164 @@ def test_bad_series_refused_naming_why(svc, names, rng, tmp_path, dectris_sim):
     assert acq.received == 0
     arm(rest_port)
     svc.ingest(qd.DectrisSource("127.0.0.1", zmq_port, timeout_s=30), acq, progress=False)
+    assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+
+
+@pytest.fixture
+def eiger_sim(tmp_path):
+    """Start tickit-devices' Eiger (REST, stream v1 and stream2 on free loopback ports); (REST port, stream2 port);
+    stopped by its PID."""
+    pytest.importorskip("tickit_devices")
+    pytest.importorskip("cbor2")
+    rest, legacy, cbor = free_ports(3)
+    config = tmp_path / "eiger.yaml"
+    config.write_text(f"""- type: tickit_devices.eiger.Eiger
+  name: eiger
+  inputs: {{}}
+  host: 127.0.0.1
+  port: {rest}
+  stream_host: 127.0.0.1
+  stream_legacy_port: {legacy}
+  stream_cbor_port: {cbor}
+""")
+    started = Started(tmp_path)
+
+    def answers(text: str) -> bool | None:
+        try:
+            socket.create_connection(("127.0.0.1", rest), timeout=1).close()
+            return True
+        except OSError:
+            return None
+
+    started.start([sys.executable, "-m", "tickit", "--log-level", "WARNING", "all", str(config)], answers, "tickit-eiger")
+    yield rest, cbor
+    started.close()
+
+
+def put(rest_port: int, path: str, value=None) -> None:
+    """A SIMPLON REST PUT: a setting's {"value": ...}, or a command (no body)."""
+    body = b"" if value is None else json.dumps({"value": value}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{rest_port}/{path}", method="PUT", data=body,
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=60).close()
+
+
+def tickit_frame(tmp_path) -> np.ndarray:
+    """The frame tickit's Eiger sends in every image, decoded by HDF5's bitshuffle filter (hdf5plugin), not by us."""
+    import cbor2
+    import h5py
+    import hdf5plugin
+    from importlib.resources import files
+
+    image = cbor2.loads((files("tickit_devices.eiger.data") / "stream2" / "image.cbor").read_bytes())
+    dims, typed = image["data"]["threshold_1"].value
+    algorithm, element, payload = typed.value.value
+    assert (typed.tag, algorithm, element) == (69, "bslz4", 2)
+    with h5py.File(tmp_path / "frame.h5", "w") as f:
+        d = f.create_dataset("frame", shape=tuple(dims), dtype="<u2", chunks=tuple(dims), **hdf5plugin.Bitshuffle(cname="lz4"))
+        d.id.write_direct_chunk((0, 0), payload)
+        return d[...]
+
+
+def test_stream2_from_tickit_eiger(svc, names, tmp_path, eiger_sim):
+    """tickit's Eiger armed and triggered for 3 images (stream2: CBOR, bslz4 in the HDF5 framing): every frame
+    equal to the one it sends, decoded by HDF5's bitshuffle filter."""
+    rest, port = eiger_sim
+    for path, value in [("stream/api/1.8.0/config/format", "cbor"), ("detector/api/1.8.0/config/trigger_mode", "ints"),
+                        ("detector/api/1.8.0/config/nimages", 3), ("detector/api/1.8.0/config/ntrigger", 1),
+                        ("detector/api/1.8.0/config/frame_time", 0.001)]:
+        put(rest, path, value)
+    acq = svc.create(names(), scan_shape=(1, 3), det_shape=(4362, 4148), dtype="uint16", layout="dense")
+    future = svc.ingest(qd.DectrisSource("127.0.0.1", port, timeout_s=60), acq, wait=False)
+    put(rest, "detector/api/1.8.0/command/arm")
+    put(rest, "detector/api/1.8.0/command/trigger")
+    assert future.result(120) == {"frames": 3, "received": 3}
+    put(rest, "detector/api/1.8.0/command/disarm")
+    frame = tickit_frame(tmp_path)
+    assert hashlib.sha256(frame.tobytes()).hexdigest() == "cf12323dbcdb88976a6e32f27a352d8a55b8561fc43409d87dab725dc98c0387"
+    for k in range(3):
+        assert (acq.frame(0, k) == frame).all()
+
+
+def pushed(messages: list[bytes]) -> int:
+    """A ZeroMQ PUSH socket on loopback sending ``messages`` to the first receiver; its port."""
+    import zmq
+
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    port = push.bind_to_random_port("tcp://127.0.0.1")
+
+    def run() -> None:
+        for m in messages:
+            push.send(m)
+        push.close(linger=30000)
+
+    threading.Thread(target=run, daemon=True).start()
+    return port
+
+
+def stream2_series(tmp_path, frames: np.ndarray, encoding: str, series: int = 3, ids=None, tag: int = 69) -> list[bytes]:
+    """A stream2 series of ``frames`` as CBOR messages (behind the self-describe tag), images "lz4" (HDF5's LZ4
+    filter's chunks, written by hdf5plugin) or "raw"; ``ids``: the image ids sent."""
+    import cbor2
+    import h5py
+    import hdf5plugin
+
+    n, rows, cols = frames.shape
+    if encoding == "lz4":
+        with h5py.File(tmp_path / "lz4.h5", "w") as f:
+            f.create_dataset("d", data=frames, chunks=(1, rows, cols), **hdf5plugin.LZ4(nbytes=256))
+            blobs = [cbor2.CBORTag(56500, ["lz4", 0, f["d"].id.read_direct_chunk((k, 0, 0))[1]]) for k in range(n)]
+    else:
+        blobs = [frame.astype("<u2").tobytes() for frame in frames]
+
+    def message(value: dict) -> bytes:
+        return cbor2.dumps(cbor2.CBORTag(55799, value))
+
+    out = [message({"type": "start", "series_id": series, "series_unique_id": "x", "number_of_images": n, "image_size_x": cols,
+                    "image_size_y": rows, "channels": ["threshold_1"], "image_dtype": "uint16"})]
+    for k, blob in enumerate(blobs):
+        out.append(message({"type": "image", "series_id": series, "image_id": k if ids is None else ids[k],
+                            "data": {"threshold_1": cbor2.CBORTag(40, [[rows, cols], cbor2.CBORTag(tag, blob)])}}))
+    return out + [message({"type": "end", "series_id": series})]
+
+
+@pytest.mark.parametrize("encoding", ["lz4", "raw"])
+def test_stream2_lz4_and_raw_images(svc, names, rng, tmp_path, encoding):
+    """Images in the HDF5 LZ4 framing (blocks stored as they are among them) and uncompressed, after an end of a
+    series begun before: every frame equal."""
+    pytest.importorskip("cbor2")
+    counts = rng.poisson(rng.uniform(0.1, 300, (24, 40)), (3, 4, 24, 40)).astype(np.uint16)
+    counts[0, 0] = rng.integers(0, 65535, (24, 40))  # a frame LZ4 cannot shrink: stored as it is
+    import cbor2
+
+    before = [cbor2.dumps(cbor2.CBORTag(55799, {"type": "end", "series_id": 2}))]
+    port = pushed(before + stream2_series(tmp_path, counts.reshape(-1, 24, 40), encoding))
+    acq = svc.create(names(), scan_shape=(3, 4), det_shape=(24, 40), dtype="uint16")
+    assert svc.ingest(qd.DectrisSource("127.0.0.1", port, frames_per_read=5, timeout_s=30), acq, progress=False) == {"frames": 12, "received": 12}
+    assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+
+
+def test_stream2_bad_series_refused_naming_why(svc, names, rng, tmp_path):
+    """A lost image, another shape, pixels of another type, a series that ends early: errors naming the frame, the
+    frames before it kept, the acquisition completed by another series."""
+    pytest.importorskip("cbor2")
+    counts = rng.poisson(2.0, (2, 3, 8, 10)).astype(np.uint16)
+    frames = counts.reshape(-1, 8, 10)
+    acq = svc.create(names(), scan_shape=(2, 3), det_shape=(8, 10), dtype="uint16")
+    lost = pushed(stream2_series(tmp_path, frames, "raw", ids=[0, 1, 3, 4, 5, 6]))
+    with pytest.raises(ValueError, match=r"frame 2 came as image 3 of series 3 \(series 3 expected: an image was lost"):
+        svc.ingest(qd.DectrisSource("127.0.0.1", lost, frames_per_read=1, timeout_s=30), acq, progress=False)
+    assert acq.received == 2
+    other = svc.create(names(), scan_shape=(2, 3), det_shape=(10, 8), dtype="uint16")
+    with pytest.raises(ValueError, match=r"sends frames of \(8, 10\), the acquisition holds \(10, 8\)"):
+        svc.ingest(qd.DectrisSource("127.0.0.1", pushed(stream2_series(tmp_path, frames, "raw")), timeout_s=30), other, progress=False)
+    wide = svc.create(names(), scan_shape=(2, 3), det_shape=(8, 10), dtype="uint16")
+    with pytest.raises(ValueError, match=r"frame 0 holds <u4 pixels; the acquisition holds uint16"):
+        svc.ingest(qd.DectrisSource("127.0.0.1", pushed(stream2_series(tmp_path, frames, "raw", tag=70)), timeout_s=30), wide, progress=False)
+    early = stream2_series(tmp_path, frames, "raw")
+    with pytest.raises(ValueError, match=r"expected frame 4, got a 'end' message \(the series ended early"):
+        svc.ingest(qd.DectrisSource("127.0.0.1", pushed(early[:5] + early[-1:]), timeout_s=30), wide, progress=False)
+    assert wide.received == 4
+    rest = stream2_series(tmp_path, frames[2:], "lz4", series=4)
+    svc.ingest(qd.DectrisSource("127.0.0.1", pushed(rest), timeout_s=30), acq, progress=False)
     assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()

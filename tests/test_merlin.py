@@ -15,7 +15,7 @@ import pytest
 
 import qgpu_dask as qd
 from merlin_files import encoded, write_mib
-from processes import Started
+from processes import Started, free_ports
 from qgpu_dask.formats import merlin
 from qgpu_dask.io.registry import detect_format, open_reader
 from qgpu_dask.io.source import Source
@@ -134,16 +134,6 @@ def test_damaged_files_refused(svc, names, rng, tmp_path):
 
 
 # -- the data port ------------------------------------------------------------
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @pytest.fixture

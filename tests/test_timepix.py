@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from processes import Started
+from processes import Started, free_ports
 
 
 @pytest.fixture
@@ -30,19 +30,13 @@ def tpx_sim(tmp_path):
     started = Started(tmp_path)
 
     def start(rows: int, cols: int) -> int:
-        port = free_port()
+        port = free_ports(1)[0]
         ready = re.compile(rf"listening \('127\.0\.0\.1', {port}\)")
         return started.start([str(program), "--mock-nav-shape", str(rows), str(cols), "--port", str(port)],
                              lambda text: port if ready.search(text) else None, "tpx-sim")
 
     yield start
     started.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mock_frames(n: int) -> np.ndarray:
@@ -155,7 +149,7 @@ def test_broken_streams_keep_the_frames_before(svc, names, rng):
     with pytest.raises(ValueError, match=r"expected an acquisition start, got a header of unknown type 9"):
         svc.ingest(qd.TimepixSource("127.0.0.1", serve(header(9) + whole), timeout_s=10), narrow, progress=False)
     with pytest.raises(ValueError, match="no Timepix3 stream at tcp://127.0.0.1:"):
-        svc.ingest(qd.TimepixSource("127.0.0.1", free_port(), timeout_s=5), narrow, progress=False)
+        svc.ingest(qd.TimepixSource("127.0.0.1", free_ports(1)[0], timeout_s=5), narrow, progress=False)
     rest = (acquisition_start((1, 7), (8, 12)) + header(1, struct.pack("<IQ", 1, 0)) + chunk(counts.reshape(12, -1)[5:]) + header(3)
             + header(4))
     svc.ingest(qd.TimepixSource("127.0.0.1", serve(rest), timeout_s=10), acq, progress=False)

@@ -157,18 +157,25 @@ class DectrisSource:
             n = min(self.frames_per_read, total - sent)
             blobs: list[bytes] = []
             since = time.perf_counter()
+            failed = None
             while len(blobs) < n and (not blobs or time.perf_counter() - since < LATENCY_S):
-                encoding, blob = image(sent + len(blobs))
+                try:
+                    encoding, blob = image(sent + len(blobs))
+                    if encodings and encoding not in encodings:
+                        raise ValueError(f"{where}: frame {sent + len(blobs)} is encoded {encoding!r}, the frames before it {encodings.pop()!r}")
+                except ValueError as err:
+                    failed = err
+                    break
                 encodings.add(encoding)
-                if len(encodings) > 1:
-                    raise ValueError(f"{where}: frame {sent + len(blobs)} is encoded {encoding!r}, the frames before it"
-                                     f" {(encodings - {encoding}).pop()!r}")
                 blobs.append(blob)
-            if encoding in SHUFFLED or encoding == BSLZ4:
-                yield gathered(blobs, frame_bytes, buffer)
-            else:
-                yield unpacked(blobs, encoding, det_shape, dtype, buffer, sent, where)
-            sent += len(blobs)
+            if blobs:  # the frames before a failure are handed on first
+                if encodings & {*SHUFFLED, BSLZ4}:
+                    yield gathered(blobs, frame_bytes, buffer)
+                else:
+                    yield unpacked(blobs, next(iter(encodings)), det_shape, dtype, buffer, sent, where)
+                sent += len(blobs)
+            if failed is not None:
+                raise failed
 
     def blob(self, parts: "Parts", series, frame: int, dtype: np.dtype, det_shape: tuple[int, int], where: str) -> tuple[str, bytes]:
         """The next image's encoding and blob, its parts checked."""
