@@ -141,28 +141,6 @@ def uploaded(host: np.ndarray):
     return out
 
 
-def own_bytes(xp: ModuleType, nbytes: int):
-    """``nbytes`` zeroed bytes (uint8) of ``xp``'s memory that no other array shares: on a GPU an allocation of
-    its own, outside CuPy's pool, freed to the device with the array. A resident's payload lives long; carved
-    from a larger block the pool cached (a freed payload with room to grow), it would pin the rest of that
-    block, and a GPU filled with residents ran out of memory with the pool holding 149 GB for 127 GB of them."""
-    if xp is np:
-        return np.zeros(nbytes, np.uint8)
-    import cupy as cp
-
-    try:
-        memory = cp.cuda.Memory(max(nbytes, 1))
-    except cp.cuda.runtime.CUDARuntimeError:
-        cp.get_default_memory_pool().free_all_blocks()  # cached blocks back to the device, then once more
-        try:
-            memory = cp.cuda.Memory(max(nbytes, 1))
-        except cp.cuda.runtime.CUDARuntimeError:
-            raise MemoryError(f"the device has no {nbytes} bytes free in one piece") from None
-    out = cp.ndarray((nbytes,), np.uint8, cp.cuda.MemoryPointer(memory, 0))
-    out.fill(0)
-    return out
-
-
 def host_memory(nbytes: int) -> np.ndarray:
     """``nbytes`` of host memory (uint8) for data bound for this process's device: pinned, from CuPy's pool
     (the copy up is direct, and the pages are kept for the next read instead of faulted in again), where

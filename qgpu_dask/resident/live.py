@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..device import own_bytes, synchronize
+from ..device import synchronize
 from ..formats import codec
 from ..formats.groups import Geometry
 from .base import Resident, kernels_for
@@ -133,7 +133,7 @@ class LiveCounts(Resident):
         self.index = self.base = None
         self.geometry = None  # of the group index, centred with the model's choice
         self.group_pieces: list[tuple] = []  # the coded blocks' group index pieces
-        self.payload = own_bytes(xp, 0 if coding is None else coding.payload_room(shape, self.dtype))
+        self.payload = xp.zeros(0 if coding is None else coding.payload_room(shape, self.dtype), np.uint8)
         self.payload_bytes = 0
         self.totals = xp.zeros(self.n_frames, np.uint64)
         if coding is not None:
@@ -206,7 +206,7 @@ class LiveCounts(Resident):
             size = max(int(GROWTH * size), self.payload_bytes + worst)
         self.room(size - self.payload.size + worst_bytes(self.det_shape, held))
         if size > self.payload.size:
-            grown = own_bytes(self.xp, size)
+            grown = self.xp.zeros(size, np.uint8)
             grown[: self.payload_bytes] = self.payload[: self.payload_bytes]
             self.payload = grown
 
@@ -295,9 +295,7 @@ class LiveCounts(Resident):
                 return dense.indexed() if index else dense
             if self.payload.size > self.payload_bytes:  # the room left over goes back (the budget asked for the copy)
                 self.room(self.payload_bytes)
-                trimmed = own_bytes(self.xp, self.payload_bytes)
-                trimmed[:] = self.payload[: self.payload_bytes]
-                self.payload = trimmed
+                self.payload = self.payload[: self.payload_bytes].copy()
             return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, self.coded_streams(), {},
                                     self.coded_groups())  # all coded
 
