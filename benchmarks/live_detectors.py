@@ -16,6 +16,12 @@ frame into one NumPy array (LiberTEM-live's receiver), and ``svc.ingest(qd.Merli
 compressed live acquisition on a one-worker cluster, alone and with a viewer asking a moving-disk virtual
 image as fast as it can, and into a dense one (the receiver and the appends without the coding).
 
+An ASI Timepix3 server: LiberTEM-live's simulator (``libertem-live-asi-tpx-sim --mock-nav-shape``) sends its
+mock scan of ``--tpx-scan`` x ``--tpx-scan`` sparse frames (512 x 512 uint32, one non-zero pixel each) again
+and again on a connection. Measured: a bare reader of one scan's bytes, ``libertem_asi_tpx3.ASITpx3Connection``
+handing on the scan's CSR arrays (LiberTEM-live keeps them sparse: it makes no dense frame), and
+``svc.ingest(qd.TimepixSource(...))``, which makes every frame dense (1 MiB each) before coding it.
+
     python benchmarks/live_detectors.py            # on the GPU machine
     python benchmarks/live_detectors.py --small    # seconds, on the CPU too: what CI runs
 """
@@ -169,10 +175,76 @@ def dectris_libertem_live(ports: tuple[int, int], n_frames: int, det: int) -> fl
     return n_frames / seconds
 
 
-def ingest(svc, source, start, scan: tuple[int, int], det: int, viewer: bool, layout: str = "compressed") -> dict:
+def tpx_simulator(scan: int) -> tuple[int, subprocess.Popen]:
+    """LiberTEM-live's Timepix3 simulator sending its mock scan, once it listens: (port, process); its log goes to
+    /dev/null (it logs each scan sent)."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    program = Path(sys.executable).with_name("libertem-live-asi-tpx-sim")
+    process = subprocess.Popen([str(program), "--mock-nav-shape", str(scan), str(scan), "--port", str(port)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()  # the simulator then waits for the next
+            return port, process
+        except OSError:
+            time.sleep(0.2)
+    process.terminate()
+    raise RuntimeError("libertem-live-asi-tpx-sim did not start")
+
+
+def tpx_bare(port: int, n_frames: int) -> float:
+    """Frames per second of one mock scan's bytes read off the port and dropped (the simulator's send rate)."""
+    left = 5 * 32 + 4 * (n_frames + 1) + 8 * (n_frames - 1)  # its headers, and one chunk: row pointers, indices, values (u32)
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        t0 = time.perf_counter()
+        sink = bytearray(1 << 22)
+        while left:
+            got = conn.recv_into(memoryview(sink)[: min(left, len(sink))])
+            if not got:
+                raise RuntimeError("the Timepix3 simulator closed inside a scan")
+            left -= got
+        return n_frames / (time.perf_counter() - t0)
+
+
+def tpx_libertem_live(port: int, n_frames: int) -> float:
+    """Frames per second of one scan received by LiberTEM-live's receiver, its CSR arrays copied out."""
+    import libertem_asi_tpx3
+
+    chunk_bytes = 4 * (n_frames + 1) + 8 * n_frames  # the mock sends a scan as one chunk
+    with tempfile.TemporaryDirectory() as shm:
+        conn = libertem_asi_tpx3.ASITpx3Connection(uri=f"127.0.0.1:{port}", chunks_per_stack=1, handle_path=str(Path(shm) / "shm"),
+                                                   num_slots=16, bytes_per_chunk=chunk_bytes + 4096, huge=False)
+        try:
+            t0 = time.perf_counter()
+            conn.start_passive()
+            cam = libertem_asi_tpx3.CamClient(conn.get_socket_path())
+            if conn.wait_for_arm(60.0) is None:
+                raise RuntimeError("LiberTEM-live's Timepix3 receiver saw no scan in 60 s")
+            got = 0
+            while (stack := conn.get_next_stack(max_size=1 << 30)) is not None:
+                for layout, indptr, indices, values in cam.get_chunks(handle=stack):
+                    parts = (np.frombuffer(indptr, layout.get_indptr_dtype()).copy(), np.frombuffer(indices, layout.get_indices_dtype()).copy(),
+                             np.frombuffer(values, layout.get_value_dtype()).copy())
+                    got += len(parts[0]) - 1
+                    del indptr, indices, values
+                cam.done(stack)
+                if got >= n_frames:
+                    break
+            seconds = time.perf_counter() - t0
+            cam.close()
+        finally:
+            conn.close()
+    if got != n_frames:
+        raise RuntimeError(f"LiberTEM-live's Timepix3 receiver got {got} of {n_frames} frames")
+    return n_frames / seconds
+
+
+def ingest(svc, source, start, scan: tuple[int, int], det: int, viewer: bool, layout: str = "compressed", dtype: str = "uint16") -> dict:
     """One acquisition ingested from ``source`` into a live acquisition of ``layout`` (``start()`` called once the
     ingest is asked: a DECTRIS detector is armed), with or without a viewer loop; rates."""
-    acq = svc.create(f"detector-{time.monotonic_ns()}", scan, (det, det), "uint16", layout=layout)
+    acq = svc.create(f"detector-{time.monotonic_ns()}", scan, (det, det), dtype, layout=layout)
     t0 = time.perf_counter()
     future = svc.ingest(source, acq, wait=False, progress=False)
     start()
@@ -185,15 +257,15 @@ def ingest(svc, source, start, scan: tuple[int, int], det: int, viewer: bool, la
     return out
 
 
-def compared(svc, runs: int, source, start, scan: tuple[int, int], det: int, bare_rate, theirs_rate) -> dict:
+def compared(svc, runs: int, source, start, scan: tuple[int, int], det: int, bare_rate, theirs_rate, dtype: str = "uint16") -> dict:
     """One detector's figures (``source`` and ``start`` as ``ingest`` takes them): each measure once unmeasured,
     then the median of ``runs``."""
-    bare_rate(), theirs_rate(), ingest(svc, source, start, scan, det, False)
+    bare_rate(), theirs_rate(), ingest(svc, source, start, scan, det, False, dtype=dtype)
     sent = statistics.median(bare_rate() for _ in range(runs))
     theirs = statistics.median(theirs_rate() for _ in range(runs))
-    alone = median_run(runs, lambda: ingest(svc, source, start, scan, det, False))
-    viewed = median_run(runs, lambda: ingest(svc, source, start, scan, det, True))
-    dense = median_run(runs, lambda: ingest(svc, source, start, scan, det, False, "dense"))
+    alone = median_run(runs, lambda: ingest(svc, source, start, scan, det, False, dtype=dtype))
+    viewed = median_run(runs, lambda: ingest(svc, source, start, scan, det, True, dtype=dtype))
+    dense = median_run(runs, lambda: ingest(svc, source, start, scan, det, False, "dense", dtype))
     return {"simulator_frames_per_s": sent, "libertem_live_frames_per_s": theirs,
             "alone": alone | {"over_libertem_live": alone["frames_per_s"] / theirs, "over_simulator": alone["frames_per_s"] / sent},
             "with_viewer": viewed | {"over_libertem_live": viewed["frames_per_s"] / theirs},
@@ -207,10 +279,12 @@ def main() -> None:
     ap.add_argument("--dose", type=float, default=0.3)
     ap.add_argument("--runs", type=int, default=3, help="runs of each measurement; the median is kept")
     ap.add_argument("--dectris-det", type=int, default=192)
-    args = record.parse(ap, small={"scan": 16, "det": 64, "dectris_det": 64, "runs": 1})
+    ap.add_argument("--tpx-scan", type=int, default=32, help="the Timepix3 mock's scan side (its frames are 512 x 512 uint32)")
+    args = record.parse(ap, small={"scan": 16, "det": 64, "dectris_det": 64, "runs": 1, "tpx_scan": 8})
     scan, n_frames = (args.scan, args.scan), args.scan * args.scan
     rng = np.random.default_rng(5)
-    results: dict = {"frames": n_frames, "det": args.det, "dectris_det": args.dectris_det, "dose": args.dose, "runs": args.runs}
+    results: dict = {"frames": n_frames, "det": args.det, "dectris_det": args.dectris_det, "dose": args.dose, "runs": args.runs,
+                     "tpx_frames": args.tpx_scan**2}
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp, qd.Service.local(n_workers=1) as svc:
         counts = rng.poisson(args.dose, (n_frames, args.det, args.det)).astype(">u2")
         port, process = simulator(write_merlin(Path(tmp), "bench", counts.view(np.uint8).reshape(n_frames, -1), (args.det, args.det), scan))
@@ -228,6 +302,14 @@ def main() -> None:
             results["dectris"] = compared(svc, args.runs, qd.DectrisSource("127.0.0.1", zmq_port), lambda: arm(rest_port), scan,
                                           args.dectris_det, lambda: dectris_bare(ports, n_frames),
                                           lambda: dectris_libertem_live(ports, n_frames, args.dectris_det))
+        finally:
+            process.terminate()
+            process.wait()
+        tpx = args.tpx_scan
+        port, process = tpx_simulator(tpx)
+        try:
+            results["timepix"] = compared(svc, args.runs, qd.TimepixSource("127.0.0.1", port), lambda: None, (tpx, tpx), 512,
+                                          lambda: tpx_bare(port, tpx * tpx), lambda: tpx_libertem_live(port, tpx * tpx), "uint32")
         finally:
             process.terminate()
             process.wait()

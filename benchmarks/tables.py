@@ -163,7 +163,7 @@ MEASURES: dict[str, list[str]] = {
     "live_gpu": ["qgpu_dask/resident/live.py", "qgpu_dask/io/stream.py", "qgpu_dask/io/wire.py", "qgpu_dask/io/simulator.py",
                  "qgpu_dask/io/source.py", "qgpu_dask/io/registry.py", "qgpu_dask/io/readers/base.py", "qgpu_dask/cli.py"] + BITSHUFFLE + COMPRESSED + SERVICE,
     "live_detectors": ["qgpu_dask/resident/live.py", "qgpu_dask/io/detectors", "qgpu_dask/io/stream.py", "qgpu_dask/io/batches.py",
-                       "qgpu_dask/formats/merlin.py"] + BITSHUFFLE + COMPRESSED + SERVICE,
+                       "qgpu_dask/formats/merlin.py", "qgpu_dask/formats/stream2.py"] + BITSHUFFLE + COMPRESSED + SERVICE,
     "tensor_rates": [],
     "view_gpu": ["qgpu_dask/view", "qgpu_dask/detector/masks.py"] + SERVICE + DENSE + COMPRESSED,
     "cpu_vs_libertem": SERVICE + DENSE + COMPRESSED + LOADS,
@@ -534,7 +534,8 @@ TABLES: tuple[Table | Figure, ...] = (
                (F(f"{key}/alone/frames_per_s", "{:,.0f}", bold=True), " (", F(f"{key}/alone/over_libertem_live"), " x)"),
                (F(f"{key}/with_viewer/frames_per_s", "{:,.0f}"), " (", F(f"{key}/with_viewer/views_per_s", "{:.1f}"), ")"),
                (F(f"{key}/dense/frames_per_s", "{:,.0f}", bold=True), " (", F(f"{key}/dense/over_libertem_live"), " x)"))
-              for label, key, size in (("Merlin data port", "merlin", "256 x 256 U16"), ("DECTRIS stream v1", "dectris", "192 x 192 bs16-lz4")))),
+              for label, key, size in (("Merlin data port", "merlin", "256 x 256 U16"), ("DECTRIS stream v1", "dectris", "192 x 192 bs16-lz4"),
+                                       ("ASI Timepix3", "timepix", "512 x 512 u32 sparse")))),
     *(Table(f"view_{backend}", PAGE, f"view_{backend}", "view_gpu",
             ("in headless chromium", "viewer", "the API alone, same run", "target"), (
                 ("drag: images drawn per second", F("drag/updates_per_s", "{:.1f}", bold=True), (F("baseline/image_per_s", "{:.1f}"), " answers/s"),
