@@ -234,6 +234,12 @@ def test_stream2_lz4_and_raw_images(svc, names, rng, tmp_path, encoding):
     acq = svc.create(names(), scan_shape=(3, 4), det_shape=(24, 40), dtype="uint16")
     assert svc.ingest(qd.DectrisSource("127.0.0.1", port, frames_per_read=5, timeout_s=30), acq, progress=False) == {"frames": 12, "received": 12}
     assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
+    later = counts[::-1].copy()  # a second series on the same stream, after a disarm's extra end
+    two = stream2_series(tmp_path, counts.reshape(-1, 24, 40), encoding, series=5) + before + stream2_series(tmp_path, later.reshape(-1, 24, 40),
+                                                                                                            encoding, series=6)
+    series = svc.create([names(), names()], scan_shape=(3, 4), det_shape=(24, 40), dtype="uint16")
+    assert svc.ingest(qd.DectrisSource("127.0.0.1", pushed(two), timeout_s=30), series, progress=False) == {"frames": 24, "received": [12, 12]}
+    assert series.checksum() == [hashlib.sha256(c.tobytes()).hexdigest() for c in (counts, later)]
 
 
 def test_stream2_bad_series_refused_naming_why(svc, names, rng, tmp_path):
