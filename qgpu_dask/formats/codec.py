@@ -61,21 +61,21 @@ def choose_models(hist: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarr
     saves its tables. V is the smallest alphabet whose escapes are rarer than 1
     in 2**12 (at most MAX_V).
     """
-    hist = np.asarray(hist, dtype=np.int64)
+    cols = MAX_V + 2
+    affordable = TABLE_SHARE * entropy_bits(hist, n_frames) / 16 - 3
+    hist = np.asarray(hist[:, : cols - 1], dtype=np.int64)  # the bins an alphabet can reach (a 512 x 512 frame's all: 537 MB)
     zeros = hist[:, 0]
     nonzero = n_frames - zeros
     run_mode = zeros * 2 > n_frames
     mean_run = zeros / np.maximum(nonzero, 1)
-    affordable = TABLE_SHARE * entropy_bits(hist, n_frames) / 16 - 3
     cap = np.clip(2 ** np.floor(np.log2(np.maximum(affordable, 1))), 4, MAX_RUN)
     wanted = 2 ** np.ceil(np.log2(np.maximum(2 * mean_run, 1)))
     run = np.where(run_mode, np.clip(wanted, 4, cap), 0).astype(np.uint8)
 
     # tail[p, v] = number of counts >= v, for the v an alphabet can reach
-    cols = MAX_V + 2
     tail = np.empty((hist.shape[0], cols), dtype=np.int64)
     tail[:, 0] = n_frames
-    tail[:, 1:] = n_frames - np.cumsum(hist[:, : cols - 1], axis=1)
+    tail[:, 1:] = n_frames - np.cumsum(hist, axis=1)
     v = np.arange(cols)
     # value mode: escape when count >= V; run mode: escape when count >= V + 1
     base = run_mode.astype(np.int64)[:, None]
@@ -166,7 +166,7 @@ def with_every_symbol(tokens: np.ndarray, run: np.ndarray, values: np.ndarray) -
     """Token histograms with one more of every symbol each pixel's model has, so tables built from them
     give every symbol a nonzero frequency: a model chosen from the first frames of a live acquisition can
     then code any later count (a symbol of frequency 0 cannot be coded)."""
-    tokens = np.asarray(tokens, dtype=np.int64).copy()
+    tokens = np.array(tokens, dtype=np.int64)  # one copy, whatever the histograms' dtype
     slots = np.arange(tokens.shape[1])[None, :]
     values = np.asarray(values, dtype=np.int64)[:, None]
     run = np.asarray(run, dtype=np.int64)[:, None]
