@@ -108,9 +108,11 @@ def eiger_sim(tmp_path):
     stopped by its PID."""
     pytest.importorskip("tickit_devices")
     pytest.importorskip("cbor2")
-    rest, legacy, cbor = free_ports(3)
-    config = tmp_path / "eiger.yaml"
-    config.write_text(f"""- type: tickit_devices.eiger.Eiger
+    started = Started(tmp_path)
+    for attempt in range(3):  # a port found free may be taken before the simulator binds it: then again with others
+        rest, legacy, cbor = free_ports(3)
+        config = tmp_path / f"eiger-{attempt}.yaml"
+        config.write_text(f"""- type: tickit_devices.eiger.Eiger
   name: eiger
   inputs: {{}}
   host: 127.0.0.1
@@ -119,16 +121,21 @@ def eiger_sim(tmp_path):
   stream_legacy_port: {legacy}
   stream_cbor_port: {cbor}
 """)
-    started = Started(tmp_path)
 
-    def answers(text: str) -> bool | None:
+        def listening(text: str, ports=(rest, cbor)) -> bool | None:
+            try:
+                for port in ports:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                return None
+
         try:
-            socket.create_connection(("127.0.0.1", rest), timeout=1).close()
-            return True
-        except OSError:
-            return None
-
-    started.start([sys.executable, "-m", "tickit", "--log-level", "WARNING", "all", str(config)], answers, "tickit-eiger")
+            started.start([sys.executable, "-m", "tickit", "--log-level", "WARNING", "all", str(config)], listening, "tickit-eiger", 30)
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise
     yield rest, cbor
     started.close()
 
