@@ -35,14 +35,13 @@ METADATA_LIMIT = 1 << 24  # bytes of scan metadata read at most
 
 
 @dataclass(frozen=True)
-class Geometry:
+class AcquisitionStart:
     """What an acquisition start says of the scans after it."""
 
     scan_shape: tuple[int, int]
     det_shape: tuple[int, int]
     indptr: np.dtype
     indices: np.dtype
-    sequence: int
 
 
 @dataclass(frozen=True)
@@ -83,40 +82,40 @@ class TimepixSource:
         except OSError as err:
             raise ValueError(f"no Timepix3 stream at {self.describe()}: {err}") from None
         with conn:
-            geometry = None
+            start = None
             for k, count in enumerate(counts):
                 where = self.describe() + (f", acquisition {k + 1} of {len(counts)}" if len(counts) > 1 else "")
-                geometry = self.scan_start(conn, geometry, where)
-                if geometry.det_shape != det_shape:
-                    raise ValueError(f"{where} sends frames of {geometry.det_shape}, the acquisition holds {det_shape}")
-                total = geometry.scan_shape[0] * geometry.scan_shape[1]
+                start = self.scan_start(conn, start, where)
+                if start.det_shape != det_shape:
+                    raise ValueError(f"{where} sends frames of {start.det_shape}, the acquisition holds {det_shape}")
+                total = start.scan_shape[0] * start.scan_shape[1]
                 if count is not None and total != count:
-                    raise ValueError(f"{where}: its scan of {geometry.scan_shape} is {total} frames, the acquisition holds {count}")
-                for piece in self.scan(conn, geometry, dtype, total, where):
+                    raise ValueError(f"{where}: its scan of {start.scan_shape} is {total} frames, the acquisition holds {count}")
+                for piece in self.scan(conn, start, dtype, total, where):
                     yield k, piece
 
-    def scan_start(self, conn: socket.socket, geometry: Geometry | None, where: str) -> Geometry:
-        """Read up to the next scan start (an acquisition start before it gives the geometry; an acquisition's
-        end is passed over) and its metadata; the geometry of the scan."""
+    def scan_start(self, conn: socket.socket, start: AcquisitionStart | None, where: str) -> AcquisitionStart:
+        """Read up to the next scan start (an acquisition start before it gives the scan's shapes and widths; an
+        acquisition's end is passed over) and its metadata; the acquisition start the scan belongs to."""
         while True:
             tag, header = self.header(conn, where, 0)
             if tag == ACQUISITION_START:
-                geometry = acquisition_start(header, where)
-            elif tag == ACQUISITION_END and geometry is not None:
+                start = acquisition_start(header, where)
+            elif tag == ACQUISITION_END and start is not None:
                 continue
-            elif tag == SCAN_START and geometry is not None:
+            elif tag == SCAN_START and start is not None:
                 metadata = int(np.frombuffer(header, "<u8", 1, 5)[0])
                 if metadata > METADATA_LIMIT:
                     raise ValueError(f"{where}: a scan start announces {metadata} bytes of metadata (at most {METADATA_LIMIT})")
                 self.exactly(conn, metadata, where, 0)
-                return geometry
+                return start
             else:
-                raise ValueError(f"{where}: expected {'a scan start' if geometry else 'an acquisition start'}, got "
+                raise ValueError(f"{where}: expected {'a scan start' if start else 'an acquisition start'}, got "
                                  f"{HEADERS[tag] if tag < len(HEADERS) else f'a header of unknown type {tag}'}")
 
-    def scan(self, conn: socket.socket, geometry: Geometry, dtype: np.dtype, total: int, where: str) -> Iterator[tuple]:
+    def scan(self, conn: socket.socket, start: AcquisitionStart, dtype: np.dtype, total: int, where: str) -> Iterator[tuple]:
         """The scan's chunks, checked and cut into pieces, until its end (which must come after ``total`` frames)."""
-        sent, frame_len = 0, geometry.det_shape[0] * geometry.det_shape[1]
+        sent, frame_len = 0, start.det_shape[0] * start.det_shape[1]
         while True:
             tag, header = self.header(conn, where, sent)
             if tag == SCAN_END or tag == ACQUISITION_END:
@@ -129,14 +128,14 @@ class TimepixSource:
             values_dtype, n, nnz, at_indices, at_values = chunk_header(header, where, sent)
             if sent + n > total:
                 raise ValueError(f"{where}: a chunk of frames {sent} to {sent + n - 1} goes past the scan's {total} frames")
-            indptr_end = (n + 1) * geometry.indptr.itemsize
-            indices_end = at_indices + nnz * geometry.indices.itemsize
+            indptr_end = (n + 1) * start.indptr.itemsize
+            indices_end = at_indices + nnz * start.indices.itemsize
             if at_indices < indptr_end or at_values < indices_end:
                 raise ValueError(f"{where}: the chunk of frame {sent} puts its indices at byte {at_indices} and values at"
                                  f" {at_values}, inside the parts before them")
             payload = self.exactly(conn, at_values + nnz * values_dtype.itemsize, where, sent)
-            indptr = np.frombuffer(payload, geometry.indptr, n + 1).astype(np.int64)
-            indices = np.frombuffer(payload, geometry.indices, nnz, at_indices)
+            indptr = np.frombuffer(payload, start.indptr, n + 1).astype(np.int64)
+            indices = np.frombuffer(payload, start.indices, nnz, at_indices)
             values = np.frombuffer(payload, values_dtype, nnz, at_values)
             check_chunk(indptr, indices, values, nnz, frame_len, dtype, sent, where)
             for lo in range(0, n, self.frames_per_read):
@@ -158,8 +157,8 @@ class TimepixSource:
         return bytes(data)
 
 
-def acquisition_start(header: bytes, where: str) -> Geometry:
-    """The geometry an acquisition start header gives; ValueError for a format or width not read."""
+def acquisition_start(header: bytes, where: str) -> AcquisitionStart:
+    """What an acquisition start header says; ValueError for a format or width not read."""
     fmt, indptr, indices = header[2], header[7], header[12]
     if fmt not in FORMATS:
         raise ValueError(f"{where}: an acquisition of format {fmt} (readable: {', '.join(f'{k} {v}' for k, v in FORMATS.items())})")
@@ -168,7 +167,7 @@ def acquisition_start(header: bytes, where: str) -> Geometry:
             raise ValueError(f"{where}: {what} of type code {code} (readable: {sorted(DTYPES)}: unsigned 8 to 64 bits)")
     scan = tuple(int(v) for v in np.frombuffer(header, "<u2", 2, 3))
     det = tuple(int(v) for v in np.frombuffer(header, "<u2", 2, 8))
-    return Geometry(scan, det, DTYPES[indptr], DTYPES[indices], int(np.frombuffer(header, "<u4", 1, 13)[0]))
+    return AcquisitionStart(scan, det, DTYPES[indptr], DTYPES[indices])
 
 
 def chunk_header(header: bytes, where: str, frame: int) -> tuple[np.dtype, int, int, int, int]:
