@@ -42,12 +42,22 @@ class FrameSource(Protocol):
 
 class SeriesSource(FrameSource, Protocol):
     """A detector's stream that sends acquisition after acquisition on one connection (``svc.ingest`` of a
-    series): Merlin's data port, a DECTRIS stream, an ASI Timepix3 server."""
+    series): Merlin's data port, a DECTRIS stream, an ASI Timepix3 server. Sources subclass it for ``frames``
+    (the next acquisition: a series of one) and ``where`` (acquisition k of n, for their errors)."""
 
     def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
         """(k, frames) of ``len(counts)`` consecutive acquisitions, the k-th of ``counts[k]`` frames (None: as
         the detector announces); ValueError naming the acquisition and frame for what went wrong."""
         ...
+
+    def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
+        """The next acquisition's frames, (n, det_rows, det_cols) arrays of ``xp``, as many as the detector announces."""
+        for _, block in self.series(det_shape, dtype, [None], xp):
+            yield block
+
+    def where(self, k: int, n: int) -> str:
+        """The source, and which of ``n`` acquisitions is meant (for a series of more than one)."""
+        return self.describe() + (f", acquisition {k + 1} of {n}" if n > 1 else "")
 
 
 def check_reading(source) -> None:
@@ -245,6 +255,17 @@ def read_into(conn: socket.socket, view: memoryview, least: int, timeout_s: floa
             return got, "closed"
         got += n
     return got, ""
+
+
+def read_exactly(conn: socket.socket, n: int, timeout_s: float, where: str, frame: int, what: str = "") -> bytes:
+    """``n`` bytes from ``conn``; ValueError naming ``frame`` if it closes or goes quiet for ``timeout_s`` first
+    (``what``: whose bytes they are, e.g. "a message's ")."""
+    data = bytearray(n)
+    got, end = read_into(conn, memoryview(data), n, timeout_s)
+    if got < n:
+        raise ValueError(f"{where} {'sent nothing for ' + format(timeout_s, 'g') + ' s' if end == 'stalled' else 'closed'}"
+                         f" at frame {frame} ({got} of {what}{n} bytes came)")
+    return bytes(data)
 
 
 def read_header(reader, where: str) -> dict:

@@ -32,7 +32,7 @@ import numpy as np
 from ...formats import stream2
 from ...formats.bitshuffle_lz4 import HEADER_BYTES, OK, WILD, lz4_block, message
 from ..batches import AHEAD, Chunks, decoded, host_buffers, prefetched
-from ..stream import check_reading
+from ..stream import SeriesSource, check_reading
 
 ENDPOINT_PORT = 9999
 BLOCK_BYTES = 8192  # the bitshuffle block DECTRIS detectors write (in bytes)
@@ -43,7 +43,7 @@ LATENCY_S = 0.05  # a batch is handed on after this long, full or not (a slow de
 
 
 @dataclass(frozen=True)
-class DectrisSource:
+class DectrisSource(SeriesSource):
     """A DECTRIS detector's stream interface at ``host``:``port`` (a series, or several in a row), read up to ``frames_per_read`` frames
     at a time."""
 
@@ -58,11 +58,6 @@ class DectrisSource:
     def describe(self) -> str:
         return f"tcp://{self.host}:{self.port} (DECTRIS stream v1)"
 
-    def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
-        """The next series' frames, (n, det_rows, det_cols) arrays of ``xp`` (``series`` of one)."""
-        for _, block in self.series(det_shape, dtype, [None], xp):
-            yield block
-
     def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
         """(k, frames) of ``len(counts)`` consecutive series of the stream, the k-th of ``counts[k]`` frames
         (None: as its configuration says), read ahead in a thread of their own; ValueError naming the series
@@ -76,9 +71,6 @@ class DectrisSource:
                 yield k, block
             if bad is not None:
                 raise ValueError(f"{self.where(k, len(counts))} sent a malformed frame {sent[k]}: {bad.problem}")
-
-    def where(self, k: int, n: int) -> str:
-        return self.describe() + (f", acquisition {k + 1} of {n}" if n > 1 else "")
 
     def batches(self, det_shape: tuple[int, int], dtype: np.dtype, buffer, counts: list[int | None]) -> Iterator[tuple[int, Chunks | np.ndarray]]:
         """(k, series k's blobs), whole frames gathered into Chunks (or decoded ``lz4<`` frames) in ``buffer``s."""

@@ -18,13 +18,13 @@ import numpy as np
 
 from ...formats import merlin
 from ..batches import AHEAD, host_buffers, prefetched
-from ..stream import Records, check_reading, read_into
+from ..stream import Records, SeriesSource, check_reading, read_exactly
 
 DATA_PORT = 6342
 
 
 @dataclass(frozen=True)
-class MerlinSource:
+class MerlinSource(SeriesSource):
     """A Merlin detector's data port at ``host``:``data_port``, read ``frames_per_read`` frames at a time."""
 
     host: str
@@ -37,12 +37,6 @@ class MerlinSource:
 
     def describe(self) -> str:
         return f"merlin://{self.host}:{self.data_port}"
-
-    def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
-        """The next acquisition's frames, (n, det_rows, det_cols) arrays of ``xp`` (``series`` of one, as many
-        frames as its header announces)."""
-        for _, block in self.series(det_shape, dtype, [None], xp):
-            yield block
 
     def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
         """(k, frames) of ``len(counts)`` consecutive acquisitions on one connection to the data port, the k-th
@@ -64,8 +58,7 @@ class MerlinSource:
             raise ValueError(f"no Merlin data port at {self.describe()}: {err}") from None
         with conn:
             for k, count in enumerate(counts):
-                where = self.describe() + (f", acquisition {k + 1} of {len(counts)}" if len(counts) > 1 else "")
-                for whole in self.acquisition(conn, det_shape, dtype, buffer, count, len(counts) > 1, headers, where):
+                for whole in self.acquisition(conn, det_shape, dtype, buffer, count, len(counts) > 1, headers, self.where(k, len(counts))):
                     yield k, whole
 
     def acquisition(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype, buffer, count: int | None, series: bool,
@@ -108,16 +101,8 @@ class MerlinSource:
 
     def message(self, conn: socket.socket, frame: int, where: str) -> bytes:
         """One MPX message's payload."""
-        prefix = self.exactly(conn, merlin.MPX_BYTES, frame, where)
-        return self.exactly(conn, merlin.mpx_length(prefix, f"{where}, frame {frame}"), frame, where)
-
-    def exactly(self, conn: socket.socket, n: int, frame: int, where: str) -> bytes:
-        data = bytearray(n)
-        got, end = read_into(conn, memoryview(data), n, self.timeout_s)
-        if got < n:
-            raise ValueError(f"{where} {'sent nothing for ' + format(self.timeout_s, 'g') + ' s' if end == 'stalled' else 'closed'}"
-                             f" at frame {frame} ({got} of a message's {n} bytes came)")
-        return bytes(data)
+        prefix = read_exactly(conn, merlin.MPX_BYTES, self.timeout_s, where, frame, "a message's ")
+        return read_exactly(conn, merlin.mpx_length(prefix, f"{where}, frame {frame}"), self.timeout_s, where, frame, "a message's ")
 
 
 def first_bad(whole: np.ndarray, expected: bytes, seq: int) -> tuple[int, str] | None:

@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from ..batches import AHEAD, prefetched
-from ..stream import check_reading, read_into
+from ..stream import SeriesSource, check_reading, read_exactly
 
 PORT = 8283
 HEADER_BYTES = 32
@@ -45,7 +45,7 @@ class AcquisitionStart:
 
 
 @dataclass(frozen=True)
-class TimepixSource:
+class TimepixSource(SeriesSource):
     """An ASI Timepix3 server's sparse-frame stream at ``host``:``port``, handed on ``frames_per_read`` frames at a time."""
 
     host: str
@@ -58,11 +58,6 @@ class TimepixSource:
 
     def describe(self) -> str:
         return f"tcp://{self.host}:{self.port} (ASI Timepix3)"
-
-    def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
-        """The next scan's frames, (n, det_rows, det_cols) arrays of ``xp`` (``series`` of one)."""
-        for _, block in self.series(det_shape, dtype, [None], xp):
-            yield block
 
     def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
         """(k, frames) of ``len(counts)`` consecutive scans on one connection, the k-th of ``counts[k]`` frames
@@ -84,7 +79,7 @@ class TimepixSource:
         with conn:
             start = None
             for k, count in enumerate(counts):
-                where = self.describe() + (f", acquisition {k + 1} of {len(counts)}" if len(counts) > 1 else "")
+                where = self.where(k, len(counts))
                 start = self.scan_start(conn, start, where)
                 if start.det_shape != det_shape:
                     raise ValueError(f"{where} sends frames of {start.det_shape}, the acquisition holds {det_shape}")
@@ -107,7 +102,7 @@ class TimepixSource:
                 metadata = int(np.frombuffer(header, "<u8", 1, 5)[0])
                 if metadata > METADATA_LIMIT:
                     raise ValueError(f"{where}: a scan start announces {metadata} bytes of metadata (at most {METADATA_LIMIT})")
-                self.exactly(conn, metadata, where, 0)
+                read_exactly(conn, metadata, self.timeout_s, where, 0)
                 return start
             else:
                 raise ValueError(f"{where}: expected {'a scan start' if start else 'an acquisition start'}, got "
@@ -133,7 +128,7 @@ class TimepixSource:
             if at_indices < indptr_end or at_values < indices_end:
                 raise ValueError(f"{where}: the chunk of frame {sent} puts its indices at byte {at_indices} and values at"
                                  f" {at_values}, inside the parts before them")
-            payload = self.exactly(conn, at_values + nnz * values_dtype.itemsize, where, sent)
+            payload = read_exactly(conn, at_values + nnz * values_dtype.itemsize, self.timeout_s, where, sent)
             indptr = np.frombuffer(payload, start.indptr, n + 1).astype(np.int64)
             indices = np.frombuffer(payload, start.indices, nnz, at_indices)
             values = np.frombuffer(payload, values_dtype, nnz, at_values)
@@ -145,16 +140,8 @@ class TimepixSource:
             sent += n
 
     def header(self, conn: socket.socket, where: str, frame: int) -> tuple[int, bytes]:
-        header = self.exactly(conn, HEADER_BYTES, where, frame)
+        header = read_exactly(conn, HEADER_BYTES, self.timeout_s, where, frame)
         return header[0], header
-
-    def exactly(self, conn: socket.socket, n: int, where: str, frame: int) -> bytes:
-        data = bytearray(n)
-        got, end = read_into(conn, memoryview(data), n, self.timeout_s)
-        if got < n:
-            raise ValueError(f"{where} {'sent nothing for ' + format(self.timeout_s, 'g') + ' s' if end == 'stalled' else 'closed'}"
-                             f" at frame {frame} ({got} of {n} bytes came)")
-        return bytes(data)
 
 
 def acquisition_start(header: bytes, where: str) -> AcquisitionStart:
