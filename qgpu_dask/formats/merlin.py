@@ -216,9 +216,8 @@ def swapped(pixels, size: int):
     """(n, bytes // size) unsigned integers of ``size`` bytes read big-endian from ``pixels`` (n, bytes) uint8: on
     NumPy one vectorized byte swap straight from the rows (a frame's pixels within its message: no copy of
     them first), on CuPy (native byte order only) a strided copy that reverses each group."""
-    native = np.dtype(f"<u{size}")
-    if module_of(pixels) is np:
+    native, xp = np.dtype(f"<u{size}"), module_of(pixels)
+    if xp is np:
         rows = pixels if pixels.strides[-1] == 1 else np.ascontiguousarray(pixels)
         return rows.view(native.newbyteorder(">")).astype(native)
-    xp = module_of(pixels)
     return xp.ascontiguousarray(pixels.reshape(pixels.shape[0], -1, size)[:, :, ::-1]).view(native).reshape(pixels.shape[0], -1)

@@ -383,7 +383,8 @@ class Service:
         "received"} (received: per acquisition for a series; with ``wait=False`` a future of it, while
         queries go on). If the stream stops inside a frame or breaks, the error is raised and the positions
         that arrived are kept."""
-        acqs = [acq] if isinstance(acq, Acquisition) else list(acq)
+        single = isinstance(acq, Acquisition)
+        acqs = [acq] if single else list(acq)
         names = [a.name for a in acqs]
 
         def send(owner: str, held: list[str], rows: list[int]):
@@ -392,7 +393,6 @@ class Service:
                                  " together (svc.create([...]))")
             return self.router.send(owner, Shard.ingest, held, source)
 
-        single = isinstance(acq, Acquisition)
         future = QueryFuture(self.router.routed(names, send),
                              lambda replies, positions: replies[0] | ({"received": replies[0]["received"][0]} if single else {}))
         if not wait:
@@ -400,9 +400,12 @@ class Service:
         total = sum(a.n_frames for a in acqs)
         with tqdm(total=total, desc=f"ingest {names[0]}" + (f" .. {names[-1]}" if len(names) > 1 else ""), unit="frame",
                   disable=not progress) as bar:
+            filled = k = 0  # acquisitions fill in order: only the first still filling is asked
             while not future.done():
                 try:
-                    bar.update(sum(a.received for a in acqs) - bar.n)
+                    while k < len(acqs) and (got := acqs[k].received) == acqs[k].n_frames:
+                        filled, k = filled + got, k + 1
+                    bar.update(filled + (got if k < len(acqs) else 0) - bar.n)
                 except (KeyError, ValueError):
                     pass
                 concurrent.futures.wait([future.future], timeout=0.25)
