@@ -90,17 +90,25 @@ def libertem_live(port: int, n_frames: int, det: int) -> float:
     with tempfile.TemporaryDirectory() as shm:
         conn = libertem_qd_mpx.QdConnection(data_host="127.0.0.1", data_port=port, frame_stack_size=16,
                                             shm_handle_path=str(Path(shm) / "qd-shm"), bytes_per_frame=det * det * 2)
-        try:
-            t0 = time.perf_counter()
-            conn.start_passive()
-            cam = libertem_qd_mpx.CamClient(conn.get_socket_path())
-            if conn.wait_for_arm(timeout=60.0) is None:
-                raise RuntimeError("LiberTEM-live's receiver saw no acquisition header in 60 s")
-            decoded_stacks(conn, cam, out, 64, "LiberTEM-live's receiver")
-            seconds = time.perf_counter() - t0
-        finally:
-            conn.close()
+        seconds = received(conn, libertem_qd_mpx.CamClient, lambda cam: decoded_stacks(conn, cam, out, 64, "LiberTEM-live's receiver"),
+                           "LiberTEM-live's receiver")
     return n_frames / seconds
+
+
+def received(conn, client, consume, receiver: str, start=lambda: None) -> float:
+    """Seconds for one acquisition through a LiberTEM-live connection: started passive, its shared-memory client
+    made, ``start()`` called (a DECTRIS detector armed), its first header awaited, ``consume(cam)`` run; closed after."""
+    try:
+        t0 = time.perf_counter()
+        conn.start_passive()
+        cam = client(conn.get_socket_path())
+        start()
+        if conn.wait_for_arm(timeout=60.0) is None:
+            raise RuntimeError(f"{receiver} saw no acquisition in 60 s")
+        consume(cam)
+        return time.perf_counter() - t0
+    finally:
+        conn.close()
 
 
 def decoded_stacks(conn, cam, out: np.ndarray, max_size: int, receiver: str) -> None:
@@ -161,17 +169,8 @@ def dectris_libertem_live(ports: tuple[int, int], n_frames: int, det: int) -> fl
     with tempfile.TemporaryDirectory() as shm:
         conn = libertem_dectris.DectrisConnection(uri=f"tcp://127.0.0.1:{ports[0]}", frame_stack_size=32,
                                                   handle_path=str(Path(shm) / "shm"), num_slots=2000, bytes_per_frame=det * det * 2)
-        try:
-            t0 = time.perf_counter()
-            conn.start_passive()
-            cam = libertem_dectris.CamClient(conn.get_socket_path())
-            arm(ports[1])
-            if conn.wait_for_arm(60.0) is None:
-                raise RuntimeError("LiberTEM-live's DECTRIS receiver saw no series in 60 s")
-            decoded_stacks(conn, cam, out, 32, "LiberTEM-live's DECTRIS receiver")
-            seconds = time.perf_counter() - t0
-        finally:
-            conn.close()
+        seconds = received(conn, libertem_dectris.CamClient, lambda cam: decoded_stacks(conn, cam, out, 32, "LiberTEM-live's DECTRIS receiver"),
+                           "LiberTEM-live's DECTRIS receiver", lambda: arm(ports[1]))
     return n_frames / seconds
 
 
@@ -212,32 +211,24 @@ def tpx_libertem_live(port: int, n_frames: int) -> float:
     """Frames per second of one scan received by LiberTEM-live's receiver, its CSR arrays copied out."""
     import libertem_asi_tpx3
 
+    def copied(cam) -> None:
+        got = 0
+        while got < n_frames and (stack := conn.get_next_stack(max_size=1 << 30)) is not None:
+            for layout, indptr, indices, values in cam.get_chunks(handle=stack):
+                parts = (np.frombuffer(indptr, layout.get_indptr_dtype()).copy(), np.frombuffer(indices, layout.get_indices_dtype()).copy(),
+                         np.frombuffer(values, layout.get_value_dtype()).copy())
+                got += len(parts[0]) - 1
+                del indptr, indices, values
+            cam.done(stack)
+        cam.close()
+        if got != n_frames:
+            raise RuntimeError(f"LiberTEM-live's Timepix3 receiver got {got} of {n_frames} frames")
+
     chunk_bytes = 4 * (n_frames + 1) + 8 * n_frames  # the mock sends a scan as one chunk
     with tempfile.TemporaryDirectory() as shm:
         conn = libertem_asi_tpx3.ASITpx3Connection(uri=f"127.0.0.1:{port}", chunks_per_stack=1, handle_path=str(Path(shm) / "shm"),
                                                    num_slots=16, bytes_per_chunk=chunk_bytes + 4096, huge=False)
-        try:
-            t0 = time.perf_counter()
-            conn.start_passive()
-            cam = libertem_asi_tpx3.CamClient(conn.get_socket_path())
-            if conn.wait_for_arm(60.0) is None:
-                raise RuntimeError("LiberTEM-live's Timepix3 receiver saw no scan in 60 s")
-            got = 0
-            while (stack := conn.get_next_stack(max_size=1 << 30)) is not None:
-                for layout, indptr, indices, values in cam.get_chunks(handle=stack):
-                    parts = (np.frombuffer(indptr, layout.get_indptr_dtype()).copy(), np.frombuffer(indices, layout.get_indices_dtype()).copy(),
-                             np.frombuffer(values, layout.get_value_dtype()).copy())
-                    got += len(parts[0]) - 1
-                    del indptr, indices, values
-                cam.done(stack)
-                if got >= n_frames:
-                    break
-            seconds = time.perf_counter() - t0
-            cam.close()
-        finally:
-            conn.close()
-    if got != n_frames:
-        raise RuntimeError(f"LiberTEM-live's Timepix3 receiver got {got} of {n_frames} frames")
+        seconds = received(conn, libertem_asi_tpx3.CamClient, copied, "LiberTEM-live's Timepix3 receiver")
     return n_frames / seconds
 
 
