@@ -1,5 +1,6 @@
-"""What tests that start other programs share: a program started with its output in a log file, waited for
-until the log says it is ready, and stopped by its PID. Not a test module: test modules import it."""
+"""What tests that start other programs or serve streams share: a program started with its output in a log file,
+waited for until the log says it is ready, and stopped by its PID; free loopback ports; a one-connection server
+of bytes written by hand. Not a test module: test modules import it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -23,6 +25,20 @@ def free_ports(n: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
+
+
+def serve(data: bytes) -> int:
+    """A one-connection server on loopback sending ``data``, then closing (a detector's stream written by hand); its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def run() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(data)
+
+    threading.Thread(target=run, daemon=True).start()
+    return listener.getsockname()[1]
 
 
 def stop(process: subprocess.Popen) -> None:

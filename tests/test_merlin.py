@@ -5,9 +5,7 @@ own reader, loaded through the service; the data port ingested live from LiberTE
 from __future__ import annotations
 
 import hashlib
-import socket
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +13,7 @@ import pytest
 
 import qgpu_dask as qd
 from merlin_files import encoded, write_mib
-from processes import Started, free_ports
+from processes import Started, free_ports, serve
 from qgpu_dask.formats import merlin
 from qgpu_dask.io.registry import detect_format, open_reader
 from qgpu_dask.io.source import Source
@@ -186,20 +184,6 @@ def test_series_of_acquisitions_on_one_connection(svc, names, rng, tmp_path, mib
                                          rf" {(shape[0] + 1) * shape[1]}"):
         svc.ingest(qd.MerlinSource("127.0.0.1", data_port=port, timeout_s=90), longer, progress=False)
     assert [a.received for a in longer] == [0, 0]
-
-
-def serve(messages: bytes) -> int:
-    """A one-connection server on loopback sending ``messages``, then closing; its port."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def run() -> None:
-        with listener:
-            conn, _ = listener.accept()
-            with conn:
-                conn.sendall(messages)
-
-    threading.Thread(target=run, daemon=True).start()
-    return listener.getsockname()[1]
 
 
 def mpx(payload: bytes) -> bytes:

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-import socket
 import struct
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from processes import Started, free_ports
+from processes import Started, free_ports, serve
 
 
 @pytest.fixture
@@ -82,20 +80,6 @@ def stream(frames: np.ndarray, scan, det, per_chunk: int = 5, **kwargs) -> bytes
     flat = frames.reshape(-1, det[0] * det[1])
     chunks = b"".join(chunk(flat[i : i + per_chunk], **kwargs) for i in range(0, len(flat), per_chunk))
     return acquisition_start(scan, det) + header(1, struct.pack("<IQ", 1, 0)) + chunks + header(3) + header(4)
-
-
-def serve(data: bytes) -> int:
-    """A one-connection server on loopback sending ``data``, then closing; its port."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def run() -> None:
-        with listener:
-            conn, _ = listener.accept()
-            with conn:
-                conn.sendall(data)
-
-    threading.Thread(target=run, daemon=True).start()
-    return listener.getsockname()[1]
 
 
 def test_chunks_of_every_width_and_padding(svc, names, rng):
