@@ -192,6 +192,7 @@ def main() -> int:
                 reopens.append(time.perf_counter() - t0)
                 reopened.release()
             reopen = float(np.median(reopens))
+            print(f"saved form reopened: {saved_bytes / reopen / 1e9:.2f} GB/s of file ({saved_bytes / 1e9:.2f} GB)", flush=True)
 
             t0 = time.perf_counter()
             series = svc.load([masters[i % args.distinct] for i in range(n)], name=[f"s{i}" for i in range(n)], layout=args.layout,

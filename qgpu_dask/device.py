@@ -77,6 +77,91 @@ def gpu_turn():
         os.close(fd)
 
 
+class Pools:
+    """Where this process's device allocations come from: CuPy's default pool, which holds what residents keep
+    (and queries' results), and a pool of its own for what a load passes through (decoded batches, the payload
+    room, the block still filling). Kept apart, a resident's arrays are never cut out of a freed passing
+    buffer, where they would keep CuPy from handing back the rest (a split block goes back only whole): a GPU
+    filled by loads holds residents and a few loads' buffers, not residents among the fragments of 100 loads.
+    An allocation that finds the device full first hands back the other pool's free blocks."""
+
+    def __init__(self, cp: ModuleType):
+        self.out_of_memory = cp.cuda.memory.OutOfMemoryError
+        self.held = cp.get_default_memory_pool()
+        self.passing = cp.cuda.MemoryPool()
+        cp.cuda.set_allocator(self.malloc_held)
+
+    def malloc_held(self, nbytes: int):
+        return self.malloc(self.held, self.passing, nbytes)
+
+    def malloc_passing(self, nbytes: int):
+        return self.malloc(self.passing, self.held, nbytes)
+
+    def malloc(self, pool, other, nbytes: int):
+        try:
+            return pool.malloc(nbytes)
+        except self.out_of_memory:
+            other.free_all_blocks()
+            return pool.malloc(nbytes)
+
+    def free(self) -> None:
+        """Hand both pools' free blocks back to the device."""
+        self.held.free_all_blocks()
+        self.passing.free_all_blocks()
+
+    def total_bytes(self) -> int:
+        """Device memory both pools hold, used and free."""
+        return int(self.held.total_bytes() + self.passing.total_bytes())
+
+
+@functools.cache
+def pools() -> Pools | None:
+    """This process's ``Pools`` (made once, installing the held pool's allocator as CuPy's); None on CPU."""
+    cp = cupy_or_none()
+    return None if cp is None else Pools(cp)
+
+
+@contextlib.contextmanager
+def passing_memory() -> Iterator[None]:
+    """Device arrays made in this thread inside the block come from the passing pool (a load's buffers);
+    what outlives the load is made inside ``held_memory``. No-op on CPU."""
+    p = pools()
+    if p is None:
+        yield
+        return
+    import cupy as cp
+
+    with cp.cuda.using_allocator(p.malloc_passing):
+        yield
+
+
+@contextlib.contextmanager
+def held_memory() -> Iterator[None]:
+    """Device arrays made in this thread inside the block come from the held pool: what a resident keeps,
+    made while a load runs in ``passing_memory``. No-op on CPU."""
+    p = pools()
+    if p is None:
+        yield
+        return
+    import cupy as cp
+
+    with cp.cuda.using_allocator(p.malloc_held):
+        yield
+
+
+def free_cached_memory() -> None:
+    """Hand the pools' free blocks back to the device, so freed memory shows as free (no-op on CPU)."""
+    p = pools()
+    if p is not None:
+        p.free()
+
+
+def pool_bytes() -> int:
+    """Device memory this process's pools hold, used and free (0 on CPU)."""
+    p = pools()
+    return 0 if p is None else p.total_bytes()
+
+
 def has_gpu() -> bool:
     """Whether this process computes on a CUDA device."""
     return cupy_or_none() is not None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 
 import h5py
 import numpy as np
 import pytest
+
+from conftest import cupy_available
 
 
 def sha256(array: np.ndarray) -> str:
@@ -61,6 +64,35 @@ def test_compressed_load_codes_block_by_block(rng, tmp_path, sampled):
     if sampled:
         assert resident.streams.payload.size == int(resident.streams.block_base[-1])  # the room left over went back
         assert abs(resident.nbytes / coding.expected_bytes(data.shape) - 1) < 0.1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+@pytest.mark.parametrize("frames_per_read", [7, 1200])
+def test_a_coded_load_on_a_gpu_keeps_nothing_in_the_passing_pool(rng, tmp_path, frames_per_read):
+    """A GPU load's buffers come from the passing pool and what the resident keeps from the held one, so a
+    filled GPU holds no resident among freed buffers (read in many pieces, or in one)."""
+    import cupy as cp
+
+    from qgpu_dask.device import pools
+    from qgpu_dask.io.load import model_sample, read_coded
+    from qgpu_dask.io.registry import open_reader
+    from qgpu_dask.io.source import Source
+    from qgpu_dask.resident.live import Coding
+
+    data = rng.poisson(0.6, (40, 30, 6, 5)).astype(np.uint16)
+    write_h5(tmp_path / "a.h5", data)
+    reader = open_reader(Source(str(tmp_path / "a.h5"), "/entry/data", None))
+    gc.collect()
+    held_before = pools().held.used_bytes()
+    try:
+        resident = read_coded("a", reader, Coding.chosen(model_sample(reader), (6, 5), cp), cp, block_bytes=frames_per_read * 6 * 5 * 2)
+    finally:
+        reader.close()
+    cp.cuda.get_current_stream().synchronize()
+    assert pools().passing.used_bytes() == 0
+    assert pools().held.used_bytes() - held_before >= resident.nbytes
+    assert (resident.data == data).all()
 
 
 def test_a_coded_load_takes_its_model_from_frames_spread_over_the_scan(svc, names, rng, tmp_path):

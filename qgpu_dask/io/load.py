@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ..device import passing_memory
 from ..formats import codec
 from ..resident.base import Resident, check_dtype
 from ..resident.dense import DenseCounts
@@ -104,27 +105,29 @@ def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType,
     first frames. For a GPU, a reader of bitshuffle-LZ4 frames hands on their stored chunks, read into pinned
     buffers and decoded there, in batches of GPU_BATCH_BYTES of counts; the reads run AHEAD of the decoding
     and coding in a thread of their own. ``beyond(nbytes)`` raises where the resident would hold ``nbytes``
-    more than the ``reserved`` (nothing is added then)."""
-    live = LiveCounts(name, reader.shape, check_dtype(reader.dtype), "compressed", xp, coding)
-    live.room = lambda nbytes: beyond(live.nbytes + nbytes - reserved)
-    det_shape = reader.shape[2:]
-    if xp is np:
-        batches = reader.blocks(block_bytes)
-    elif isinstance(reader, SendsChunks):
-        batches = prefetched(reader.chunk_batches(host_buffers(xp), GPU_BATCH_BYTES), AHEAD)
-    else:
-        batches = prefetched(reader.blocks(block_bytes), AHEAD)
+    more than the ``reserved`` (nothing is added then). Its buffers come from the passing pool, what the resident
+    keeps from the held one (``device.passing_memory``)."""
+    with passing_memory():
+        live = LiveCounts(name, reader.shape, check_dtype(reader.dtype), "compressed", xp, coding)
+        live.room = lambda nbytes: beyond(live.nbytes + nbytes - reserved)
+        det_shape = reader.shape[2:]
+        if xp is np:
+            batches = reader.blocks(block_bytes)
+        elif isinstance(reader, SendsChunks):
+            batches = prefetched(reader.chunk_batches(host_buffers(xp), GPU_BATCH_BYTES), AHEAD)
+        else:
+            batches = prefetched(reader.blocks(block_bytes), AHEAD)
 
-    def append(start: int, batch) -> None:
-        frames, bad = decoded(batch, det_shape, live.dtype, xp)
-        if bad is not None:  # a chunk the GPU found malformed (only SendsChunks readers hand chunks on)
-            raise ValueError(f"{reader.where(start + bad.index)}: {bad.problem}")
-        step = append_frames(live.shape, live.dtype, live.block or codec.MAX_BLOCK)
-        for at in range(0, len(frames), step):  # whole blocks coded in one pass each
-            live.append(frames[at : at + step])
+        def append(start: int, batch) -> None:
+            frames, bad = decoded(batch, det_shape, live.dtype, xp)
+            if bad is not None:  # a chunk the GPU found malformed (only SendsChunks readers hand chunks on)
+                raise ValueError(f"{reader.where(start + bad.index)}: {bad.problem}")
+            step = append_frames(live.shape, live.dtype, live.block or codec.MAX_BLOCK)
+            for at in range(0, len(frames), step):  # whole blocks coded in one pass each
+                live.append(frames[at : at + step])
 
-    read_blocks(batches, append, progress)
-    return live.finished()
+        read_blocks(batches, append, progress)
+        return live.finished()
 
 
 def warm_up(xp: ModuleType) -> None:

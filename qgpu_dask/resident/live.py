@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..device import synchronize
+from ..device import held_memory, synchronize
 from ..formats import codec
 from ..formats.groups import Geometry
 from .base import Resident, kernels_for
@@ -123,7 +123,8 @@ class LiveCounts(Resident):
         self.received = 0
         self.lock = threading.RLock()
         if layout == "dense":
-            self.flat = xp.zeros((self.n_frames, self.frame_len), self.dtype)
+            with held_memory():
+                self.flat = xp.zeros((self.n_frames, self.frame_len), self.dtype)
             return
         held = tail_frames(self.n_frames) if coding is None else min(self.n_frames, coding.block)
         self.tail = xp.zeros((held, self.frame_len), self.dtype)  # frames not coded yet
@@ -135,7 +136,8 @@ class LiveCounts(Resident):
         self.group_pieces: list[tuple] = []  # the coded blocks' group index pieces
         self.payload = xp.zeros(0 if coding is None else coding.payload_room(shape, self.dtype), np.uint8)
         self.payload_bytes = 0
-        self.totals = xp.zeros(self.n_frames, np.uint64)
+        with held_memory():
+            self.totals = xp.zeros(self.n_frames, np.uint64)
         if coding is not None:
             self.use(coding.block, coding.model, coding.geometry)
         self.view: CompressedCounts | None = None  # the coded blocks, made again when more are coded
@@ -230,8 +232,9 @@ class LiveCounts(Resident):
         """Code with ``model`` in scan blocks of ``block`` frames and index with ``geometry`` from now on."""
         self.block, self.model, self.geometry = block, model, geometry
         n_blocks = -(-self.n_frames // block)
-        self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
-        self.base = self.xp.zeros(n_blocks + 1, np.uint64)
+        with held_memory():
+            self.index = self.xp.zeros((n_blocks, self.frame_len), np.uint32)
+            self.base = self.xp.zeros(n_blocks + 1, np.uint64)
 
     def code_blocks(self, flat) -> None:
         """Code consecutive scan blocks (whole ones, the scan's last one shorter) with the model in one pass,
@@ -286,16 +289,22 @@ class LiveCounts(Resident):
 
     def finished(self, index: bool = True) -> Resident:
         """The plain resident of a complete acquisition (checked, as one loaded from a file); a dense one with
-        its index unless ``index`` is False (the budget has no room for it)."""
-        with self.lock:
+        its index unless ``index`` is False (the budget has no room for it). What it keeps is made in the held
+        pool (``device.held_memory``): on a GPU the payload is copied there without its room, even where none is
+        left, and a group index of one piece is copied too (``GroupIndex.joined`` keeps the piece's arrays)."""
+        with self.lock, held_memory():
             if not self.complete:
                 raise ValueError(f"live acquisition {self.name!r} has {self.received} of {self.n_frames} positions")
             if self.layout == "dense":
                 dense = DenseCounts(self.name, self.flat, self.shape)
                 return dense.indexed() if index else dense
-            if self.payload.size > self.payload_bytes:  # the room left over goes back (the budget asked for the copy)
+            on_device = self.xp is not np
+            if self.payload.size > self.payload_bytes or on_device:  # the budget asked for the copy
                 self.room(self.payload_bytes)
                 self.payload = self.payload[: self.payload_bytes].copy()
+            if on_device and len(self.group_pieces) == 1:
+                *arrays, n = self.group_pieces[0]
+                self.group_pieces = [(*(a.copy() for a in arrays), n)]
             return CompressedCounts(self.name, self.shape, self.dtype, self.block, self.model, self.coded_streams(), {},
                                     self.coded_groups())  # all coded
 

@@ -7,7 +7,7 @@ import threading
 
 from dask.utils import format_bytes
 
-from ..device import cupy_or_none, device_info
+from ..device import device_info, free_cached_memory
 from ..queries.base import Kept
 from ..resident import Resident
 
@@ -58,7 +58,7 @@ class Budget:
             if self.kind == "cuda":
                 device_free = device_info().free_bytes
                 if nbytes > 0.95 * device_free:  # CuPy's cached blocks (freed batches and payload room) go back first
-                    cupy_or_none().get_default_memory_pool().free_all_blocks()
+                    free_cached_memory()
                     device_free = device_info().free_bytes
                 if nbytes > 0.95 * device_free:
                     raise ValueError(

@@ -29,7 +29,8 @@ from dask.utils import format_bytes
 from distributed import get_worker
 from tornado.ioloop import PeriodicCallback
 
-from ..device import array_module, cupy_or_none, default_budget, device_info, memory_bytes, synchronize, use_own_stream
+from ..device import (array_module, default_budget, device_info, free_cached_memory, memory_bytes, pool_bytes, synchronize,
+                      use_own_stream)
 from ..io.load import describe, inspect, model_sample, read_coded, read_dense, warm_up
 from ..io.registry import open_reader
 from ..io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
@@ -138,16 +139,15 @@ class Shard:
     async def info(self) -> dict:
         """Device, budget, bytes held and the residents of this shard, and the bytes its queries keep
         (``<key>_bytes``: "ssb_cache", the phase preparations; "ptycho", reconstruction objects), and
-        "pool_bytes": the device memory this worker's CuPy pool holds, used and cached (0 on CPU workers)."""
+        "pool_bytes": the device memory this worker's CuPy pools hold, used and cached (0 on CPU workers)."""
         kept = {f"{key}_bytes": k.held_bytes() + k.spare_bytes() for key, k in self.ctx.kept.items()}
-        cp = cupy_or_none()
         return {
             "worker": self.address,
             "device": asdict(device_info()),
             "budget": self.budget.limit,
             "resident_bytes": sum(r.nbytes for r in self.residents.values()),
             "reserved_bytes": self.budget.reserved,
-            "pool_bytes": 0 if cp is None else int(cp.get_default_memory_pool().total_bytes()),
+            "pool_bytes": pool_bytes(),
             **kept,
             "acquisitions": {n: r.describe() for n, r in self.residents.items()},
         }
@@ -416,7 +416,7 @@ class Shard:
         except BaseException:
             self.residents.pop(name, None)
             await self.worker.scheduler.qgpu_drop(name=name, owner=self.address)
-            self.free_device_memory()
+            free_cached_memory()
             raise
         finally:
             self.budget.unreserve(nbytes)
@@ -574,7 +574,7 @@ class Shard:
         removed(self.copies.pop(name, None))
         if self.residents.pop(name, None) is not None:
             self.forget(name)
-            await self.on(self.queries, self.free_device_memory)
+            await self.on(self.queries, free_cached_memory)
 
     async def release(self, name: str) -> None:
         """Drop ``name`` from this shard and the catalog, returning its device memory."""
@@ -583,10 +583,5 @@ class Shard:
         removed(self.copies.pop(name, None))
         self.forget(name)
         await self.worker.scheduler.qgpu_drop(name=name, owner=self.address)
-        await self.on(self.queries, self.free_device_memory)
+        await self.on(self.queries, free_cached_memory)
 
-    def free_device_memory(self) -> None:
-        """Hand CuPy's cached blocks back to the device, so freed residents show as free memory."""
-        cp = cupy_or_none()
-        if cp is not None:
-            cp.get_default_memory_pool().free_all_blocks()
