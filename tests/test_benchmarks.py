@@ -33,6 +33,7 @@ CPU_ONLY = {"cpu_vs_libertem"}  # a comparison of CPU workers, on any machine
 OTHER_PROJECT = {"ssb_vs_ptychography40": ("ptychography40", "phases_correlation", "first_over_udf", "repeat_over_udf"),
                  "cpu_vs_libertem": ("libertem", "all_equal")}
 NEEDS_BROWSER = {"view_gpu"}  # benchmarks measured in headless chromium
+NEEDS_SIMULATORS = {"live_detectors"}  # benchmarks fed by LiberTEM-live's detector simulators (programs beside Python)
 # Figures read from JSON that an earlier version of the benchmark wrote (its layout since changed).
 EARLIER_LAYOUT = {"multi_gpu_256", "multi_gpu_512"}
 
@@ -72,6 +73,8 @@ def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path):
         pytest.skip(f"benchmarks/{script}.py has no --small yet")
     if script in NEEDS_BROWSER and not (shutil.which("chromium") and shutil.which("chromedriver")):
         pytest.skip(f"benchmarks/{script}.py drives chromium: apt-get install chromium chromium-driver")
+    if script in NEEDS_SIMULATORS and not (Path(sys.executable).parent / "libertem-live-mib-sim").exists():
+        pytest.skip(f"benchmarks/{script}.py is fed by LiberTEM-live's simulators: pip install 'libertem-live[sim]'")
     env = {**os.environ, "QGPU_DASK_RESULTS": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     if backend == "cpu":
         env["QGPU_DASK_CPU"] = "1"

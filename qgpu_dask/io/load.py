@@ -126,8 +126,11 @@ def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType,
             for at in range(0, len(frames), step):  # whole blocks coded in one pass each
                 live.append(frames[at : at + step])
 
-        read_blocks(batches, append, progress)
-        return live.finished()
+        try:
+            read_blocks(batches, append, progress)
+            return live.finished()
+        finally:
+            live.room = lambda nbytes: None  # its check held the acquisition: without the cycle, its buffers go with it
 
 
 def warm_up(xp: ModuleType) -> None:
