@@ -71,7 +71,8 @@ def test_compressed_load_codes_block_by_block(rng, tmp_path, sampled):
 @pytest.mark.parametrize("frames_per_read", [7, 1200])
 def test_a_coded_load_on_a_gpu_keeps_nothing_in_the_passing_pool(rng, tmp_path, frames_per_read):
     """A GPU load's buffers come from the passing pool and what the resident keeps from the held one, so a
-    filled GPU holds no resident among freed buffers (read in many pieces, or in one)."""
+    filled GPU holds no resident among freed buffers (read in many pieces, or in one). The second of two
+    loads is measured: the first makes the kernels' tables for this frame size, made once a process."""
     import cupy as cp
 
     from qgpu_dask.device import pools
@@ -82,15 +83,21 @@ def test_a_coded_load_on_a_gpu_keeps_nothing_in_the_passing_pool(rng, tmp_path, 
 
     data = rng.poisson(0.6, (40, 30, 6, 5)).astype(np.uint16)
     write_h5(tmp_path / "a.h5", data)
-    reader = open_reader(Source(str(tmp_path / "a.h5"), "/entry/data", None))
+
+    def load():
+        reader = open_reader(Source(str(tmp_path / "a.h5"), "/entry/data", None))
+        try:
+            coding = Coding.chosen(model_sample(reader), (6, 5), cp)
+            return read_coded("a", reader, coding, cp, block_bytes=frames_per_read * 6 * 5 * 2)
+        finally:
+            reader.close()
+
+    load()
     gc.collect()
-    held_before = pools().held.used_bytes()
-    try:
-        resident = read_coded("a", reader, Coding.chosen(model_sample(reader), (6, 5), cp), cp, block_bytes=frames_per_read * 6 * 5 * 2)
-    finally:
-        reader.close()
+    held_before, passing_before = pools().held.used_bytes(), pools().passing.used_bytes()
+    resident = load()
     cp.cuda.get_current_stream().synchronize()
-    assert pools().passing.used_bytes() == 0
+    assert pools().passing.used_bytes() == passing_before
     assert pools().held.used_bytes() - held_before >= resident.nbytes
     assert (resident.data == data).all()
 
