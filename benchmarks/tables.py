@@ -527,15 +527,17 @@ TABLES: tuple[Table | Figure, ...] = (
                RatioOf("bitshuffle_lz4/with_viewer/frames_per_s", "arina_rate_frames_per_s")),
               ("over the wire", "", F("bitshuffle_lz4/alone/over_wire"), F("bitshuffle_lz4/with_viewer/over_wire"), "", "", ""),
               ("resident: raw / held", F("bitshuffle_lz4/with_viewer/ratio"), "", "", "", "", ""))),
-    Table("live_detectors_cpu", PAGE, "live_detectors_cpu", "live_detectors",
-          ("frames/s", "the simulator's send rate", "LiberTEM-live's receiver", "ours: compressed", "with a viewer (queries/s)",
-           "ours: dense"), tuple(
-              (f"{label}, {size}", F(f"{key}/simulator_frames_per_s", "{:,.0f}"), F(f"{key}/libertem_live_frames_per_s", "{:,.0f}"),
-               (F(f"{key}/alone/frames_per_s", "{:,.0f}", bold=True), " (", F(f"{key}/alone/over_libertem_live"), " x)"),
-               (F(f"{key}/with_viewer/frames_per_s", "{:,.0f}"), " (", F(f"{key}/with_viewer/views_per_s", "{:.1f}"), ")"),
-               (F(f"{key}/dense/frames_per_s", "{:,.0f}", bold=True), " (", F(f"{key}/dense/over_libertem_live"), " x)"))
-              for label, key, size in (("Merlin data port", "merlin", "256 x 256 U16"), ("DECTRIS stream v1", "dectris", "192 x 192 bs16-lz4"),
-                                       ("ASI Timepix3", "timepix", "512 x 512 u32 sparse")))),
+    *(Table(f"live_detectors_{backend}", PAGE, f"live_detectors_{backend}", "live_detectors",
+            ("frames/s", "the simulator's send rate", "LiberTEM-live's receiver", "ours: compressed", "with a viewer",
+             "ours: dense"), tuple(
+                (f"{label}, {size}", F(f"{key}/simulator_frames_per_s", "{:,.0f}"), F(f"{key}/libertem_live_frames_per_s", "{:,.0f}"),
+                 (F(f"{key}/alone/frames_per_s", "{:,.0f}", bold=True), " (", F(f"{key}/alone/over_libertem_live"), " x)"),
+                 (F(f"{key}/with_viewer/frames_per_s", "{:,.0f}"), " (", F(f"{key}/with_viewer/over_libertem_live"), " x, ",
+                  F(f"{key}/with_viewer/views_per_s", "{:.1f}"), " queries/s)"),
+                 (F(f"{key}/dense/frames_per_s", "{:,.0f}", bold=True), " (", F(f"{key}/dense/over_libertem_live"), " x)"))
+                for label, key, size in (("Merlin data port", "merlin", "256 x 256 U16"), ("DECTRIS stream v1", "dectris", "192 x 192 bs16-lz4"),
+                                         ("ASI Timepix3", "timepix", "512 x 512 u32 sparse"))))
+      for backend in ("cpu", "cuda")),
     *(Table(f"view_{backend}", PAGE, f"view_{backend}", "view_gpu",
             ("in headless chromium", "viewer", "the API alone, same run", "target"), (
                 ("drag: images drawn per second", F("drag/updates_per_s", "{:.1f}", bold=True), (F("baseline/image_per_s", "{:.1f}"), " answers/s"),
