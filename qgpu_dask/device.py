@@ -121,32 +121,26 @@ def pools() -> Pools | None:
     return None if cp is None else Pools(cp)
 
 
-@contextlib.contextmanager
-def passing_memory() -> Iterator[None]:
+def passing_memory() -> contextlib.AbstractContextManager:
     """Device arrays made in this thread inside the block come from the passing pool (a load's buffers);
     what outlives the load is made inside ``held_memory``. No-op on CPU."""
-    p = pools()
-    if p is None:
-        yield
-        return
-    import cupy as cp
-
-    with cp.cuda.using_allocator(p.malloc_passing):
-        yield
+    return allocating(lambda p: p.malloc_passing)
 
 
-@contextlib.contextmanager
-def held_memory() -> Iterator[None]:
+def held_memory() -> contextlib.AbstractContextManager:
     """Device arrays made in this thread inside the block come from the held pool: what a resident keeps,
     made while a load runs in ``passing_memory``. No-op on CPU."""
+    return allocating(lambda p: p.malloc_held)
+
+
+def allocating(malloc) -> contextlib.AbstractContextManager:
+    """CuPy's allocator for this thread inside the block: ``malloc(pools())``."""
     p = pools()
     if p is None:
-        yield
-        return
+        return contextlib.nullcontext()
     import cupy as cp
 
-    with cp.cuda.using_allocator(p.malloc_held):
-        yield
+    return cp.cuda.using_allocator(malloc(p))
 
 
 def free_cached_memory() -> None:
