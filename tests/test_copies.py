@@ -95,3 +95,22 @@ def test_copies_off_and_stale_ones_swept(tmp_path, monkeypatch):
     fresh.write_bytes(b"x")
     assert copies.sweep() == [dead.name]  # its process is gone and it is old; the live one's and the fresh one stay
     assert live.exists() and fresh.exists()
+
+
+def test_closing_a_local_cluster_drops_residents_and_copies_first(rng, tmp_path):
+    """A closing local cluster's shards drop what they hold before their workers are asked to exit, so a
+    worker full of residents and copies exits within its nanny's wait."""
+    svc = make_service("cpu", n_workers=1)
+    try:
+        data = rng.poisson(0.4, (12, 10, 16, 18)).astype(np.uint16)
+        with h5py.File(tmp_path / "a.h5", "w") as f:
+            f["data"] = data
+        svc.load(tmp_path / "a.h5", dataset="data", name="a", layout="compressed", progress=False)
+        copy = Path(wait_for(lambda: entry(svc, "a").get("local"), 60, "the local copy of a")["path"])
+        assert copy.is_file()
+        svc.stop_shards()
+        assert svc.info()["shards"][0]["resident_bytes"] == 0 and not copy.exists()
+    finally:
+        t0 = time.perf_counter()
+        svc.close()
+    assert time.perf_counter() - t0 < 10

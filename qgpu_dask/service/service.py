@@ -40,6 +40,7 @@ from .spawn import check_main_guard
 
 PathLike = str | os.PathLike
 CONNECT_WAIT = 5.0  # seconds connect waits for a scheduler's port to answer
+STOP_SECONDS = 60.0  # how long a closing local cluster waits for each shard to drop what it holds
 INSPECT_AHEAD = 8  # sources of a list inspected before their loads start; the next ones are inspected while those load
 
 
@@ -133,12 +134,25 @@ class Service:
         RuntimeError (:meth:`check_open`); a second close does nothing."""
         if self.closed:
             return
+        if self.cluster is not None and self.client.status == "running":
+            self.stop_shards()
         self.closed = True
         if self.client.status == "running":
             self.client.sync(self.router.close)
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+
+    def stop_shards(self) -> None:
+        """Before a cluster started by :meth:`local` shuts down: every shard drops its residents and copies, so
+        each worker exits within the few seconds its nanny waits (one holding 127 acquisitions and their copies
+        did not, and closing the cluster failed). A shard that cannot be reached is left to the shutdown."""
+        try:
+            stops = [self.router.call(w, Shard.stop) for w in self.state()["shards"]]
+            for stop in stops:
+                stop.result(timeout=STOP_SECONDS)
+        except Exception:  # a worker already gone or stuck: the cluster's shutdown ends it either way
+            pass
 
     def __enter__(self) -> "Service":
         return self

@@ -342,6 +342,20 @@ class Shard:
         else:
             removed(copy)
 
+    async def stop(self) -> None:
+        """Drop every resident and node-local copy here and hand the device memory back: the cluster shuts
+        down (``Service.close`` of a local one), and the worker then exits at once. A copy being written
+        is removed as it ends."""
+        self.copying.shutdown(wait=False, cancel_futures=True)
+        self.residents.clear()
+        await self.on(self.queries, self.dropped)
+
+    def dropped(self) -> None:
+        """The copies removed and the device's cached memory handed back (``stop``)."""
+        self.remove_copies()
+        self.copies.clear()
+        free_cached_memory()
+
     def remove_copies(self) -> None:
         """Remove the copies this shard holds (at exit: a killed worker's stay, for a survivor to reopen)."""
         for copy in list(self.copies.values()):
