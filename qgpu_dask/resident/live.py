@@ -16,13 +16,14 @@ instead.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable
 
 import numpy as np
 
-from ..device import held_memory, synchronize
+from ..device import held_memory, synchronize, use_own_stream
 from ..formats import codec
 from ..formats.groups import Geometry
 from .base import Resident, kernels_for
@@ -37,6 +38,7 @@ APPEND_BYTES = 2**30  # counts a load appends at a time at most, so the payload 
 # a 10000-frame Arina data file per append coded 0.69 s an acquisition against 0.85 s at 512 MiB: more blocks per launch)
 MARGIN = 1.1  # payload room over what a sample's coding gives, before the payload grows (by GROWTH)
 GROWTH = 1.25  # a full payload grows to this many times its size, or as much as the frames appended need
+CHOOSERS = ThreadPoolExecutor(2, thread_name_prefix="qgpu-model", initializer=use_own_stream)  # models chosen beside the appends
 
 
 def tail_frames(n_frames: int) -> int:
@@ -110,6 +112,16 @@ class Coding:
         return self.expected_bytes(shape) + self.payload_room(shape, dtype) + held
 
 
+def model_of(sample, det_shape: tuple[int, int]) -> tuple[int, dict, Geometry]:
+    """(block, model, group geometry) of a live acquisition's first frames ``sample`` (n, frame_len), chosen
+    as every later count stays codable; on a GPU, ready on any stream once returned."""
+    block, model, _ = chosen_model(sample, every_symbol=True)
+    geometry = centered_geometry(sample, det_shape)
+    if not isinstance(sample, np.ndarray):
+        synchronize()
+    return block, model, geometry
+
+
 class LiveCounts(Resident):
     """A growing acquisition of a fixed ``shape``: ``append`` the next scan positions, query at any time."""
 
@@ -131,6 +143,7 @@ class LiveCounts(Resident):
         self.coded = 0  # frames in complete, coded blocks
         self.block = 0  # chosen with the model
         self.model: dict | None = None
+        self.choosing: Future | None = None  # the model being chosen from the first frames, while more come
         self.index = self.base = None
         self.geometry = None  # of the group index, centred with the model's choice
         self.group_pieces: list[tuple] = []  # the coded blocks' group index pieces
@@ -213,14 +226,22 @@ class LiveCounts(Resident):
             self.payload = grown
 
     def code_complete_blocks(self) -> None:
-        """Choose the model once PROBE frames are in (or all of them), then code every complete block of the
-        tail (and the last, short block once the scan is complete)."""
+        """Once PROBE frames are in (or all of them), have the model chosen from them in a thread of its own
+        (CHOOSERS) while later frames fill the tail, and take it once it is there, the tail is full or the scan
+        is complete; then code every complete block of the tail (and the last, short block once the scan is
+        complete). A 256 x 256 detector's model took 0.26 s of an H200 host's time, 4096 frames arrived in 0.15 s."""
         held = self.received - self.coded
         if self.model is None:
             if held < min(PROBE, self.n_frames):
                 return
-            block, model, _ = chosen_model(self.tail[:held], every_symbol=True)
-            self.use(block, model, centered_geometry(self.tail[:held], self.det_shape))
+            if self.choosing is None:
+                sample = self.tail[:held].copy()
+                if self.xp is not np:
+                    synchronize()  # the copy is made before another stream reads it
+                self.choosing = CHOOSERS.submit(model_of, sample, self.det_shape)
+            if not (self.choosing.done() or self.complete or held == self.tail.shape[0]):
+                return
+            self.use(*self.choosing.result())
         whole = held if self.complete else held - held % self.block
         if whole:
             self.code_blocks(self.tail[:whole])
