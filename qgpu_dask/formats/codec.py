@@ -51,18 +51,20 @@ def raw_chunks(dtype) -> int:
     return 2 if np.dtype(dtype).itemsize == 4 else 1
 
 
-def choose_models(hist: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarray]:
-    """(run, V) per pixel from value histograms (frame_len, HIST_BINS).
+def choose_models(hist: np.ndarray, n_frames: int, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(run, V) per pixel from value histograms (frame_len, HIST_BINS) and their ``entropy_bits``.
 
     Run mode when more than half of a pixel's counts are zero, with R about
     twice the mean run of zeros, but no larger than keeps the run table (2 (R + 3)
     bytes) within TABLE_SHARE of the pixel's expected coded size: runs are nearly
     geometric, so a smaller R costs the streams little and a short acquisition
     saves its tables. V is the smallest alphabet whose escapes are rarer than 1
-    in 2**12 (at most MAX_V).
+    in 2**12 (at most MAX_V). Only the values up to one past the largest count held are looked at: past it no
+    count is left, so the first alphabet with rare escapes lies within them.
     """
-    cols = MAX_V + 2
-    affordable = TABLE_SHARE * entropy_bits(hist, n_frames) / 16 - 3
+    held = np.flatnonzero(hist.any(axis=0))
+    cols = min(MAX_V + 2, int(held[-1]) + 3 if held.size else 3)
+    affordable = TABLE_SHARE * bits / 16 - 3
     hist = np.asarray(hist[:, : cols - 1], dtype=np.int64)  # the bins an alphabet can reach (a 512 x 512 frame's all: 537 MB)
     zeros = hist[:, 0]
     nonzero = n_frames - zeros
@@ -87,9 +89,10 @@ def choose_models(hist: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarr
     return run, values
 
 
-def choose_block(hist: np.ndarray, n_frames: int) -> int:
-    """Scan positions per stream: a power of two giving about STREAM_BITS bits per stream."""
-    bits = entropy_bits(hist, n_frames).sum() / max(1, hist.shape[0] * n_frames)
+def choose_block(bits: np.ndarray, n_frames: int) -> int:
+    """Scan positions per stream: a power of two giving about STREAM_BITS bits per stream, from the pixels'
+    ``entropy_bits``."""
+    bits = bits.sum() / max(1, bits.shape[0] * n_frames)
     want = STREAM_BITS / max(bits, 1e-3)
     block = int(2 ** np.ceil(np.log2(want)))
     return int(np.clip(block, MIN_BLOCK, MAX_BLOCK))
@@ -137,21 +140,29 @@ def quantize(counts: np.ndarray) -> np.ndarray:
     return freq
 
 
-def build_tables(tokens: np.ndarray, run: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def build_tables(tokens: np.ndarray, run: np.ndarray, values: np.ndarray, every_symbol: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(table_start (frame_len,) uint32, cum uint16) from token histograms (frame_len, TOKEN_SLOTS).
 
     A pixel's tables sit at ``cum[table_start[p]:]``: the value table's V + 2
     cumulative frequencies, then (run mode) the run table's R + 3. Symbols a
     pixel's model does not have were never counted, so whole rows quantise at once.
+    With ``every_symbol``, every symbol a pixel's model has gets one more count
+    first, so the tables give each a nonzero frequency: a model chosen from the
+    first frames of a live acquisition can then code any later count (a symbol
+    of frequency 0 cannot be coded).
     """
-    tokens = np.asarray(tokens, dtype=np.int64)
     run = np.asarray(run, dtype=np.int64)
     values = np.asarray(values, dtype=np.int64)
     nv, nr = int(values.max(initial=0)) + 1, int(run.max(initial=0)) + 2  # the widest tables any pixel has
-    value_cum = np.zeros((tokens.shape[0], nv + 1), dtype=np.int64)
-    np.cumsum(quantize(tokens[:, :nv]), axis=1, out=value_cum[:, 1:])
-    run_cum = np.zeros((tokens.shape[0], nr + 1), dtype=np.int64)
-    np.cumsum(quantize(tokens[:, RUN_SLOT : RUN_SLOT + nr]), axis=1, out=run_cum[:, 1:])
+    value_tokens = np.asarray(tokens[:, :nv], dtype=np.int64)
+    run_tokens = np.asarray(tokens[:, RUN_SLOT : RUN_SLOT + nr], dtype=np.int64)
+    if every_symbol:
+        value_tokens = value_tokens + (np.arange(nv)[None, :] <= values[:, None])
+        run_tokens = run_tokens + ((run[:, None] > 0) & (np.arange(nr)[None, :] <= run[:, None] + 1))
+    value_cum = np.zeros((value_tokens.shape[0], nv + 1), dtype=np.int64)
+    np.cumsum(quantize(value_tokens), axis=1, out=value_cum[:, 1:])
+    run_cum = np.zeros((run_tokens.shape[0], nr + 1), dtype=np.int64)
+    np.cumsum(quantize(run_tokens), axis=1, out=run_cum[:, 1:])
     keep = np.concatenate(
         [np.arange(nv + 1)[None, :] < (values + 2)[:, None], np.arange(nr + 1)[None, :] < np.where(run > 0, run + 3, 0)[:, None]],
         axis=1,
@@ -160,19 +171,6 @@ def build_tables(tokens: np.ndarray, run: np.ndarray, values: np.ndarray) -> tup
     sizes = keep.sum(axis=1)
     start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint32)
     return start, cum
-
-
-def with_every_symbol(tokens: np.ndarray, run: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Token histograms with one more of every symbol each pixel's model has, so tables built from them
-    give every symbol a nonzero frequency: a model chosen from the first frames of a live acquisition can
-    then code any later count (a symbol of frequency 0 cannot be coded)."""
-    tokens = np.array(tokens, dtype=np.int64)  # one copy, whatever the histograms' dtype
-    slots = np.arange(tokens.shape[1])[None, :]
-    values = np.asarray(values, dtype=np.int64)[:, None]
-    run = np.asarray(run, dtype=np.int64)[:, None]
-    tokens += slots <= values
-    tokens += (run > 0) & (slots >= RUN_SLOT) & (slots <= RUN_SLOT + run + 1)
-    return tokens
 
 
 def check_tables(run: np.ndarray, values: np.ndarray, table_start: np.ndarray, cum: np.ndarray) -> None:

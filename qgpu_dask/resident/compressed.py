@@ -221,16 +221,15 @@ MODEL_DTYPES = {"run": np.uint8, "values": np.uint8, "table_start": np.uint32, "
 def chosen_model(flat, every_symbol: bool) -> tuple[int, dict, np.ndarray]:
     """(block, model on the device, value histograms) chosen for counts ``flat`` (n_frames, frame_len):
     ``codec``'s choice from the histograms; with ``every_symbol`` every symbol of each pixel's alphabets is
-    codable (``codec.with_every_symbol``), as a live acquisition needs of the model its first frames give."""
+    codable (``codec.build_tables``), as a live acquisition needs of the model its first frames give."""
     xp = module_of(flat)
     kernels = kernels_for(xp, "compressed")
     hist = to_host(kernels.value_histogram(flat))
-    run, values = codec.choose_models(hist, flat.shape[0])
-    block = codec.choose_block(hist, flat.shape[0])
+    bits = codec.entropy_bits(hist, flat.shape[0])
+    run, values = codec.choose_models(hist, flat.shape[0], bits)
+    block = codec.choose_block(bits, flat.shape[0])
     tokens = to_host(kernels.token_histogram(flat, block, xp.asarray(run), xp.asarray(values)))
-    if every_symbol:
-        tokens = codec.with_every_symbol(tokens, run, values)
-    table_start, cum = codec.build_tables(tokens, run, values)
+    table_start, cum = codec.build_tables(tokens, run, values, every_symbol)
     model = {"run": run, "values": values, "table_start": table_start, "cum": cum}
     return block, {k: xp.asarray(v) for k, v in model.items()}, hist
 
