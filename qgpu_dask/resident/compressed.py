@@ -219,16 +219,19 @@ MODEL_DTYPES = {"run": np.uint8, "values": np.uint8, "table_start": np.uint32, "
 
 
 def chosen_model(flat, every_symbol: bool) -> tuple[int, dict, np.ndarray]:
-    """(block, model on the device, value histograms) chosen for counts ``flat`` (n_frames, frame_len):
+    """(block, model on the device, value histograms up to one past the largest count) chosen for counts ``flat`` (n_frames, frame_len):
     ``codec``'s choice from the histograms; with ``every_symbol`` every symbol of each pixel's alphabets is
     codable (``codec.build_tables``), as a live acquisition needs of the model its first frames give."""
     xp = module_of(flat)
     kernels = kernels_for(xp, "compressed")
-    hist = to_host(kernels.value_histogram(flat))
+    hist = kernels.value_histogram(flat)
+    held = xp.flatnonzero(hist.any(axis=0))
+    hist = to_host(hist[:, : min(codec.HIST_BINS, int(held[-1]) + 2 if held.size else 2)])  # past the largest count: zeros, not sent
     bits = codec.entropy_bits(hist, flat.shape[0])
     run, values = codec.choose_models(hist, flat.shape[0], bits)
     block = codec.choose_block(bits, flat.shape[0])
-    tokens = to_host(kernels.token_histogram(flat, block, xp.asarray(run), xp.asarray(values)))
+    tokens = kernels.token_histogram(flat, block, xp.asarray(run), xp.asarray(values))
+    tokens = to_host(tokens[:, : codec.RUN_SLOT + int(run.max(initial=0)) + 2])  # the slots no model reaches are not sent
     table_start, cum = codec.build_tables(tokens, run, values, every_symbol)
     model = {"run": run, "values": values, "table_start": table_start, "cum": cum}
     return block, {k: xp.asarray(v) for k, v in model.items()}, hist
@@ -267,7 +270,8 @@ def check_index(index, base, n_blocks: int, frame_len: int, payload_bytes: int) 
 
 
 def entropy_bound(hist: np.ndarray, flat, xp: ModuleType) -> np.ndarray:
-    """Order-0 entropy (bits) of each pixel's counts; pixels with counts >= 255 get their exact distribution."""
+    """Order-0 entropy (bits) of each pixel's counts; pixels with counts >= 255 get their exact distribution (the
+    histograms' last column is the >= 255 bin, or one past the largest count, all zero)."""
     n_frames = flat.shape[0]
     bits = codec.entropy_bits(hist, n_frames)
     for p in np.flatnonzero(hist[:, -1] > 0):
