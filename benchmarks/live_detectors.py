@@ -20,7 +20,8 @@ An ASI Timepix3 server: LiberTEM-live's simulator (``libertem-live-asi-tpx-sim -
 mock scan of ``--tpx-scan`` x ``--tpx-scan`` sparse frames (512 x 512 uint32, one non-zero pixel each) again
 and again on a connection. Measured: a bare reader of one scan's bytes, ``libertem_asi_tpx3.ASITpx3Connection``
 handing on the scan's CSR arrays (LiberTEM-live keeps them sparse: it makes no dense frame), and
-``svc.ingest(qd.TimepixSource(...))``, which makes every frame dense (1 MiB each) before coding it.
+``svc.ingest(qd.TimepixSource(...))`` into a sparse live acquisition (the non-zeros held as they come; alone
+and with a viewer) and a dense one (1 MiB a frame).
 
     python benchmarks/live_detectors.py            # on the GPU machine
     python benchmarks/live_detectors.py --small    # seconds, on the CPU too: what CI runs
@@ -248,16 +249,17 @@ def ingest(svc, source, start, scan: tuple[int, int], det: int, viewer: bool, la
     return out
 
 
-def compared(svc, runs: int, source, start, scan: tuple[int, int], det: int, bare_rate, theirs_rate, dtype: str = "uint16") -> dict:
-    """One detector's figures (``source`` and ``start`` as ``ingest`` takes them): each measure once unmeasured,
-    then the median of ``runs``."""
-    bare_rate(), theirs_rate(), ingest(svc, source, start, scan, det, False, dtype=dtype)
+def compared(svc, runs: int, source, start, scan: tuple[int, int], det: int, bare_rate, theirs_rate, dtype: str = "uint16",
+             layout: str = "compressed") -> dict:
+    """One detector's figures (``source`` and ``start`` as ``ingest`` takes them), ingested into ``layout`` alone
+    and with a viewer, and dense: each measure once unmeasured, then the median of ``runs``."""
+    bare_rate(), theirs_rate(), ingest(svc, source, start, scan, det, False, layout, dtype)
     sent = statistics.median(bare_rate() for _ in range(runs))
     theirs = statistics.median(theirs_rate() for _ in range(runs))
-    alone = median_run(runs, lambda: ingest(svc, source, start, scan, det, False, dtype=dtype))
-    viewed = median_run(runs, lambda: ingest(svc, source, start, scan, det, True, dtype=dtype))
+    alone = median_run(runs, lambda: ingest(svc, source, start, scan, det, False, layout, dtype))
+    viewed = median_run(runs, lambda: ingest(svc, source, start, scan, det, True, layout, dtype))
     dense = median_run(runs, lambda: ingest(svc, source, start, scan, det, False, "dense", dtype))
-    return {"simulator_frames_per_s": sent, "libertem_live_frames_per_s": theirs,
+    return {"simulator_frames_per_s": sent, "libertem_live_frames_per_s": theirs, "layout": layout,
             "alone": alone | {"over_libertem_live": alone["frames_per_s"] / theirs, "over_simulator": alone["frames_per_s"] / sent},
             "with_viewer": viewed | {"over_libertem_live": viewed["frames_per_s"] / theirs},
             "dense": dense | {"over_libertem_live": dense["frames_per_s"] / theirs}}
@@ -300,7 +302,7 @@ def main() -> None:
         port, process = tpx_simulator(tpx)
         try:
             results["timepix"] = compared(svc, args.runs, qd.TimepixSource("127.0.0.1", port), lambda: None, (tpx, tpx), 512,
-                                          lambda: tpx_bare(port, tpx * tpx), lambda: tpx_libertem_live(port, tpx * tpx), "uint32")
+                                          lambda: tpx_bare(port, tpx * tpx), lambda: tpx_libertem_live(port, tpx * tpx), "uint32", "sparse")
         finally:
             process.terminate()
             process.wait()

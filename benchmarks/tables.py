@@ -528,7 +528,7 @@ TABLES: tuple[Table | Figure, ...] = (
               ("over the wire", "", F("bitshuffle_lz4/alone/over_wire"), F("bitshuffle_lz4/with_viewer/over_wire"), "", "", ""),
               ("resident: raw / held", F("bitshuffle_lz4/with_viewer/ratio"), "", "", "", "", ""))),
     *(Table(f"live_detectors_{backend}", PAGE, f"live_detectors_{backend}", "live_detectors",
-            ("frames/s", "the simulator's send rate", "LiberTEM-live's receiver", "ours: compressed", "with a viewer",
+            ("frames/s", "the simulator's send rate", "LiberTEM-live's receiver", "ours: compressed (Timepix3: sparse)", "with a viewer",
              "ours: dense"), tuple(
                 (f"{label}, {size}", F(f"{key}/simulator_frames_per_s", "{:,.0f}"), F(f"{key}/libertem_live_frames_per_s", "{:,.0f}"),
                  (F(f"{key}/alone/frames_per_s", "{:,.0f}", bold=True), " (", F(f"{key}/alone/over_libertem_live"), " x)"),

@@ -5,44 +5,14 @@ among them."""
 from __future__ import annotations
 
 import hashlib
-import re
 import struct
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from processes import Started, free_ports, serve
-
-
-@pytest.fixture
-def tpx_sim(tmp_path):
-    """Start LiberTEM-live's Timepix3 simulator on a mock scan (a function of the scan shape, giving its port);
-    stopped by its PID."""
-    pytest.importorskip("libertem_live")
-    program = Path(sys.executable).with_name("libertem-live-asi-tpx-sim")
-    if not program.exists():
-        pytest.skip("libertem-live-asi-tpx-sim is not installed beside this Python (pip install 'libertem-live[sim]')")
-    started = Started(tmp_path)
-
-    def start(rows: int, cols: int) -> int:
-        port = free_ports(1)[0]
-        ready = re.compile(rf"listening \('127\.0\.0\.1', {port}\)")
-        return started.start([str(program), "--mock-nav-shape", str(rows), str(cols), "--port", str(port)],
-                             lambda text: port if ready.search(text) else None, "tpx-sim")
-
-    yield start
-    started.close()
-
-
-def mock_frames(n: int) -> np.ndarray:
-    """What the simulator's mock sends (its documented construction): frame i all zero but pixel i % 512**2, which holds i."""
-    frames = np.zeros((n, 512 * 512), np.uint32)
-    i = np.arange(1, n)
-    frames[i, i % (512 * 512)] = i
-    return frames.reshape(n, 512, 512)
+from conftest import mock_frames
+from processes import free_ports, serve
 
 
 def test_ingest_from_libertem_live_simulator(svc, names, tpx_sim):

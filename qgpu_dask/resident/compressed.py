@@ -37,8 +37,8 @@ def check_layout(layout: str, dtype=None, allowed: tuple[str, ...] = LAYOUTS) ->
     """ValueError unless ``layout`` is one of ``allowed`` and counts of ``dtype`` (when given) can be held so."""
     if layout not in allowed:
         raise ValueError(f"unknown layout {layout!r}: use one of {', '.join(allowed)}")
-    if layout == "compressed" and dtype is not None and not compressible(dtype):
-        raise ValueError(f"layout='compressed' holds unsigned integer counts; this acquisition is {np.dtype(dtype)}")
+    if layout in ("compressed", "sparse") and dtype is not None and not compressible(dtype):
+        raise ValueError(f"layout={layout!r} holds unsigned integer counts; this acquisition is {np.dtype(dtype)}")
 
 
 MIN_RATIO = 1.5  # "auto" never compresses counts whose estimated ratio is below this: the saving would not pay for slower queries

@@ -32,12 +32,14 @@ from .groups import GroupIndex, centered_geometry, index_piece, worst_bytes
 from .cpu.dense import sum_dtype
 from .dense import DenseCounts
 from .masks import MaskWeights
+from .sparse import SparseCounts, SparseFrames
 
 PROBE = codec.MIN_BLOCK  # frames a compressed live acquisition holds dense before it chooses its model
 APPEND_BYTES = 2**30  # counts a load appends at a time at most, so the payload room its coding sizes is enough (on an H200
 # a 10000-frame Arina data file per append coded 0.69 s an acquisition against 0.85 s at 512 MiB: more blocks per launch)
 MARGIN = 1.1  # payload room over what a sample's coding gives, before the payload grows (by GROWTH)
 GROWTH = 1.25  # a full payload grows to this many times its size, or as much as the frames appended need
+LIVE_LAYOUTS = ("compressed", "dense", "sparse")  # how a live acquisition may hold its counts
 CHOOSERS = ThreadPoolExecutor(2, thread_name_prefix="qgpu-model", initializer=use_own_stream)  # models chosen beside the appends
 
 
@@ -64,6 +66,8 @@ def start_bytes(shape, dtype, layout: str) -> int:
     n_frames, frame_len, itemsize = shape[0] * shape[1], shape[2] * shape[3], np.dtype(dtype).itemsize
     if layout == "dense":
         return n_frames * frame_len * itemsize
+    if layout == "sparse":
+        return SparseCounts.start_bytes(shape, dtype)
     return tail_frames(n_frames) * frame_len * itemsize + 8 * n_frames
 
 
@@ -130,13 +134,17 @@ class LiveCounts(Resident):
         frames spread over its scan), its payload made with MARGIN room over the bytes expected; without it,
         the model comes from the first PROBE frames received."""
         super().__init__(name, shape, dtype, xp)
-        check_layout(layout, self.dtype)
+        check_layout(layout, self.dtype, LIVE_LAYOUTS)
         self.layout = layout
         self.received = 0
         self.lock = threading.RLock()
         if layout == "dense":
             with held_memory():
                 self.flat = xp.zeros((self.n_frames, self.frame_len), self.dtype)
+            return
+        if layout == "sparse":
+            self.sparse = SparseCounts(name, shape, dtype, xp)
+            self.sparse.room = lambda nbytes: self.room(nbytes)
             return
         held = tail_frames(self.n_frames) if coding is None else min(self.n_frames, coding.block)
         self.tail = xp.zeros((held, self.frame_len), self.dtype)  # frames not coded yet
@@ -165,8 +173,15 @@ class LiveCounts(Resident):
     def append(self, frames) -> int:
         """Add ``frames`` (n, det_rows, det_cols) of this dtype, the next n scan positions in C order (host or
         device array); returns the positions received. ValueError, with nothing added, for a wrong shape or
-        dtype or frames past the scan."""
+        dtype or frames past the scan. A sparse one also takes ``SparseFrames`` (a detector's non-zeros), which
+        the others make dense first."""
         xp = self.xp
+        if self.layout == "sparse":
+            with self.lock:
+                self.received = self.sparse.append(frames)
+                return self.received
+        if isinstance(frames, SparseFrames):
+            frames = frames.dense(self.det_shape, self.dtype, xp)
         if getattr(frames, "ndim", None) != 3 or tuple(frames.shape[1:]) != self.det_shape:
             raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {getattr(frames, 'shape', None)}")
         if frames.dtype != self.dtype and frames.dtype.newbyteorder("=") == self.dtype:
@@ -297,6 +312,8 @@ class LiveCounts(Resident):
         with self.lock:
             if self.layout == "dense":
                 return [(0, self.dense_part(self.flat[: self.received]))] if self.received else []
+            if self.layout == "sparse":
+                return [(0, self.sparse)] if self.received else []  # its frames past the received ones hold no count
             parts = []
             coded = self.coded_part()
             if coded is not None:
@@ -319,6 +336,9 @@ class LiveCounts(Resident):
             if self.layout == "dense":
                 dense = DenseCounts(self.name, self.flat, self.shape)
                 return dense.indexed() if index else dense
+            if self.layout == "sparse":
+                self.sparse.room = lambda nbytes: None  # it grows no more: the budget's check lets this acquisition go
+                return self.sparse.finished()
             on_device = self.xp is not np
             if self.payload.size > self.payload_bytes or on_device:  # the budget asked for the copy
                 self.room(self.payload_bytes)
@@ -335,6 +355,8 @@ class LiveCounts(Resident):
     def nbytes(self) -> int:
         if self.layout == "dense":
             return int(self.flat.nbytes)
+        if self.layout == "sparse":
+            return self.sparse.nbytes
         held = (self.tail, self.payload, self.totals, self.index, self.base, *((self.model or {}).values()),
                 *(a for piece in self.group_pieces for a in piece[:3]))
         return int(sum(a.nbytes for a in held if a is not None))

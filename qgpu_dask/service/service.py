@@ -27,7 +27,7 @@ from ..io.stream import FrameSource
 from ..resident.base import check_dtype, check_shape
 from ..queries.functions import Function, ShardFunction
 from ..resident.compressed import check_layout
-from ..resident.live import start_bytes
+from ..resident.live import LIVE_LAYOUTS, start_bytes
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture
 from .catalog import PLUGIN_NAME, Catalog, check_copy_room
@@ -359,7 +359,8 @@ class Service:
         ``acq.append(frames)`` (from here or from worker-side code) or ``svc.ingest(source, acq)`` (frames
         from a detector stream, straight to the owner), and answers queries at any time, exactly, for the scan
         positions received (``acq.received``). ``layout``: "compressed" (complete scan blocks coded
-        as they fill, the filling one kept dense) or "dense". Once every position has arrived it is held as
+        as they fill, the filling one kept dense), "dense", or "sparse" (each frame's non-zero counts: event
+        data, as a Timepix3 sends it). Once every position has arrived it is held as
         one loaded from a file. A live acquisition has no file to be read again from: if its worker is lost
         before it is saved, it is lost. A list of names makes a Series of such acquisitions on one shard,
         for a detector's series of scans (``svc.ingest(source, series)``)."""
@@ -369,7 +370,7 @@ class Service:
             raise ValueError(f"scan_shape and det_shape are (rows, cols) each, got {scan_shape} and {det_shape}")
         check_shape(shape)
         dtype = check_dtype(dtype)
-        check_layout(layout, dtype)
+        check_layout(layout, dtype, LIVE_LAYOUTS)
         state = self.ensure_shards()
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"live acquisitions need one name each, got {names}")

@@ -40,7 +40,7 @@ from ..queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery,
 from ..resident import DenseCounts, Resident
 from ..resident.base import check_dtype, check_shape
 from ..resident.compressed import check_layout
-from ..resident.live import LiveCounts, start_bytes
+from ..resident.live import LIVE_LAYOUTS, LiveCounts, start_bytes
 from .budget import Budget
 from .copies import reachable, removed, sweep as sweep_copies, taken_over, written
 from .handoff import STALE, Handoff, sweep
@@ -452,7 +452,7 @@ class Shard:
     async def create(self, name: str, shape: tuple, dtype: str, layout: str) -> dict:
         """Hold a new, empty live acquisition ``name`` that grows by ``append`` and ``ingest``."""
         shape, dtype = check_shape(shape), check_dtype(dtype)
-        check_layout(layout, dtype)
+        check_layout(layout, dtype, LIVE_LAYOUTS)
 
         def build() -> tuple[Resident, str]:
             resident = LiveCounts(name, shape, dtype, layout, array_module())

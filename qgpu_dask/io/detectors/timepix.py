@@ -10,7 +10,8 @@ LiberTEM-live reads it), of the frames its acquisition start's scan shape gives.
 
 The receiver reads whole chunks on a thread of its own, checks them (pointers rising to the non-zeros,
 indices inside the frame, values that fit the acquisition's dtype) and hands them on in pieces of at most
-``frames_per_read`` frames, which are made dense on the acquisition's device (a scatter of the non-zeros).
+``frames_per_read`` frames as ``SparseFrames``: a sparse acquisition holds them as they are, a dense or
+compressed one makes them dense on its device (a scatter of the non-zeros).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from ..batches import AHEAD, prefetched
+from ...resident.sparse import SparseFrames
 from ..stream import SeriesSource, check_reading, read_exactly
 
 PORT = 8283
@@ -61,14 +63,13 @@ class TimepixSource(SeriesSource):
 
     def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
         """(k, frames) of ``len(counts)`` consecutive scans on one connection, the k-th of ``counts[k]`` frames
-        (None: as its acquisition start says), dense arrays of ``xp`` made from the non-zeros read ahead in a
-        thread of their own; ValueError naming the scan and frame if nothing listens, a header is unknown or
+        (None: as its acquisition start says), ``SparseFrames`` read ahead in a thread of their own; ValueError naming the scan and frame if nothing listens, a header is unknown or
         out of order, the frames are not ``det_shape`` or their values do not fit ``dtype``, a scan has
         another frame count or ends short, a chunk is malformed, or the stream closes or goes quiet inside a
         scan (the frames before it handed on first)."""
         dtype = np.dtype(dtype)
         for k, piece in prefetched(self.pieces(tuple(det_shape), dtype, list(counts)), AHEAD):
-            yield k, dense(*piece, det_shape, dtype, xp)
+            yield k, SparseFrames(*piece)
 
     def pieces(self, det_shape: tuple[int, int], dtype: np.dtype, counts: list[int | None]) -> Iterator[tuple[int, tuple]]:
         """(k, (row pointers from 0, indices, values)) of at most ``frames_per_read`` frames of scan k, checked."""
@@ -184,15 +185,3 @@ def check_chunk(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, nnz
         if over.size:
             frame = int(np.searchsorted(indptr, over[0], side="right")) - 1
             raise ValueError(f"{where}: frame {first + frame} has a count of {int(values[over[0]])}, more than the acquisition's {dtype} holds")
-
-
-def dense(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, det_shape: tuple[int, int], dtype: np.dtype, xp: ModuleType):
-    """The frames of a CSR piece, (n, det_rows, det_cols) ``dtype`` on ``xp``'s device: the non-zeros go up
-    (a few bytes a frame) and are scattered there."""
-    n = len(indptr) - 1
-    out = xp.zeros((n, det_shape[0] * det_shape[1]), dtype)
-    if len(indices):
-        pointers, at = xp.asarray(indptr), xp.asarray(indices.astype(np.int64))
-        rows = xp.searchsorted(pointers[1:], xp.arange(len(indices)), side="right")
-        out[rows, at] = xp.asarray(values).astype(dtype)
-    return out.reshape(n, *det_shape)
