@@ -85,8 +85,27 @@ def test_bad_pieces_are_refused_with_nothing_added():
     assert acq.received == 2 and acq.nnz == 0
 
 
-def test_a_sparse_live_acquisition_in_a_service(svc, names, rng):
-    """Created sparse, appended from the client, queried while it grows, held sparse once complete."""
+def test_saved_arrays_that_do_not_fit_are_refused_by_name(rng):
+    counts = events(rng, (3, 4, 5, 6), np.dtype(np.uint16))
+    acq = SparseCounts("s", counts.shape, "uint16", np)
+    acq.append(counts.reshape(12, 5, 6))
+    good = {k: v.copy() for k, v in acq.arrays().items()}
+    assert SparseCounts.held_as("t", counts.shape, "uint16", *good.values()).checksum() == acq.checksum()
+    for key, change, words in [("indptr", lambda a: a.__setitem__(3, a[4] + 1), "row pointers do not rise"),
+                               ("frames", lambda a: a.__setitem__(0, 11), "frames are not those"),
+                               ("pixels", lambda a: a.__setitem__(0, 30), "not inside the 30 of a frame"),
+                               ("values", lambda a: None, "values are uint8")]:
+        bad = {k: v.copy() for k, v in good.items()}
+        change(bad[key])
+        if key == "values":
+            bad[key] = bad[key].astype(np.uint8)
+        with pytest.raises(ValueError, match=words):
+            SparseCounts.held_as("t", counts.shape, "uint16", *bad.values())
+
+
+def test_a_sparse_live_acquisition_in_a_service(svc, names, rng, tmp_path):
+    """Created sparse, appended from the client, queried while it grows, held sparse once complete, saved and
+    reopened as it is held."""
     counts = events(rng, (6, 7, 12, 10), np.dtype(np.uint16))
     acq = svc.create(names(), scan_shape=(6, 7), det_shape=(12, 10), dtype="uint16", layout="sparse")
     mask = rng.random((12, 10)) < 0.5
@@ -98,6 +117,9 @@ def test_a_sparse_live_acquisition_in_a_service(svc, names, rng):
     assert acq.info()["layout"] == "sparse" and not acq.info().get("live")
     assert acq.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
     assert (acq.reduce(None, "sum") == counts.sum(axis=(0, 1), dtype=np.uint64)).all()
+    path = acq.save(tmp_path / "sparse.qgpu")
+    again = svc.load(path, name=names(), progress=False)
+    assert again.info()["layout"] == "sparse" and again.checksum() == hashlib.sha256(counts.tobytes()).hexdigest()
     with pytest.raises(ValueError, match="layout='sparse' holds unsigned integer counts"):
         svc.create(names(), scan_shape=(2, 2), det_shape=(4, 4), dtype="int16", layout="sparse")
 

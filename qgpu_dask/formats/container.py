@@ -55,7 +55,7 @@ ALIGN = 4096
 LEAF = 32 << 10  # bytes of an array under one leaf digest
 CHUNK = 128 * LEAF  # bytes of an array read at once (4 MiB: whole leaves)
 THREADS = min(16, os.cpu_count() or 1)  # threads that read (and on the host, digest) chunks
-LAYOUTS = ("dense", "compressed")
+LAYOUTS = ("dense", "compressed", "sparse")
 CODECS = (codec.FORMAT,)
 
 PathLike = str | os.PathLike

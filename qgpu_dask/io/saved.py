@@ -1,7 +1,8 @@
 """Saved residents: a resident written as it is held, and opened again without re-encoding.
 
 A compressed resident is saved as its coding model, streams (the bytes its
-encoder wrote) and group index, a dense one as its counts; the file is a
+encoder wrote) and group index, a dense one as its counts, a sparse one as its
+non-zeros (row pointers, frames, pixels, values); the file is a
 ``formats.container``. Opening one copies the arrays to the device and lets
 the resident's constructor check their structure.
 """
@@ -21,6 +22,7 @@ from ..resident import DenseCounts, Resident
 from ..resident.base import check_dtype, check_shape
 from ..resident.compressed import MODEL_KEYS, STREAM_KEYS, CompressedCounts
 from ..resident.groups import GROUP_KEYS, GroupIndex
+from ..resident.sparse import SPARSE_KEYS, SparseCounts
 from .source import Source
 
 DENSE_KEY = "counts"
@@ -37,6 +39,8 @@ def save_resident(resident: Resident, path: str | os.PathLike) -> int:
         arrays = {k: getattr(resident.model, k) for k in MODEL_KEYS} | resident.stream_arrays() | resident.groups.arrays()
     elif isinstance(resident, DenseCounts):
         arrays = {DENSE_KEY: resident.flat}
+    elif isinstance(resident, SparseCounts):
+        arrays = resident.arrays()
     else:
         raise TypeError(f"cannot save a resident of layout {resident.layout!r}")
     return container.write(path, meta, {k: to_host(v) for k, v in arrays.items()})
@@ -60,7 +64,8 @@ def describe_saved(source: Source) -> dict:
         "shape": shape,
         "dtype": str(dtype),
         "raw_bytes": int(np.prod(shape)) * dtype.itemsize,
-        "load_bytes": DenseCounts.held_bytes(shape, dtype) if meta["layout"] == "dense" else compressed_bytes(meta),
+        "load_bytes": {"dense": DenseCounts.held_bytes(shape, dtype), "sparse": sum(int(a["nbytes"]) for a in meta["arrays"])}.get(
+            meta["layout"]) or compressed_bytes(meta),
         "layout": meta["layout"],
     }
 
@@ -105,7 +110,7 @@ def resident_from(name: str, path: str | os.PathLike, meta: dict, arrays: dict[s
     xp = xp or array_module()
     where = os.fspath(path)
     layout = meta["layout"]
-    wanted = (DENSE_KEY,) if layout == "dense" else MODEL_KEYS + STREAM_KEYS + GROUP_KEYS
+    wanted = {"dense": (DENSE_KEY,), "sparse": SPARSE_KEYS}.get(layout, MODEL_KEYS + STREAM_KEYS + GROUP_KEYS)
     missing = [k for k in wanted if k not in arrays]
     if missing:
         raise ValueError(f"{where!r}: the saved {layout} resident lacks the arrays {missing}")
@@ -117,6 +122,11 @@ def resident_from(name: str, path: str | os.PathLike, meta: dict, arrays: dict[s
         if counts.dtype != np.dtype(meta["dtype"]):
             raise ValueError(f"{where!r}: the saved counts are {counts.dtype}, but the header says {meta['dtype']}")
         return DenseCounts(name, xp.asarray(counts), meta["shape"]).indexed()
+    if layout == "sparse":
+        try:
+            return SparseCounts.held_as(name, check_shape(meta["shape"]), meta["dtype"], *(xp.asarray(arrays[k]) for k in SPARSE_KEYS))
+        except ValueError as e:
+            raise ValueError(f"{where!r}: {e}") from None
     payload = arrays["payload"]
     if payload.ndim != 1 or payload.dtype != np.uint8:
         raise ValueError(f"{where!r}: the saved stream payload is {payload.dtype} of shape {payload.shape}, expected 1-D uint8")

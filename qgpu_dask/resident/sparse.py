@@ -20,12 +20,13 @@ from typing import Callable
 
 import numpy as np
 
-from ..device import synchronize, to_host
+from ..device import module_of, synchronize, to_host
 from .base import Resident
 from .masks import MaskWeights
 
 GROWTH = 1.5  # the non-zeros' arrays grow to this many times their size, or as much as an append needs
 START = 4096  # non-zeros an empty acquisition has room for
+SPARSE_KEYS = ("indptr", "frames", "pixels", "values")  # a sparse resident's arrays, as saved
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,33 @@ class SparseCounts(Resident):
         self.pixels = xp.zeros(START, np.int32)
         self.values = xp.zeros(START, self.dtype)
         self.room: Callable[[int], None] = lambda nbytes: None  # raises if nbytes more do not fit (the shard's budget)
+
+    @classmethod
+    def held_as(cls, name: str, shape, dtype, indptr, frames, pixels, values) -> "SparseCounts":
+        """A complete one holding the arrays ``arrays()`` gave (a saved one's, on one device); ValueError naming
+        what does not fit: row pointers that do not rise from 0 to the non-zeros, frames that are not theirs,
+        pixels outside a frame or not rising within it, values of another dtype."""
+        out = cls(name, shape, dtype, module_of(indptr))
+        xp, n = out.xp, len(pixels)
+        kinds = {"indptr": (indptr, np.int64, out.n_frames + 1), "frames": (frames, np.int32, n), "pixels": (pixels, np.int32, n),
+                 "values": (values, out.dtype, n)}
+        for key, (array, dtype_, size) in kinds.items():
+            if array.dtype != dtype_ or array.shape != (size,):
+                raise ValueError(f"the sparse {key} are {array.dtype} {array.shape}, expected {np.dtype(dtype_)} ({size},)")
+        if int(indptr[0]) != 0 or int(indptr[-1]) != n or bool((indptr[1:] < indptr[:-1]).any()):
+            raise ValueError(f"the sparse row pointers do not rise from 0 to the {n} non-zeros")
+        if n and not bool((frames == rows_of(to_host(indptr), xp)).all()):
+            raise ValueError("the sparse non-zeros' frames are not those their row pointers give")
+        key = frames.astype(np.int64) * out.frame_len + pixels
+        if n and (int(pixels.min()) < 0 or int(pixels.max()) >= out.frame_len or bool((key[1:] <= key[:-1]).any())):
+            raise ValueError(f"the sparse pixels are not inside the {out.frame_len} of a frame, each frame's unique and rising")
+        out.indptr, out.frames, out.pixels, out.values = indptr, frames, pixels, values
+        out.nnz, out.received = n, out.n_frames
+        return out
+
+    def arrays(self) -> dict:
+        """The arrays ``held_as`` takes, by name, cut to the non-zeros received."""
+        return dict(zip(SPARSE_KEYS, self.held()))
 
     @staticmethod
     def start_bytes(shape, dtype) -> int:
