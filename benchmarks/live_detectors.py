@@ -272,7 +272,7 @@ def main() -> None:
     ap.add_argument("--dose", type=float, default=0.3)
     ap.add_argument("--runs", type=int, default=3, help="runs of each measurement; the median is kept")
     ap.add_argument("--dectris-det", type=int, default=192)
-    ap.add_argument("--tpx-scan", type=int, default=32, help="the Timepix3 mock's scan side (its frames are 512 x 512 uint32)")
+    ap.add_argument("--tpx-scan", type=int, default=64, help="the Timepix3 mock's scan side (its frames are 512 x 512 uint32)")
     args = record.parse(ap, small={"scan": 16, "det": 64, "dectris_det": 64, "runs": 1, "tpx_scan": 8})
     scan, n_frames = (args.scan, args.scan), args.scan * args.scan
     rng = np.random.default_rng(5)
