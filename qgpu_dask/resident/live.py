@@ -39,6 +39,7 @@ APPEND_BYTES = 2**30  # counts a load appends at a time at most, so the payload 
 # a 10000-frame Arina data file per append coded 0.69 s an acquisition against 0.85 s at 512 MiB: more blocks per launch)
 MARGIN = 1.1  # payload room over what a sample's coding gives, before the payload grows (by GROWTH)
 GROWTH = 1.25  # a full payload grows to this many times its size, or as much as the frames appended need
+DENSE_FRAMES = 256  # frames of a sparse piece made dense at a time (256 MiB of 512 x 512 uint32)
 LIVE_LAYOUTS = ("compressed", "dense", "sparse")  # how a live acquisition may hold its counts
 CHOOSERS = ThreadPoolExecutor(2, thread_name_prefix="qgpu-model", initializer=use_own_stream)  # models chosen beside the appends
 
@@ -181,7 +182,10 @@ class LiveCounts(Resident):
                 self.received = self.sparse.append(frames)
                 return self.received
         if isinstance(frames, SparseFrames):
-            frames = frames.dense(self.det_shape, self.dtype, xp)
+            with self.lock:
+                for piece in frames.pieces(DENSE_FRAMES):
+                    self.append(piece.dense(self.det_shape, self.dtype, xp))
+                return self.received
         if getattr(frames, "ndim", None) != 3 or tuple(frames.shape[1:]) != self.det_shape:
             raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {getattr(frames, 'shape', None)}")
         if frames.dtype != self.dtype and frames.dtype.newbyteorder("=") == self.dtype:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -40,6 +40,13 @@ class SparseFrames:
 
     def __len__(self) -> int:
         return len(self.indptr) - 1
+
+    def pieces(self, most: int) -> Iterator["SparseFrames"]:
+        """These frames in consecutive pieces of at most ``most`` frames."""
+        for lo in range(0, len(self), most):
+            hi = min(lo + most, len(self))
+            a, b = self.indptr[lo], self.indptr[hi]
+            yield SparseFrames(self.indptr[lo : hi + 1] - a, self.indices[a:b], self.values[a:b])
 
     def on(self, frame_len: int, dtype, xp: ModuleType) -> tuple:
         """(rows, pixels, values) of the non-zeros on ``xp``'s device, each row's pixels unique and rising (a

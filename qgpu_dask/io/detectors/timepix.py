@@ -48,11 +48,12 @@ class AcquisitionStart:
 
 @dataclass(frozen=True)
 class TimepixSource(SeriesSource):
-    """An ASI Timepix3 server's sparse-frame stream at ``host``:``port``, handed on ``frames_per_read`` frames at a time."""
+    """An ASI Timepix3 server's sparse-frame stream at ``host``:``port``, handed on ``frames_per_read`` frames at a
+    time at most (a few bytes a frame: a dense or compressed acquisition makes them dense 256 at a time)."""
 
     host: str
     port: int = PORT
-    frames_per_read: int = 256
+    frames_per_read: int = 4096
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -68,11 +69,10 @@ class TimepixSource(SeriesSource):
         another frame count or ends short, a chunk is malformed, or the stream closes or goes quiet inside a
         scan (the frames before it handed on first)."""
         dtype = np.dtype(dtype)
-        for k, piece in prefetched(self.pieces(tuple(det_shape), dtype, list(counts)), AHEAD):
-            yield k, SparseFrames(*piece)
+        yield from prefetched(self.pieces(tuple(det_shape), dtype, list(counts)), AHEAD)
 
-    def pieces(self, det_shape: tuple[int, int], dtype: np.dtype, counts: list[int | None]) -> Iterator[tuple[int, tuple]]:
-        """(k, (row pointers from 0, indices, values)) of at most ``frames_per_read`` frames of scan k, checked."""
+    def pieces(self, det_shape: tuple[int, int], dtype: np.dtype, counts: list[int | None]) -> Iterator[tuple[int, SparseFrames]]:
+        """(k, SparseFrames) of at most ``frames_per_read`` frames of scan k, checked."""
         try:
             conn = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         except OSError as err:
@@ -109,7 +109,7 @@ class TimepixSource(SeriesSource):
                 raise ValueError(f"{where}: expected {'a scan start' if start else 'an acquisition start'}, got "
                                  f"{HEADERS[tag] if tag < len(HEADERS) else f'a header of unknown type {tag}'}")
 
-    def scan(self, conn: socket.socket, start: AcquisitionStart, dtype: np.dtype, total: int, where: str) -> Iterator[tuple]:
+    def scan(self, conn: socket.socket, start: AcquisitionStart, dtype: np.dtype, total: int, where: str) -> Iterator[SparseFrames]:
         """The scan's chunks, checked and cut into pieces, until its end (which must come after ``total`` frames)."""
         sent, frame_len = 0, start.det_shape[0] * start.det_shape[1]
         while True:
@@ -134,10 +134,7 @@ class TimepixSource(SeriesSource):
             indices = np.frombuffer(payload, start.indices, nnz, at_indices)
             values = np.frombuffer(payload, values_dtype, nnz, at_values)
             check_chunk(indptr, indices, values, nnz, frame_len, dtype, sent, where)
-            for lo in range(0, n, self.frames_per_read):
-                hi = min(lo + self.frames_per_read, n)
-                a, b = indptr[lo], indptr[hi]
-                yield indptr[lo : hi + 1] - a, indices[a:b], values[a:b]
+            yield from SparseFrames(indptr, indices, values).pieces(self.frames_per_read)
             sent += n
 
     def header(self, conn: socket.socket, where: str, frame: int) -> tuple[int, bytes]:
