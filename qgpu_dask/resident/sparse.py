@@ -67,9 +67,10 @@ class SparseFrames:
 
 
 def rows_of(indptr: np.ndarray, xp: ModuleType):
-    """The row of each non-zero of CSR row pointers ``indptr``, int64 on ``xp``'s device."""
+    """The row of each non-zero of host CSR row pointers ``indptr``, int64 on ``xp``'s device (made on the host:
+    CuPy repeats by an int or a list only)."""
     counts = np.diff(np.asarray(indptr, np.int64))
-    return xp.repeat(xp.arange(len(counts), dtype=np.int64), xp.asarray(counts))
+    return xp.asarray(np.repeat(np.arange(len(counts), dtype=np.int64), counts))
 
 
 class SparseCounts(Resident):
