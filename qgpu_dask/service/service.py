@@ -412,6 +412,8 @@ class Service:
                              lambda replies, positions: replies[0] | ({"received": replies[0]["received"][0]} if single else {}))
         if not wait:
             return future
+        if not progress:
+            return future.result()  # nothing to show: the owner is not asked how far it is
         total = sum(a.n_frames for a in acqs)
         with tqdm(total=total, desc=f"ingest {names[0]}" + (f" .. {names[-1]}" if len(names) > 1 else ""), unit="frame",
                   disable=not progress) as bar:
