@@ -80,6 +80,10 @@ def test_bad_pieces_are_refused_with_nothing_added():
         acq.append(np.zeros((5, 4, 4), np.uint8))
     with pytest.raises(ValueError, match=r"frames must be \(n, 4, 4\)"):
         acq.append(np.zeros((1, 4, 5), np.uint8))
+    with pytest.raises(ValueError, match="frames are int16, the acquisition 's' holds uint8"):
+        acq.append(np.zeros((1, 4, 4), np.int16))
+    with pytest.raises(ValueError, match="counts of uint16 outside what the acquisition's uint8 holds"):
+        acq.append(SparseFrames(np.array([0, 1]), np.array([5]), np.array([256], np.uint16)))
     with pytest.raises(ValueError, match="unsigned integer counts"):
         SparseCounts("s", (2, 3, 4, 4), "float32", np)
     assert acq.received == 2 and acq.nnz == 0

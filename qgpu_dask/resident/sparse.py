@@ -54,6 +54,11 @@ class SparseFrames:
         ``dtype``."""
         if len(self.indices) and int(self.indices.max()) >= frame_len:
             raise ValueError(f"a sparse piece has pixel {int(self.indices.max())}, past the {frame_len} of a frame")
+        dtype = np.dtype(dtype)
+        if len(self.values) and not np.can_cast(self.values.dtype, dtype):
+            values = np.asarray(self.values)
+            if values.dtype.kind not in "iu" or int(values.min()) < 0 or int(values.max()) > np.iinfo(dtype).max:
+                raise ValueError(f"a sparse piece has counts of {values.dtype} outside what the acquisition's {dtype} holds")
         return unique_rising(rows_of(self.indptr, xp), xp.asarray(self.indices, np.int64), xp.asarray(self.values), frame_len,
                              np.dtype(dtype), xp)
 
@@ -143,6 +148,8 @@ class SparseCounts(Resident):
         else:
             if getattr(frames, "ndim", None) != 3 or tuple(frames.shape[1:]) != self.det_shape:
                 raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {getattr(frames, 'shape', None)}")
+            if frames.dtype.newbyteorder("=") != self.dtype:
+                raise ValueError(f"frames are {frames.dtype}, the acquisition {self.name!r} holds {self.dtype}")
             n = int(frames.shape[0])
             flat = xp.asarray(frames).reshape(n, self.frame_len)
             rows, pixels = xp.nonzero(flat)
