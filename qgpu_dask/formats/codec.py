@@ -1,4 +1,4 @@
-"""The qgpu-ans-2 codec: constants, per-pixel model choice and rANS tables (GPU-free, NumPy).
+"""The qgpu-ans-2 codec: constants, per-pixel model choice and rANS tables (GPU-free: NumPy, the tables Numba).
 
 The format's group index (exact per-frame sums over pixel groups) is ``formats.groups``.
 
@@ -22,6 +22,7 @@ rANS: 32-bit state in [2**16, 2**32), 12-bit probabilities, 16-bit words.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 FORMAT = "qgpu-ans-2"
@@ -118,59 +119,85 @@ def estimated_bytes(hist: np.ndarray, n_frames: int, dtype) -> float:
     return float(entropy_bits(tokens, n_frames).sum() + escapes * 16 * raw_chunks(dtype)) / 8
 
 
-def quantize(counts: np.ndarray) -> np.ndarray:
-    """Frequencies summing to PROB_SCALE per row, >= 1 for every symbol that occurs, 0 for the others.
+@numba.njit(cache=True, nogil=True)
+def quantized(counts: np.ndarray, freq: np.ndarray) -> None:
+    """``freq``: the frequencies of one row of symbol ``counts`` (int64) summing to PROB_SCALE, >= 1 for every
+    symbol that occurs, 0 for the others.
 
     Proportional rounding, then the difference taken from or given to the most
-    frequent symbol of the row (it changes that symbol's cost least); a row
-    with no counts gets all of PROB_SCALE on symbol 0 (a table never used).
+    frequent symbol (the first of equals: it changes that symbol's cost least);
+    a row with no counts gets all of PROB_SCALE on symbol 0 (a table never used).
     """
-    counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
-    total = counts.sum(axis=1, keepdims=True)
-    safe = np.maximum(total, 1)
-    freq = np.where(counts > 0, np.maximum(1, (counts * PROB_SCALE + safe // 2) // safe), 0)
-    freq[total[:, 0] == 0, 0] = PROB_SCALE
-    rows = np.arange(freq.shape[0])
-    diff = PROB_SCALE - freq.sum(axis=1)
-    while (diff != 0).any():
-        top = np.where(diff < 0, np.argmax(np.where(freq > 1, freq, 0), axis=1), np.argmax(freq, axis=1))
-        step = np.where(diff > 0, diff, np.maximum(diff, 1 - freq[rows, top]))
-        freq[rows, top] += step
+    total = counts.sum()
+    safe = max(total, 1)
+    for j in range(counts.size):
+        freq[j] = max(1, (counts[j] * PROB_SCALE + safe // 2) // safe) if counts[j] > 0 else 0
+    if total == 0:
+        freq[0] = PROB_SCALE
+    diff = PROB_SCALE - freq.sum()
+    while diff != 0:
+        top = 0
+        if diff < 0:  # taken from the largest that keeps at least 1
+            for j in range(counts.size):
+                if freq[j] > 1 and (freq[top] <= 1 or freq[j] > freq[top]):
+                    top = j
+            step = max(diff, 1 - freq[top])
+        else:
+            for j in range(counts.size):
+                if freq[j] > freq[top]:
+                    top = j
+            step = diff
+        freq[top] += step
         diff -= step
-    return freq
+
+
+@numba.njit(cache=True, nogil=True)
+def tables_of(tokens: np.ndarray, run: np.ndarray, values: np.ndarray, every_symbol: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``build_tables``' work, one pixel at a time: each of its tables quantised over the widest table of its kind."""
+    n = tokens.shape[0]
+    nv, nr = int(values.max()) + 1 if n else 1, int(run.max()) + 2 if n else 2
+    start = np.zeros(n, np.uint32)
+    total = 0
+    for p in range(n):
+        start[p] = total
+        total += int(values[p]) + 2 + (int(run[p]) + 3 if run[p] > 0 else 0)
+    cum = np.zeros(total, np.uint16)
+    row_v, row_r, freq = np.zeros(nv, np.int64), np.zeros(nr, np.int64), np.zeros(max(nv, nr), np.int64)
+    for p in range(n):
+        v, r, at = int(values[p]), int(run[p]), int(start[p])
+        for j in range(nv):
+            row_v[j] = np.int64(tokens[p, j]) + (1 if every_symbol and j <= v else 0)
+        quantized(row_v, freq[:nv])
+        acc = 0
+        for j in range(v + 1):
+            acc += freq[j]
+            cum[at + 1 + j] = acc
+        if r > 0:
+            at += v + 2
+            for j in range(nr):
+                row_r[j] = np.int64(tokens[p, RUN_SLOT + j]) + (1 if every_symbol and j <= r + 1 else 0)
+            quantized(row_r, freq[:nr])
+            acc = 0
+            for j in range(r + 2):
+                acc += freq[j]
+                cum[at + 1 + j] = acc
+    return start, cum
 
 
 def build_tables(tokens: np.ndarray, run: np.ndarray, values: np.ndarray, every_symbol: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(table_start (frame_len,) uint32, cum uint16) from token histograms (frame_len, TOKEN_SLOTS).
+    """(table_start (frame_len,) uint32, cum uint16) from token histograms (frame_len, TOKEN_SLOTS, or as many
+    as reach the widest run table).
 
     A pixel's tables sit at ``cum[table_start[p]:]``: the value table's V + 2
     cumulative frequencies, then (run mode) the run table's R + 3. Symbols a
-    pixel's model does not have were never counted, so whole rows quantise at once.
-    With ``every_symbol``, every symbol a pixel's model has gets one more count
-    first, so the tables give each a nonzero frequency: a model chosen from the
-    first frames of a live acquisition can then code any later count (a symbol
-    of frequency 0 cannot be coded).
+    pixel's model does not have were never counted, so each table quantises
+    over the widest of its kind alike. With ``every_symbol``, every symbol a
+    pixel's model has gets one more count first, so the tables give each a
+    nonzero frequency: a model chosen from the first frames of a live
+    acquisition can then code any later count (a symbol of frequency 0 cannot
+    be coded).
     """
-    run = np.asarray(run, dtype=np.int64)
-    values = np.asarray(values, dtype=np.int64)
-    nv, nr = int(values.max(initial=0)) + 1, int(run.max(initial=0)) + 2  # the widest tables any pixel has
-    value_tokens = np.asarray(tokens[:, :nv], dtype=np.int64)
-    run_tokens = np.asarray(tokens[:, RUN_SLOT : RUN_SLOT + nr], dtype=np.int64)
-    if every_symbol:
-        value_tokens = value_tokens + (np.arange(nv)[None, :] <= values[:, None])
-        run_tokens = run_tokens + ((run[:, None] > 0) & (np.arange(nr)[None, :] <= run[:, None] + 1))
-    value_cum = np.zeros((value_tokens.shape[0], nv + 1), dtype=np.int64)
-    np.cumsum(quantize(value_tokens), axis=1, out=value_cum[:, 1:])
-    run_cum = np.zeros((run_tokens.shape[0], nr + 1), dtype=np.int64)
-    np.cumsum(quantize(run_tokens), axis=1, out=run_cum[:, 1:])
-    keep = np.concatenate(
-        [np.arange(nv + 1)[None, :] < (values + 2)[:, None], np.arange(nr + 1)[None, :] < np.where(run > 0, run + 3, 0)[:, None]],
-        axis=1,
-    )
-    cum = np.concatenate([value_cum, run_cum], axis=1)[keep].astype(np.uint16)
-    sizes = keep.sum(axis=1)
-    start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint32)
-    return start, cum
+    return tables_of(np.asarray(tokens), np.asarray(run, np.int64), np.asarray(values, np.int64), bool(every_symbol))
 
 
 def check_tables(run: np.ndarray, values: np.ndarray, table_start: np.ndarray, cum: np.ndarray) -> None:
