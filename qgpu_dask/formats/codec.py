@@ -66,28 +66,37 @@ def choose_models(hist: np.ndarray, n_frames: int, bits: np.ndarray) -> tuple[np
     held = np.flatnonzero(hist.any(axis=0))
     cols = min(MAX_V + 2, int(held[-1]) + 3 if held.size else 3)
     affordable = TABLE_SHARE * bits / 16 - 3
-    hist = np.asarray(hist[:, : cols - 1], dtype=np.int64)  # the bins an alphabet can reach (a 512 x 512 frame's all: 537 MB)
-    zeros = hist[:, 0]
+    zeros = np.asarray(hist[:, 0], dtype=np.int64)
     nonzero = n_frames - zeros
     run_mode = zeros * 2 > n_frames
     mean_run = zeros / np.maximum(nonzero, 1)
     cap = np.clip(2 ** np.floor(np.log2(np.maximum(affordable, 1))), 4, MAX_RUN)
     wanted = 2 ** np.ceil(np.log2(np.maximum(2 * mean_run, 1)))
     run = np.where(run_mode, np.clip(wanted, 4, cap), 0).astype(np.uint8)
+    return run, alphabets(hist, n_frames, run_mode, cols)
 
-    # tail[p, v] = number of counts >= v, for the v an alphabet can reach
-    tail = np.empty((hist.shape[0], cols), dtype=np.int64)
-    tail[:, 0] = n_frames
-    tail[:, 1:] = n_frames - np.cumsum(hist, axis=1)
-    v = np.arange(cols)
-    # value mode: escape when count >= V; run mode: escape when count >= V + 1
-    base = run_mode.astype(np.int64)[:, None]
-    population = np.where(run_mode, nonzero, n_frames)[:, None]
-    shifted = np.take_along_axis(tail, np.minimum(v[None, :] + base, cols - 1), axis=1)
-    rare = (shifted * PROB_SCALE <= population) & (v[None, :] >= 1)
-    first = np.where(rare.any(axis=1), rare.argmax(axis=1), MAX_V)
-    values = np.clip(first, 1, MAX_V).astype(np.uint8)
-    return run, values
+
+@numba.njit(cache=True, nogil=True)
+def alphabets(hist: np.ndarray, n_frames: int, run_mode: np.ndarray, cols: int) -> np.ndarray:
+    """``choose_models``' V of each pixel, from the counts >= v of its histogram for v below ``cols``: the first
+    V >= 1 whose escapes (counts >= V; in run mode, nonzero counts >= V + 1) are rarer than 1 in PROB_SCALE
+    among its tokens, else MAX_V."""
+    out = np.empty(hist.shape[0], np.uint8)
+    tail = np.empty(cols, np.int64)  # tail[v]: counts >= v
+    for p in range(hist.shape[0]):
+        tail[0], held = n_frames, 0
+        for v in range(1, cols):
+            held += np.int64(hist[p, v - 1])
+            tail[v] = n_frames - held
+        base = 1 if run_mode[p] else 0
+        population = n_frames - np.int64(hist[p, 0]) if run_mode[p] else n_frames
+        first = MAX_V
+        for v in range(1, cols):
+            if tail[min(v + base, cols - 1)] * PROB_SCALE <= population:
+                first = v
+                break
+        out[p] = min(max(first, 1), MAX_V)
+    return out
 
 
 def choose_block(bits: np.ndarray, n_frames: int) -> int:
