@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..device import to_host
+from ..device import synchronize, to_host
 from . import feed
 from .masks import MaskWeights, mask_weights
 
@@ -139,6 +139,30 @@ class Resident(AcquisitionShape, ABC):
     def frames_flat(self, lo: int, hi: int):
         """Frames [lo, hi) as a (hi - lo, frame_len) native-dtype device array: a view of the held counts,
         or only those frames decoded."""
+
+    def settled(self, result):
+        """``result`` once this thread's stream has made it: appended frames are in place before the lock lets
+        a query see them, and a query's reads are done before what it read may be freed."""
+        if self.xp is not np:
+            synchronize()
+        return result
+
+    def checked_frames(self, frames):
+        """``frames`` to append: (n, det_rows, det_cols) of this dtype (NumPy frames of the other byte order made
+        native); ValueError for another shape or dtype."""
+        if getattr(frames, "ndim", None) != 3 or tuple(frames.shape[1:]) != self.det_shape:
+            raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {getattr(frames, 'shape', None)}")
+        if frames.dtype != self.dtype and frames.dtype.newbyteorder("=") == self.dtype:
+            frames = np.asarray(frames, self.dtype)  # NumPy frames of the other byte order
+        if frames.dtype != self.dtype:
+            raise ValueError(f"frames are {frames.dtype}, the acquisition {self.name!r} holds {self.dtype}")
+        return frames
+
+    def check_to_come(self, received: int, n: int) -> None:
+        """ValueError unless ``n`` more frames fit after the ``received`` ones."""
+        if received + n > self.n_frames:
+            raise ValueError(f"{n} frames would pass the scan of {self.n_frames} positions of {self.name!r}: "
+                             f"{received} received, {self.n_frames - received} to come")
 
     feed_grain: tuple[int, int] = (1, 1)
     """(unit, units): frames the feed best makes together come in whole units (a compressed resident's codec

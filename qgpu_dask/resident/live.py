@@ -186,17 +186,10 @@ class LiveCounts(Resident):
                 for piece in frames.pieces(DENSE_FRAMES):
                     self.append(piece.dense(self.det_shape, self.dtype, xp))
                 return self.received
-        if getattr(frames, "ndim", None) != 3 or tuple(frames.shape[1:]) != self.det_shape:
-            raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {getattr(frames, 'shape', None)}")
-        if frames.dtype != self.dtype and frames.dtype.newbyteorder("=") == self.dtype:
-            frames = np.asarray(frames, self.dtype)  # NumPy frames of the other byte order
-        if frames.dtype != self.dtype:
-            raise ValueError(f"frames are {frames.dtype}, the acquisition {self.name!r} holds {self.dtype}")
+        frames = self.checked_frames(frames)
         n = int(frames.shape[0])
         with self.lock:
-            if self.received + n > self.n_frames:
-                raise ValueError(f"{n} frames would pass the scan of {self.n_frames} positions of {self.name!r}: "
-                                 f"{self.received} received, {self.n_frames - self.received} to come")
+            self.check_to_come(self.received, n)
             flat = xp.asarray(frames).reshape(n, self.frame_len)
             if self.layout == "dense":
                 self.flat[self.received : self.received + n] = flat
@@ -364,13 +357,6 @@ class LiveCounts(Resident):
         held = (self.tail, self.payload, self.totals, self.index, self.base, *((self.model or {}).values()),
                 *(a for piece in self.group_pieces for a in piece[:3]))
         return int(sum(a.nbytes for a in held if a is not None))
-
-    def settled(self, result):
-        """``result`` once this thread's stream has made it: appended frames are in place before the lock lets
-        a query see them, and a query's reads are done before what it read may be freed."""
-        if self.xp is not np:
-            synchronize()
-        return result
 
     def prepare_mask_sums(self, masks: MaskWeights):
         def run():

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..device import module_of, synchronize, to_host
+from ..device import module_of, to_host
 from .base import Resident
 from .masks import MaskWeights
 
@@ -60,7 +60,7 @@ class SparseFrames:
             if values.dtype.kind not in "iu" or int(values.min()) < 0 or int(values.max()) > np.iinfo(dtype).max:
                 raise ValueError(f"a sparse piece has counts of {values.dtype} outside what the acquisition's {dtype} holds")
         return unique_rising(rows_of(self.indptr, xp), xp.asarray(self.indices, np.int64), xp.asarray(self.values), frame_len,
-                             np.dtype(dtype), xp)
+                             dtype, xp)
 
     def dense(self, det_shape: tuple[int, int], dtype, xp: ModuleType):
         """The frames, (n, det_rows, det_cols) ``dtype`` on ``xp``'s device: the non-zeros go up (a few bytes
@@ -146,18 +146,13 @@ class SparseCounts(Resident):
             n = len(frames)
             rows, pixels, values = frames.on(self.frame_len, self.dtype, xp)
         else:
-            if getattr(frames, "ndim", None) != 3 or tuple(frames.shape[1:]) != self.det_shape:
-                raise ValueError(f"frames must be (n, {self.det_shape[0]}, {self.det_shape[1]}), got shape {getattr(frames, 'shape', None)}")
-            if frames.dtype.newbyteorder("=") != self.dtype:
-                raise ValueError(f"frames are {frames.dtype}, the acquisition {self.name!r} holds {self.dtype}")
+            frames = self.checked_frames(frames)
             n = int(frames.shape[0])
             flat = xp.asarray(frames).reshape(n, self.frame_len)
             rows, pixels = xp.nonzero(flat)
             values = flat[rows, pixels]
         with self.lock:
-            if self.received + n > self.n_frames:
-                raise ValueError(f"{n} frames would pass the scan of {self.n_frames} positions of {self.name!r}: "
-                                 f"{self.received} received, {self.n_frames - self.received} to come")
+            self.check_to_come(self.received, n)
             k = int(len(pixels))
             self.make_room(k)
             at, first = self.nnz, self.received
@@ -169,9 +164,7 @@ class SparseCounts(Resident):
             self.indptr[first + n + 1 :] = at + k
             self.nnz += k
             self.received += n
-            if xp is not np:
-                synchronize()  # in place before the lock lets a query see them
-            return self.received
+            return self.settled(self.received)  # in place before the lock lets a query see them
 
     def make_room(self, k: int) -> None:
         """Grow the non-zeros' arrays, before anything is written, to hold ``k`` more (the budget asked first)."""
@@ -220,11 +213,6 @@ class SparseCounts(Resident):
             return self.settled(out)
 
         return run
-
-    def settled(self, result):
-        if self.xp is not np:
-            synchronize()
-        return result
 
     def selected_terms(self, indices):
         """(pixels, values) of the non-zeros of the frames host int64 ``indices`` selects."""
