@@ -64,10 +64,11 @@ class TimepixSource(SeriesSource):
 
     def series(self, det_shape: tuple[int, int], dtype, counts: list[int | None], xp: ModuleType = np) -> Iterator[tuple[int, object]]:
         """(k, frames) of ``len(counts)`` consecutive scans on one connection, the k-th of ``counts[k]`` frames
-        (None: as its acquisition start says), ``SparseFrames`` read ahead in a thread of their own; ValueError naming the scan and frame if nothing listens, a header is unknown or
-        out of order, the frames are not ``det_shape`` or their values do not fit ``dtype``, a scan has
-        another frame count or ends short, a chunk is malformed, or the stream closes or goes quiet inside a
-        scan (the frames before it handed on first)."""
+        (None: as its acquisition start says), ``SparseFrames`` read ahead in a thread of their own (``xp``:
+        any, they stay on the host); ValueError naming the scan and frame if nothing listens, a header is
+        unknown or out of order, the frames are not ``det_shape`` or their values do not fit ``dtype``, a scan
+        has another frame count or ends short, a chunk is malformed, or the stream closes or goes quiet
+        inside a scan (the frames before it handed on first)."""
         dtype = np.dtype(dtype)
         yield from prefetched(self.pieces(tuple(det_shape), dtype, list(counts)), AHEAD)
 
