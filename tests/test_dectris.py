@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import socket
 import sys
@@ -140,6 +141,21 @@ def eiger_sim(tmp_path):
     started.close()
 
 
+def owner_connected(svc, port: int) -> None:
+    """Wait until a worker holds a TCP connection to the stream port. tickit's PUSH socket also connects to its
+    own address, so what it sends before a receiver connects can go down that dead pipe (a real detector's
+    socket only binds, and keeps its messages until a receiver comes)."""
+    import psutil
+
+    pids = set(svc.client.run(os.getpid).values())
+    deadline = time.monotonic() + 30
+    while not any(c.pid in pids and c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                  for c in psutil.net_connections("tcp4")):
+        assert time.monotonic() < deadline, f"no worker connected to the stream port {port} within 30 s"
+        time.sleep(0.05)
+    time.sleep(0.2)  # the ZeroMQ handshake after the TCP one
+
+
 def put(rest_port: int, path: str, value=None) -> None:
     """A SIMPLON REST PUT: a setting's {"value": ...}, or a command (no body)."""
     body = b"" if value is None else json.dumps({"value": value}).encode()
@@ -175,6 +191,7 @@ def test_stream2_from_tickit_eiger(svc, names, tmp_path, eiger_sim):
         put(rest, path, value)
     acq = svc.create(names(), scan_shape=(1, 3), det_shape=(4362, 4148), dtype="uint16", layout="dense")
     future = svc.ingest(qd.DectrisSource("127.0.0.1", port, timeout_s=60), acq, wait=False)
+    owner_connected(svc, port)
     put(rest, "detector/api/1.8.0/command/arm")
     put(rest, "detector/api/1.8.0/command/trigger")
     assert future.result(120) == {"frames": 3, "received": 3}
