@@ -72,7 +72,7 @@ def test_appends_in_uneven_pieces_answer_exactly_between_them(rng, backend, dtyp
 def test_bad_pieces_are_refused_with_nothing_added():
     acq = SparseCounts("s", (2, 3, 4, 4), "uint8", np)
     acq.append(np.zeros((2, 4, 4), np.uint8))
-    with pytest.raises(ValueError, match="past the 16 of a frame"):
+    with pytest.raises(ValueError, match="frame 2 has a pixel index 16 outside its 16 pixels"):
         acq.append(SparseFrames(np.array([0, 1]), np.array([16]), np.array([1])))
     with pytest.raises(ValueError, match="sums to 300, more than uint8"):
         acq.append(SparseFrames(np.array([0, 2]), np.array([5, 5]), np.array([200, 100])))
@@ -82,7 +82,7 @@ def test_bad_pieces_are_refused_with_nothing_added():
         acq.append(np.zeros((1, 4, 5), np.uint8))
     with pytest.raises(ValueError, match="frames are int16, the acquisition 's' holds uint8"):
         acq.append(np.zeros((1, 4, 4), np.int16))
-    with pytest.raises(ValueError, match="counts of uint16 outside what the acquisition's uint8 holds"):
+    with pytest.raises(ValueError, match="frame 2 has a count of 256, more than the acquisition.s uint8 holds"):
         acq.append(SparseFrames(np.array([0, 1]), np.array([5]), np.array([256], np.uint16)))
     with pytest.raises(ValueError, match="unsigned integer counts"):
         SparseCounts("s", (2, 3, 4, 4), "float32", np)

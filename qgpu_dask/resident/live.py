@@ -184,7 +184,7 @@ class LiveCounts(Resident):
         if isinstance(frames, SparseFrames):
             with self.lock:
                 for piece in frames.pieces(DENSE_FRAMES):
-                    self.append(piece.dense(self.det_shape, self.dtype, xp))
+                    self.append(piece.dense(self.det_shape, self.dtype, xp, self.received))
                 return self.received
         frames = self.checked_frames(frames)
         n = int(frames.shape[0])

@@ -48,25 +48,37 @@ class SparseFrames:
             a, b = self.indptr[lo], self.indptr[hi]
             yield SparseFrames(self.indptr[lo : hi + 1] - a, self.indices[a:b], self.values[a:b])
 
-    def on(self, frame_len: int, dtype, xp: ModuleType) -> tuple:
-        """(rows, pixels, values) of the non-zeros on ``xp``'s device, each row's pixels unique and rising (a
-        pixel given twice in a frame holds the sum); ValueError for a pixel past ``frame_len`` or a sum past
-        ``dtype``."""
-        if len(self.indices) and int(self.indices.max()) >= frame_len:
-            raise ValueError(f"a sparse piece has pixel {int(self.indices.max())}, past the {frame_len} of a frame")
+    def on(self, frame_len: int, dtype, xp: ModuleType, first: int = 0) -> tuple:
+        """(rows, pixels, values, row pointers) of the non-zeros on ``xp``'s device, each row's pixels unique and
+        rising (a pixel given twice in a frame holds the sum); ValueError naming the frame (``first`` the scan
+        position of frame 0) of a pixel past ``frame_len`` or a count past ``dtype``."""
         dtype = np.dtype(dtype)
+        if len(self.indices) and int(self.indices.max()) >= frame_len:
+            at = int(np.flatnonzero(self.indices >= frame_len)[0])
+            raise ValueError(f"frame {first + self.frame_of(at)} has a pixel index {int(self.indices[at])} outside its {frame_len} pixels")
         if len(self.values) and not np.can_cast(self.values.dtype, dtype):
             values = np.asarray(self.values)
-            if values.dtype.kind not in "iu" or int(values.min()) < 0 or int(values.max()) > np.iinfo(dtype).max:
-                raise ValueError(f"a sparse piece has counts of {values.dtype} outside what the acquisition's {dtype} holds")
-        return unique_rising(rows_of(self.indptr, xp), xp.asarray(self.indices, np.int64), xp.asarray(self.values), frame_len,
-                             dtype, xp)
+            if values.dtype.kind not in "iu":
+                raise ValueError(f"a sparse piece has counts of {values.dtype}, the acquisition holds {dtype}")
+            bad = np.flatnonzero((values < 0) | (values > np.iinfo(dtype).max))
+            if bad.size:
+                raise ValueError(f"frame {first + self.frame_of(int(bad[0]))} has a count of {int(values[bad[0]])}, more than the"
+                                 f" acquisition's {dtype} holds")
+        rows, pixels, values = rows_of(self.indptr, xp), xp.asarray(self.indices, np.int64), xp.asarray(self.values)
+        merged = unique_rising(rows, pixels, values, frame_len, dtype, xp)
+        if merged[1] is pixels:
+            return rows, pixels, values, xp.asarray(self.indptr, np.int64)
+        return *merged, pointers_of(merged[0], len(self), xp)
 
-    def dense(self, det_shape: tuple[int, int], dtype, xp: ModuleType):
+    def frame_of(self, at: int) -> int:
+        """The frame holding non-zero ``at``."""
+        return int(np.searchsorted(self.indptr, at, side="right")) - 1
+
+    def dense(self, det_shape: tuple[int, int], dtype, xp: ModuleType, first: int = 0):
         """The frames, (n, det_rows, det_cols) ``dtype`` on ``xp``'s device: the non-zeros go up (a few bytes
-        a frame) and are scattered there."""
+        a frame) and are scattered there (``first``: frame 0's scan position, for errors)."""
         out = xp.zeros((len(self), det_shape[0] * det_shape[1]), dtype)
-        rows, pixels, values = self.on(out.shape[1], dtype, xp)
+        rows, pixels, values, _ = self.on(out.shape[1], dtype, xp, first)
         out[rows, pixels] = values.astype(dtype)
         return out.reshape(len(self), *det_shape)
 
@@ -76,6 +88,12 @@ def rows_of(indptr: np.ndarray, xp: ModuleType):
     CuPy repeats by an int or a list only)."""
     counts = np.diff(np.asarray(indptr, np.int64))
     return xp.asarray(np.repeat(np.arange(len(counts), dtype=np.int64), counts))
+
+
+def pointers_of(rows, n: int, xp: ModuleType):
+    """CSR row pointers of ``n`` rows from the (sorted) row of each non-zero."""
+    counts = xp.bincount(rows, minlength=n) if len(rows) else xp.zeros(n, np.int64)
+    return xp.concatenate([xp.zeros(1, np.int64), xp.cumsum(counts)])
 
 
 class SparseCounts(Resident):
@@ -144,13 +162,14 @@ class SparseCounts(Resident):
         xp = self.xp
         if isinstance(frames, SparseFrames):
             n = len(frames)
-            rows, pixels, values = frames.on(self.frame_len, self.dtype, xp)
+            rows, pixels, values, indptr = frames.on(self.frame_len, self.dtype, xp, self.received)
         else:
             frames = self.checked_frames(frames)
             n = int(frames.shape[0])
             flat = xp.asarray(frames).reshape(n, self.frame_len)
             rows, pixels = xp.nonzero(flat)
             values = flat[rows, pixels]
+            indptr = pointers_of(rows, n, xp)
         with self.lock:
             self.check_to_come(self.received, n)
             k = int(len(pixels))
@@ -159,8 +178,7 @@ class SparseCounts(Resident):
             self.frames[at : at + k] = rows + first
             self.pixels[at : at + k] = pixels
             self.values[at : at + k] = values.astype(self.dtype)
-            per_frame = xp.bincount(rows, minlength=n) if k else xp.zeros(n, np.int64)
-            self.indptr[first + 1 : first + n + 1] = at + xp.cumsum(per_frame)
+            self.indptr[first + 1 : first + n + 1] = at + indptr[1:]
             self.indptr[first + n + 1 :] = at + k
             self.nnz += k
             self.received += n
