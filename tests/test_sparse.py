@@ -74,6 +74,12 @@ def test_bad_pieces_are_refused_with_nothing_added():
     acq.append(np.zeros((2, 4, 4), np.uint8))
     with pytest.raises(ValueError, match="frame 2 has a pixel index 16 outside its 16 pixels"):
         acq.append(SparseFrames(np.array([0, 1]), np.array([16]), np.array([1])))
+    with pytest.raises(ValueError, match=r"row pointers do not rise from 0 to the piece's 3 non-zeros \(frame 3\)"):
+        acq.append(SparseFrames(np.array([0, 2, 1, 3]), np.array([1, 2, 3]), np.array([1, 1, 1])))
+    with pytest.raises(ValueError, match=r"row pointers do not rise from 0 to the piece's 2 non-zeros \(frame 2\)"):
+        acq.append(SparseFrames(np.array([0, 1]), np.array([1, 2]), np.array([1, 1])))
+    with pytest.raises(ValueError, match="2 pixel indices but 1 counts"):
+        acq.append(SparseFrames(np.array([0, 2]), np.array([1, 2]), np.array([1])))
     with pytest.raises(ValueError, match="sums to 300, more than uint8"):
         acq.append(SparseFrames(np.array([0, 2]), np.array([5, 5]), np.array([200, 100])))
     with pytest.raises(ValueError, match="would pass the scan of 6 positions"):

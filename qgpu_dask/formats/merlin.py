@@ -140,9 +140,9 @@ def check_decodable(h: FrameHeader, where: str) -> None:
                           " (raw: one chip at 1, 6, 12 or 24 bits, or a 2x2 quad at 1, 6 or 12)")
 
 
-def parse_hdr(text: bytes | str) -> dict[str, str]:
+def parse_hdr(text: bytes | bytearray | str) -> dict[str, str]:
     """The keys and values of an HDR acquisition header (``Key:<tab>Value`` lines between ``HDR,`` and ``End``)."""
-    if isinstance(text, bytes):
+    if isinstance(text, (bytes, bytearray)):
         text = text.decode("latin-1")
     if not text.startswith("HDR,"):
         raise MerlinError(f"not a Merlin acquisition header: it starts {text[:16]!r}")

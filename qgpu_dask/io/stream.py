@@ -257,15 +257,15 @@ def read_into(conn: socket.socket, view: memoryview, least: int, timeout_s: floa
     return got, ""
 
 
-def read_exactly(conn: socket.socket, n: int, timeout_s: float, where: str, frame: int, what: str = "") -> bytes:
-    """``n`` bytes from ``conn``; ValueError naming ``frame`` if it closes or goes quiet for ``timeout_s`` first
+def read_exactly(conn: socket.socket, n: int, timeout_s: float, where: str, frame: int, what: str = "") -> bytearray:
+    """``n`` bytes from ``conn`` (not copied again: a Timepix3 chunk is megabytes); ValueError naming ``frame`` if it closes or goes quiet for ``timeout_s`` first
     (``what``: whose bytes they are, e.g. "a message's ")."""
     data = bytearray(n)
     got, end = read_into(conn, memoryview(data), n, timeout_s)
     if got < n:
         raise ValueError(f"{where} {'sent nothing for ' + format(timeout_s, 'g') + ' s' if end == 'stalled' else 'closed'}"
                          f" at frame {frame} ({got} of {what}{n} bytes came)")
-    return bytes(data)
+    return data
 
 
 def read_header(reader, where: str) -> dict:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Iterator
 
+import numba
 import numpy as np
 
 from ..device import module_of, to_host
@@ -48,13 +49,22 @@ class SparseFrames:
             a, b = self.indptr[lo], self.indptr[hi]
             yield SparseFrames(self.indptr[lo : hi + 1] - a, self.indices[a:b], self.values[a:b])
 
-    def on(self, frame_len: int, dtype, xp: ModuleType, first: int = 0) -> tuple:
-        """(rows, pixels, values, row pointers) of the non-zeros on ``xp``'s device, each row's pixels unique and
+    def on(self, frame_len: int, dtype, xp: ModuleType, first: int = 0, room: tuple | None = None) -> tuple:
+        """(rows, pixels, values, row pointers of any integer dtype) of the non-zeros on ``xp``'s device, each row's pixels unique and
         rising (a pixel given twice in a frame holds the sum); ValueError naming the frame (``first`` the scan
-        position of frame 0) of a pixel past ``frame_len`` or a count past ``dtype``."""
+        position of frame 0) of row pointers that do not rise from 0 to the non-zeros, a pixel past
+        ``frame_len`` or a count past ``dtype``. One pass on the host makes the rows and checks the rest, into
+        ``room`` where given (host int32 arrays of the non-zeros' length: an acquisition's own, no copies)."""
         dtype = np.dtype(dtype)
-        if len(self.indices) and int(self.indices.max()) >= frame_len:
-            at = int(np.flatnonzero(self.indices >= frame_len)[0])
+        if len(self.values) != len(self.indices):
+            raise ValueError(f"a sparse piece has {len(self.indices)} pixel indices but {len(self.values)} counts")
+        if self.indices.dtype.kind not in "iu":
+            raise ValueError(f"a sparse piece has pixel indices of {self.indices.dtype}, not integers")
+        rows, pixels = room or (np.empty(len(self.indices), np.int32), np.empty(len(self.indices), np.int32))
+        problem, at = csr_rows(self.indptr, self.indices, frame_len, rows, pixels)
+        if problem == ROW_POINTERS:
+            raise ValueError(f"the sparse row pointers do not rise from 0 to the piece's {len(self.indices)} non-zeros (frame {first + at})")
+        if problem == PIXEL:
             raise ValueError(f"frame {first + self.frame_of(at)} has a pixel index {int(self.indices[at])} outside its {frame_len} pixels")
         if len(self.values) and not np.can_cast(self.values.dtype, dtype):
             values = np.asarray(self.values)
@@ -64,10 +74,10 @@ class SparseFrames:
             if bad.size:
                 raise ValueError(f"frame {first + self.frame_of(int(bad[0]))} has a count of {int(values[bad[0]])}, more than the"
                                  f" acquisition's {dtype} holds")
-        rows, pixels, values = rows_of(self.indptr, xp), xp.asarray(self.indices, np.int64), xp.asarray(self.values)
-        merged = unique_rising(rows, pixels, values, frame_len, dtype, xp)
-        if merged[1] is pixels:
-            return rows, pixels, values, xp.asarray(self.indptr, np.int64)
+        rows, pixels, values = xp.asarray(rows), xp.asarray(pixels), xp.asarray(self.values)
+        if problem == RISING:
+            return rows, pixels, values, xp.asarray(self.indptr)
+        merged = merged_repeats(rows, pixels, values, frame_len, dtype, xp)
         return *merged, pointers_of(merged[0], len(self), xp)
 
     def frame_of(self, at: int) -> int:
@@ -83,11 +93,35 @@ class SparseFrames:
         return out.reshape(len(self), *det_shape)
 
 
-def rows_of(indptr: np.ndarray, xp: ModuleType):
-    """The row of each non-zero of host CSR row pointers ``indptr``, int64 on ``xp``'s device (made on the host:
-    CuPy repeats by an int or a list only)."""
-    counts = np.diff(np.asarray(indptr, np.int64))
-    return xp.asarray(np.repeat(np.arange(len(counts), dtype=np.int64), counts))
+RISING, REPEATED, ROW_POINTERS, PIXEL = range(4)  # what csr_rows finds
+
+
+@numba.njit(cache=True, nogil=True)
+def csr_rows(indptr, indices, frame_len, rows, pixels):
+    """(what, at) of host CSR arrays, each non-zero's row and pixel written to ``rows`` and ``pixels`` in one
+    pass: ``what`` RISING where every row's pixels are unique and rising, REPEATED where a row's are not,
+    ROW_POINTERS where the row pointers do not rise from 0 to the non-zeros (``at``: the row), PIXEL where a
+    pixel lies outside ``frame_len`` (``at``: the non-zero); rows and pixels are complete only for the first
+    two."""
+    n, nnz = len(indptr) - 1, len(indices)
+    if n < 0 or indptr[0] != 0 or indptr[n] != nnz:
+        return ROW_POINTERS, 0
+    what = RISING
+    for r in range(n):
+        a, b = indptr[r], indptr[r + 1]
+        if b < a or b > nnz:
+            return ROW_POINTERS, r
+        last = -1
+        for j in range(a, b):
+            p = indices[j]
+            if p < 0 or p >= frame_len:
+                return PIXEL, np.int64(j)
+            rows[j] = r
+            pixels[j] = p
+            if p <= last:
+                what = REPEATED
+            last = p
+    return what, 0
 
 
 def pointers_of(rows, n: int, xp: ModuleType):
@@ -108,7 +142,7 @@ class SparseCounts(Resident):
         self.lock = threading.RLock()
         self.received = 0
         self.nnz = 0
-        self.indptr = xp.zeros(self.n_frames + 1, np.int64)  # every frame past the received ones empty
+        self.indptr = xp.zeros(self.n_frames + 1, np.int64)  # up to the received frames (held() ends the rest)
         self.frames = xp.zeros(START, np.int32)  # the frame of each non-zero
         self.pixels = xp.zeros(START, np.int32)
         self.values = xp.zeros(START, self.dtype)
@@ -128,7 +162,8 @@ class SparseCounts(Resident):
                 raise ValueError(f"the sparse {key} are {array.dtype} {array.shape}, expected {np.dtype(dtype_)} ({size},)")
         if int(indptr[0]) != 0 or int(indptr[-1]) != n or bool((indptr[1:] < indptr[:-1]).any()):
             raise ValueError(f"the sparse row pointers do not rise from 0 to the {n} non-zeros")
-        if n and not bool((frames == rows_of(to_host(indptr), xp)).all()):
+        rows = np.repeat(np.arange(out.n_frames, dtype=np.int32), np.diff(to_host(indptr)))
+        if n and not bool((frames == xp.asarray(rows)).all()):
             raise ValueError("the sparse non-zeros' frames are not those their row pointers give")
         key = frames.astype(np.int64) * out.frame_len + pixels
         if n and (int(pixels.min()) < 0 or int(pixels.max()) >= out.frame_len or bool((key[1:] <= key[:-1]).any())):
@@ -161,57 +196,80 @@ class SparseCounts(Resident):
         returns the positions received. ValueError, with nothing added, for a wrong shape or frames past the scan."""
         xp = self.xp
         if isinstance(frames, SparseFrames):
-            n = len(frames)
-            rows, pixels, values, indptr = frames.on(self.frame_len, self.dtype, xp, self.received)
-        else:
-            frames = self.checked_frames(frames)
-            n = int(frames.shape[0])
-            flat = xp.asarray(frames).reshape(n, self.frame_len)
-            rows, pixels = xp.nonzero(flat)
-            values = flat[rows, pixels]
-            indptr = pointers_of(rows, n, xp)
+            with self.lock:
+                n = len(frames)
+                self.check_to_come(self.received, n)
+                self.make_room(len(frames.indices), n)
+                at, k = self.nnz, len(frames.indices)
+                room = (self.frames[at : at + k], self.pixels[at : at + k]) if xp is np else None  # written in place
+                return self.put(*frames.on(self.frame_len, self.dtype, xp, self.received, room), n)
+        frames = self.checked_frames(frames)
+        n = int(frames.shape[0])
+        flat = xp.asarray(frames).reshape(n, self.frame_len)
+        rows, pixels = xp.nonzero(flat)
         with self.lock:
             self.check_to_come(self.received, n)
-            k = int(len(pixels))
-            self.make_room(k)
-            at, first = self.nnz, self.received
-            self.frames[at : at + k] = rows + first
-            self.pixels[at : at + k] = pixels
-            self.values[at : at + k] = values.astype(self.dtype)
-            self.indptr[first + 1 : first + n + 1] = at + indptr[1:]
-            self.indptr[first + n + 1 :] = at + k
-            self.nnz += k
-            self.received += n
-            return self.settled(self.received)  # in place before the lock lets a query see them
+            self.make_room(len(pixels), n)
+            return self.put(rows, pixels, flat[rows, pixels], pointers_of(rows, n, xp), n)
 
-    def make_room(self, k: int) -> None:
-        """Grow the non-zeros' arrays, before anything is written, to hold ``k`` more (the budget asked first)."""
+    def put(self, rows, pixels, values, indptr, n: int) -> int:
+        """Write the next ``n`` frames' non-zeros (rows from 0; they may already lie in place) behind the others."""
+        at, first, k = self.nnz, self.received, len(pixels)
+        for key, given in (("frames", rows), ("pixels", pixels), ("values", values)):
+            held = getattr(self, key)
+            if given.base is not held:
+                held[at : at + k] = given
+        self.frames[at : at + k] += first
+        ends = self.indptr[first + 1 : first + n + 1]
+        ends[...] = indptr[1:]  # in place: a piece's row pointers may be narrower
+        ends += at
+        self.nnz += k
+        self.received += n
+        return self.settled(self.received)  # in place before the lock lets a query see them
+
+    def make_room(self, k: int, n: int) -> None:
+        """Grow the non-zeros' arrays, before anything is written, to hold ``k`` more of ``n`` frames (the budget
+        asked first): to GROWTH times their size, or what the scan holds at the dose so far and 1/16 more if
+        that is more (a scan grows them a few times, not a few times per piece)."""
         size = self.pixels.size
         if self.nnz + k <= size:
             return
-        size = max(int(GROWTH * size), self.nnz + k)
-        self.room((size - self.pixels.size) * (8 + self.dtype.itemsize))
+        least = max(int(GROWTH * size), self.nnz + k)
+        expected = -(-(self.nnz + k) * self.n_frames // (self.received + n))
+        wanted = max(least, expected + expected // 16)
+        per = 8 + self.dtype.itemsize
+        try:
+            self.room((wanted - size) * per)
+        except ValueError:  # the dose so far may be above the scan's: the least will do
+            if wanted == least:
+                raise
+            self.room((least - size) * per)
+            wanted = least
         for key in ("frames", "pixels", "values"):
             old = getattr(self, key)
-            grown = self.xp.zeros(size, old.dtype)
+            grown = self.xp.zeros(wanted, old.dtype)
             grown[: self.nnz] = old[: self.nnz]
             setattr(self, key, grown)
 
     def finished(self) -> "SparseCounts":
-        """This acquisition, complete, its arrays cut to the non-zeros held."""
+        """This acquisition, complete, its arrays cut to the non-zeros held where they have more than 1/16
+        room to spare (less is kept: the copy would cost more)."""
         with self.lock:
             if not self.complete:
                 raise ValueError(f"live acquisition {self.name!r} has {self.received} of {self.n_frames} positions")
+            if self.pixels.size - self.nnz <= self.pixels.size // 16:
+                return self
             for key in ("frames", "pixels", "values"):
                 setattr(self, key, getattr(self, key)[: self.nnz].copy())
             return self
 
     def held(self) -> tuple:
         """(row pointers, frames, pixels, values) of the non-zeros received so far, which later appends leave as
-        they are (the row pointers copied)."""
+        they are (the row pointers copied, every frame past the received ones empty)."""
         with self.lock:
-            n = self.nnz
-            return self.indptr.copy(), self.frames[:n], self.pixels[:n], self.values[:n]
+            n, indptr = self.nnz, self.indptr.copy()
+            indptr[self.received + 1 :] = n
+            return indptr, self.frames[:n], self.pixels[:n], self.values[:n]
 
     # -- the resident interface ------------------------------------------------
 
@@ -278,14 +336,10 @@ class SparseCounts(Resident):
         return self.settled(xp.ascontiguousarray(out[xp.asarray(inverse)]))
 
 
-def unique_rising(rows, pixels, values, frame_len: int, dtype: np.dtype, xp: ModuleType) -> tuple:
-    """(rows, pixels, values) with each row's pixels unique and rising: as given where they are, else ordered
-    and summed per pixel (ValueError where a sum does not fit ``dtype``)."""
-    if len(pixels) < 2:
-        return rows, pixels, values
-    key = rows * frame_len + pixels
-    if bool((key[1:] > key[:-1]).all()):
-        return rows, pixels, values
+def merged_repeats(rows, pixels, values, frame_len: int, dtype: np.dtype, xp: ModuleType) -> tuple:
+    """(rows, pixels, values) with each row's pixels unique and rising: ordered and summed per pixel
+    (ValueError where a sum does not fit ``dtype``)."""
+    key = rows.astype(np.int64) * frame_len + pixels
     order = xp.argsort(key)
     key, values = key[order], values[order].astype(np.uint64)
     starts = xp.flatnonzero(xp.concatenate([xp.ones(1, bool), key[1:] != key[:-1]]))

@@ -8,7 +8,7 @@ pointers from 0, indices, values, padding allowed between them), a scan end and 
 Acquisition after acquisition may follow on one connection; each scan is one acquisition here (as
 LiberTEM-live reads it), of the frames its acquisition start's scan shape gives.
 
-The receiver reads whole chunks on a thread of its own, checks their row pointers rise to the non-zeros
+The receiver reads whole chunks on a thread of its own, checks their row pointers end at the non-zeros
 and hands them on in pieces of at most ``frames_per_read`` frames as ``SparseFrames``, whose pixels and
 counts are checked as they are held: a sparse acquisition holds them as they are, a dense or compressed one
 makes them dense on its device (a scatter of the non-zeros).
@@ -131,14 +131,14 @@ class TimepixSource(SeriesSource):
                 raise ValueError(f"{where}: the chunk of frame {sent} puts its indices at byte {at_indices} and values at"
                                  f" {at_values}, inside the parts before them")
             payload = read_exactly(conn, at_values + nnz * values_dtype.itemsize, self.timeout_s, where, sent)
-            indptr = np.frombuffer(payload, start.indptr, n + 1).astype(np.int64)
+            indptr = np.frombuffer(payload, start.indptr, n + 1)
             indices = np.frombuffer(payload, start.indices, nnz, at_indices)
             values = np.frombuffer(payload, values_dtype, nnz, at_values)
             check_chunk(indptr, nnz, sent, where)
             yield from SparseFrames(indptr, indices, values).pieces(self.frames_per_read)
             sent += n
 
-    def header(self, conn: socket.socket, where: str, frame: int) -> tuple[int, bytes]:
+    def header(self, conn: socket.socket, where: str, frame: int) -> tuple[int, bytearray]:
         header = read_exactly(conn, HEADER_BYTES, self.timeout_s, where, frame)
         return header[0], header
 
@@ -167,9 +167,7 @@ def chunk_header(header: bytes, where: str, frame: int) -> tuple[np.dtype, int, 
 
 
 def check_chunk(indptr: np.ndarray, nnz: int, first: int, where: str) -> None:
-    """ValueError naming the first frame of a chunk whose row pointers do not rise from 0 to its non-zeros (its
-    pixels and counts are checked as they are held: ``SparseFrames.on``)."""
-    steps = np.diff(indptr)
-    if indptr[0] != 0 or indptr[-1] != nnz or (steps < 0).any():
-        bad = int(np.flatnonzero(steps < 0)[0]) if (steps < 0).any() else 0
-        raise ValueError(f"{where}: the chunk's row pointers do not rise from 0 to its {nnz} non-zeros (frame {first + bad})")
+    """ValueError naming the first frame of a chunk whose row pointers do not start at 0 and end at its non-zeros
+    (that they rise, and the pixels and counts, are checked as the pieces are held: ``SparseFrames.on``)."""
+    if indptr[0] != 0 or indptr[-1] != nnz:
+        raise ValueError(f"{where}: the chunk's row pointers do not run from 0 to its {nnz} non-zeros (frame {first})")
