@@ -2,20 +2,19 @@
 
 The file has no header: its size gives the frame count, and the scan shape
 comes from the user or the conventional name ``scan_x{cols}_y{rows}.raw``.
-Frames are memory-mapped, so a block is read only when it is copied, and the
-2 metadata rows are dropped on the copy.
+Frames are read as any frames at a stride are (``FrameFile``), the 2
+metadata rows skipped.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterator
-
 import numpy as np
 
 from ..source import Source
-from .base import BLOCK_BYTES, Format, frames_per_block
+from .base import Format
+from .frame_file import FrameFile
 
 STORED_ROWS = 130  # rows per frame in the file: 128 of counts, then 2 of metadata
 DET_SHAPE = (128, 128)
@@ -56,42 +55,17 @@ def is_empad(path: Path, dataset: str | None = None) -> bool:
     return True
 
 
-class EmpadReader:
-    """An EMPAD .raw file as a float32 acquisition of 128 x 128 frames; ``scan_shape`` (rows, cols), if given, wins over the name."""
-
-    kind = "empad raw"
-    compression = "none"
-
-    def __init__(self, path: Path, scan_shape: tuple[int, int] | None):
-        scan = scan_shape or scan_shape_from_name(path)
-        if scan is None:
-            raise ValueError(
-                f"{str(path)!r} is an EMPAD .raw file: give scan_shape=(rows, cols) "
-                f"(its name does not follow scan_x{{cols}}_y{{rows}}.raw)"
-            )
-        rows, cols = (int(s) for s in scan)
-        needed = rows * cols
-        found = frames_in(path, (rows, cols))
-        if found != needed:
-            raise ValueError(f"{str(path)!r} holds {found} EMPAD frames, but the scan {(rows, cols)} needs {needed}")
-        self.path = path
-        self.shape = (rows, cols, *DET_SHAPE)
-        self.dtype = np.dtype(np.float32)
-        self.frames = np.memmap(path, dtype=RAW_DTYPE, mode="r", shape=(found, STORED_ROWS, DET_SHAPE[1]))
-
-    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        n_frames = self.shape[0] * self.shape[1]
-        step = frames_per_block(self.shape, self.dtype, block_bytes)
-        for start in range(0, n_frames, step):
-            stop = min(start + step, n_frames)
-            yield start, np.array(self.frames[start:stop, : DET_SHAPE[0]], dtype=self.dtype)
-
-    def close(self) -> None:
-        self.frames = None
-
-
-def open_raw(path: Path, source: Source) -> EmpadReader:
-    return EmpadReader(path, source.scan_shape)
+def open_raw(path: Path, source: Source) -> FrameFile:
+    """An EMPAD .raw file as a float32 acquisition of 128 x 128 frames (each frame's 2 metadata rows
+    skipped); ``scan_shape`` (rows, cols), if given, wins over the name."""
+    scan = source.scan_shape or scan_shape_from_name(path)
+    if scan is None:
+        raise ValueError(f"{str(path)!r} is an EMPAD .raw file: give scan_shape=(rows, cols) (its name does not follow scan_x{{cols}}_y{{rows}}.raw)")
+    rows, cols = (int(s) for s in scan)
+    found = frames_in(path, (rows, cols))
+    if found != rows * cols:
+        raise ValueError(f"{str(path)!r} holds {found} EMPAD frames, but the scan {(rows, cols)} needs {rows * cols}")
+    return FrameFile("empad raw", path, (rows, cols, *DET_SHAPE), RAW_DTYPE, 0, FRAME_BYTES)
 
 
 FORMAT = Format("empad", is_empad, open_raw)

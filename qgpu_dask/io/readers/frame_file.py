@@ -1,0 +1,78 @@
+"""Frames of one shape and dtype at a fixed stride in one file: the bulk of most detector formats once their
+header is parsed (EMPAD .raw, NanoMegas .blo, MRC, DigitalMicrograph stacks, TIA .ser, raw binary).
+
+Frame k's counts start at ``offset + k * stride``, rows of ``det_shape[1]`` counts one after the other, in
+the file's byte order; the bytes between frames (a format's frame headers, an EMPAD frame's metadata rows)
+are skipped. A block is read in large pieces on several threads (``FileBytes``: from the page cache, or the
+drive direct where asked) and copied once into the frames the load is given, in native byte order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .base import BLOCK_BYTES, frames_per_block, native_order
+from .file_bytes import FileBytes
+
+
+class FrameFile:
+    """The frames of an acquisition of ``shape`` (scan rows, scan cols, det rows, det cols) stored as ``dtype``
+    (any byte order) in ``path``, frame k at ``offset + k * stride`` (``stride``: the frame's bytes where
+    frames follow each other with nothing between); ``kind`` names the format for ``qd.inspect`` and errors.
+    ValueError naming the file, its size and the first frame it lacks when it is too short for every frame."""
+
+    compression = "none"
+
+    def __init__(self, kind: str, path: Path, shape: tuple[int, int, int, int], dtype, offset: int, stride: int | None = None):
+        self.kind, self.path = kind, path
+        self.shape = tuple(int(s) for s in shape)
+        self.stored = np.dtype(dtype)
+        self.dtype = native_order(self.stored)
+        self.frame_bytes = self.shape[2] * self.shape[3] * self.stored.itemsize
+        self.offset, self.stride = int(offset), int(stride or self.frame_bytes)
+        if self.stride < self.frame_bytes:
+            raise ValueError(f"{str(path)!r}: frames {self.stride} bytes apart cannot hold {self.frame_bytes} bytes each")
+        n = self.shape[0] * self.shape[1]
+        size = path.stat().st_size
+        if self.end_of(n) > size:
+            raise ValueError(f"{str(path)!r} is {size} bytes, too short for the {n} frames of its {kind} header ({self.end_of(n)} bytes):"
+                             f" frame {self.whole(size - self.offset)} is the first missing (truncated?)")
+        self.file = FileBytes(str(path))
+
+    def end_of(self, n: int) -> int:
+        """The byte after the first ``n`` frames."""
+        return self.offset + (n - 1) * self.stride + self.frame_bytes if n else self.offset
+
+    def whole(self, nbytes: int) -> int:
+        """Whole frames in the first ``nbytes`` from a frame's start."""
+        return 0 if nbytes < self.frame_bytes else (nbytes - self.frame_bytes) // self.stride + 1
+
+    def frames_into(self, out: np.ndarray, start: int) -> np.ndarray:
+        """Frames start .. start + len(out) copied into ``out`` (n, det rows, det cols) in native byte order."""
+        n = len(out)
+        span = self.end_of(n) - self.offset
+        raw, got = self.file.read(self.offset + start * self.stride, span)
+        if got < span:
+            raise ValueError(f"{str(self.path)!r} ended at frame {start + self.whole(got)} while being read (cut after it was opened?)")
+        rows, cols = self.shape[2:]
+        out[...] = np.ndarray((n, rows, cols), self.stored, raw, 0, (self.stride, cols * self.stored.itemsize, self.stored.itemsize))
+        return out
+
+    def frames(self, start: int, n: int) -> np.ndarray:
+        """Frames start .. start + n, (n, det rows, det cols) in native byte order."""
+        return self.frames_into(np.empty((n, *self.shape[2:]), self.dtype), start)
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        return self.blocks_into(lambda start, n: np.empty((n, *self.shape[2:]), self.dtype), block_bytes)
+
+    def blocks_into(self, target: Callable[[int, int], np.ndarray], block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        n_frames = self.shape[0] * self.shape[1]
+        step = frames_per_block(self.shape, self.dtype, block_bytes)
+        for start in range(0, n_frames, step):
+            yield start, self.frames_into(target(start, min(step, n_frames - start)), start)
+
+    def close(self) -> None:
+        self.file.close()
