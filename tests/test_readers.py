@@ -14,7 +14,7 @@ import qgpu_dask as qd
 from qgpu_dask.io.readers.empad import FRAME_BYTES
 from qgpu_dask.io.readers.gzip_stack import GzipStackReader
 from qgpu_dask.io.readers.hdf5 import HDF5Reader
-from qgpu_dask.io.registry import detect_format, open_reader
+from qgpu_dask.io.registry import detect_format, open_reader, readable
 from qgpu_dask.io.source import Source
 
 SCAN = (5, 7)
@@ -289,10 +289,12 @@ def test_big_endian_counts_held_native(svc, names, rng, tmp_path):
 
 def test_unrecognised_file_names_its_first_bytes(tmp_path):
     """The error shows the file's own first bytes, also for a file long enough for the HDF5 user-block search."""
+    assert readable().startswith("an HDF5 file, a .npy array, a Zarr store, a Merlin .mib or .hdr file, ")
+    assert readable().endswith(", an EMPAD .raw file or a saved resident")
     path = tmp_path / "x.bin"
     for content in (b"not a detector file", b"MQ1,000001," + bytes(3000), b"ab"):
         path.write_bytes(content)
-        with pytest.raises(ValueError, match=re.escape(f"is not an HDF5 file, a .npy array, a Zarr store, a Merlin .mib or .hdr file, an EMPAD .raw file or a saved resident (first bytes {content[:8]!r})")):
+        with pytest.raises(ValueError, match=re.escape(f"is not {readable()} (first bytes {content[:8]!r})")):
             detect_format(path)
 
 

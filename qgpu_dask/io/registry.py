@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..formats.container import is_container
-from .readers import arina, empad, gzip_stack, hdf5, merlin, npy, zarr_array
+from .readers import arina, empad, gzip_stack, hdf5, merlin, npy, raw_csr, zarr_array
 from .readers.base import Format, Reader
 from .source import Source
 
@@ -22,6 +22,7 @@ READERS: tuple[Format, ...] = (
     npy.FORMAT,
     zarr_array.FORMAT,
     merlin.FORMAT,
+    raw_csr.FORMAT,
     empad.FORMAT,
 )
 
@@ -40,9 +41,13 @@ def detect_format(path: Path, dataset: str | None = None) -> Format:
         raise ValueError(f"{str(path)!r} is a directory but not a Zarr store (no zarr.json or .zarray)")
     with open(path, "rb") as f:
         first = f.read(8)
-    raise ValueError(
-        f"{str(path)!r} is not an HDF5 file, a .npy array, a Zarr store, a Merlin .mib or .hdr file, an EMPAD .raw file or a saved resident (first bytes {first!r})"
-    )
+    raise ValueError(f"{str(path)!r} is not {readable()} (first bytes {first!r})")
+
+
+def readable() -> str:
+    """What the readers read, in words: "an HDF5 file, ..., or a saved resident"."""
+    kinds = [*dict.fromkeys(f.what for f in READERS), "a saved resident"]
+    return ", ".join(kinds[:-1]) + " or " + kinds[-1]
 
 
 def open_reader(source: Source) -> Reader:

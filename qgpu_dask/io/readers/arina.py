@@ -211,4 +211,4 @@ def open_master(path: Path, source: Source) -> ArinaReader:
     return ArinaReader(path, source.scan_shape)
 
 
-FORMAT = Format("arina", is_master, open_master)
+FORMAT = Format("arina", is_master, open_master, "an HDF5 file")

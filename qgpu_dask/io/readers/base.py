@@ -72,11 +72,12 @@ class SendsChunks(Protocol):
 class Format:
     """A file format a reader module registers: ``detect(path, dataset)`` tells from the content at ``path``
     (and the dataset asked for, where the format is a layout of one) whether it is this format, ``open(path,
-    source)`` opens it."""
+    source)`` opens it; ``what`` names such a file for an error ("a .npy array")."""
 
     name: str
     detect: Callable[[Path, str | None], bool]
     open: Callable[[Path, Source], Reader]
+    what: str
 
 
 class ScanShapeNeeded(ValueError):

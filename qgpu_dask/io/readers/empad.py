@@ -68,4 +68,4 @@ def open_raw(path: Path, source: Source) -> FrameFile:
     return FrameFile("empad raw", path, (rows, cols, *DET_SHAPE), RAW_DTYPE, 0, FRAME_BYTES)
 
 
-FORMAT = Format("empad", is_empad, open_raw)
+FORMAT = Format("empad", is_empad, open_raw, "an EMPAD .raw file")

@@ -164,4 +164,4 @@ def open_stack(path: Path, source: Source) -> GzipStackReader:
         raise
 
 
-FORMAT = Format("gzip_stack", holds_stack, open_stack)
+FORMAT = Format("gzip_stack", holds_stack, open_stack, "an HDF5 file")

@@ -96,4 +96,4 @@ def open_dataset(path: Path, source: Source) -> HDF5Reader:
     return HDF5Reader(path, source.dataset, source.scan_shape)
 
 
-FORMAT = Format("hdf5", is_hdf5, open_dataset)
+FORMAT = Format("hdf5", is_hdf5, open_dataset, "an HDF5 file")

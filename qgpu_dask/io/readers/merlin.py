@@ -124,4 +124,4 @@ def open_merlin(path: Path, source: Source) -> MerlinReader:
     return MerlinReader(path, source.scan_shape)
 
 
-FORMAT = Format("merlin", is_merlin, open_merlin)
+FORMAT = Format("merlin", is_merlin, open_merlin, "a Merlin .mib or .hdr file")

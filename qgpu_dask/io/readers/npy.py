@@ -49,4 +49,4 @@ def open_array(path: Path, source: Source) -> NpyReader:
     return NpyReader(path, source.scan_shape)
 
 
-FORMAT = Format("npy", is_npy, open_array)
+FORMAT = Format("npy", is_npy, open_array, "a .npy array")

@@ -67,4 +67,4 @@ def open_store(path: Path, source: Source) -> ZarrReader:
     return ZarrReader(path, source.dataset, source.scan_shape)
 
 
-FORMAT = Format("zarr", is_store, open_store)
+FORMAT = Format("zarr", is_store, open_store, "a Zarr store")

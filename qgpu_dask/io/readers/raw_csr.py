@@ -1,0 +1,126 @@
+"""LiberTEM's raw_csr layout: event data as a CSR matrix of one row a frame, in three flat files that a TOML
+descriptor names, with their dtypes and the scan and detector shapes::
+
+    [params]
+    filetype = "raw_csr"
+    nav_shape = [512, 512]
+    sig_shape = [516, 516]
+
+    [raw_csr]
+    indptr_file = "rowind.dat"
+    indptr_dtype = "<i4"
+    indices_file = "coords.dat"
+    indices_dtype = "<i4"
+    data_file = "values.dat"
+    data_dtype = "<i4"
+
+The files are memory-mapped; a block of frames is made dense from its rows (``SparseFrames.dense``), whose
+row pointers, pixels and counts are checked as it is, naming the frame.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ...resident.sparse import SparseFrames
+from ..source import Source
+from .base import BLOCK_BYTES, Format, frames_per_block
+
+FILETYPE = "raw_csr"
+DESCRIPTOR_LIMIT = 1 << 20  # bytes: a descriptor is a few lines; a larger file is not read as one
+PARTS = ("indptr", "indices", "data")
+
+
+def descriptor(path: Path) -> dict | None:
+    """The TOML descriptor at ``path`` if it is a raw_csr one, else None."""
+    if not path.is_file() or path.stat().st_size > DESCRIPTOR_LIMIT:
+        return None
+    try:
+        conf = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    params = conf.get("params")
+    if not isinstance(params, dict) or str(params.get("filetype", "")).lower() != FILETYPE:
+        return None
+    return conf
+
+
+def is_raw_csr(path: Path, dataset: str | None = None) -> bool:
+    """Whether ``path`` is a TOML descriptor of ``filetype = "raw_csr"``."""
+    return descriptor(path) is not None
+
+
+class RawCsrReader:
+    """A raw_csr acquisition: its frames made dense block by block (``scan_shape``, if given, must hold the
+    descriptor's frames)."""
+
+    kind = "raw_csr"
+    compression = "sparse CSR"
+
+    def __init__(self, path: Path, scan_shape: tuple[int, int] | None):
+        conf = descriptor(path)
+        where = str(path)
+        params = conf["params"]
+        section = next((v for k, v in conf.items() if k.lower() == FILETYPE and isinstance(v, dict)), None)
+        if section is None:
+            raise ValueError(f"{where!r} has no [{FILETYPE}] table naming its files")
+        missing = [f"{part}_{what}" for part in PARTS for what in ("file", "dtype") if f"{part}_{what}" not in section]
+        if missing:
+            raise ValueError(f"{where!r}: its [{FILETYPE}] table lacks {', '.join(missing)}")
+        self.parts = {}
+        for part in PARTS:
+            name = path.parent / section[f"{part}_file"]
+            if not name.is_file():
+                raise ValueError(f"{where!r} names {part} file {str(name)!r}, which does not exist")
+            try:
+                dtype = np.dtype(section[f"{part}_dtype"])
+            except TypeError:
+                raise ValueError(f"{where!r}: {part}_dtype {section[f'{part}_dtype']!r} is not a dtype") from None
+            if part != "data" and dtype.kind not in "iu":
+                raise ValueError(f"{where!r}: {part}_dtype {dtype} is not an integer type")
+            self.parts[part] = np.memmap(name, dtype, "r") if name.stat().st_size else np.zeros(0, dtype)
+        indptr, indices, data = (self.parts[p] for p in PARTS)
+        n = len(indptr) - 1
+        if n < 1 or len(indices) != len(data) or int(indptr[0]) != 0 or int(indptr[-1]) != len(indices):
+            raise ValueError(f"{where!r}: {len(indptr)} row pointers, {len(indices)} indices and {len(data)} values are not a CSR"
+                             " matrix (row pointers from 0 to the non-zeros, one value an index)")
+        det = tuple(int(v) for v in params.get("sig_shape", ()))
+        scan = tuple(int(v) for v in (scan_shape or params.get("nav_shape", ())))
+        if len(det) != 2 or len(scan) != 2:
+            raise ValueError(f"{where!r}: nav_shape and sig_shape must each be two numbers (found {params.get('nav_shape')}, {params.get('sig_shape')})")
+        if scan[0] * scan[1] != n:
+            raise ValueError(f"{where!r} holds {n} frames, but the scan {scan} has {scan[0] * scan[1]} positions")
+        self.shape = (*scan, *det)
+        self.dtype = data.dtype.newbyteorder("=")
+        self.where = where
+
+    def frames(self, start: int, n: int) -> np.ndarray:
+        """Frames start .. start + n made dense, (n, det rows, det cols)."""
+        indptr, indices, data = (self.parts[p] for p in PARTS)
+        pointers = np.asarray(indptr[start : start + n + 1], np.int64)
+        a, b = int(pointers[0]), int(pointers[-1])
+        piece = SparseFrames(pointers - a, np.asarray(indices[a:b]), np.asarray(data[a:b], self.dtype))
+        try:
+            return piece.dense(self.shape[2:], self.dtype, np, start)
+        except ValueError as err:
+            raise ValueError(f"{self.where!r}: {err}") from None
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        n_frames = self.shape[0] * self.shape[1]
+        step = frames_per_block(self.shape, self.dtype, block_bytes)
+        for start in range(0, n_frames, step):
+            yield start, self.frames(start, min(step, n_frames - start))
+
+    def close(self) -> None:
+        self.parts = {}
+
+
+def open_raw_csr(path: Path, source: Source) -> RawCsrReader:
+    return RawCsrReader(path, source.scan_shape)
+
+
+FORMAT = Format(FILETYPE, is_raw_csr, open_raw_csr, "a raw_csr descriptor (.toml)")

@@ -1,0 +1,96 @@
+"""The field's file formats (issue 27): each written with the format's own writer where one exists, or by its
+published layout, and read by us, by LiberTEM and by RosettaSciIO where they read it; every count compared."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qgpu_dask as qd
+from qgpu_dask.io.registry import detect_format, open_reader
+from qgpu_dask.io.source import Source
+from peers import libertem_counts
+
+
+def read_all(reader) -> np.ndarray:
+    out = np.empty(reader.shape, reader.dtype)
+    flat = out.reshape(-1, *reader.shape[2:])
+    for start, block in reader.blocks(block_bytes=5 * reader.shape[2] * reader.shape[3] * reader.dtype.itemsize):
+        flat[start : start + len(block)] = block
+    return out
+
+
+# -- LiberTEM's raw_csr ----------------------------------------------------------
+
+def write_raw_csr(folder, counts: np.ndarray, dtypes=("<i4", "<i4", "<i4")) -> object:
+    """``counts`` (scan..., det...) as a raw_csr triple and its TOML descriptor; the descriptor's path."""
+    flat = counts.reshape(counts.shape[0] * counts.shape[1], -1)
+    rows, cols = np.nonzero(flat)
+    indptr = np.searchsorted(rows, np.arange(flat.shape[0] + 1))
+    for name, array, dtype in zip(("rowind.dat", "coords.dat", "values.dat"), (indptr, cols, flat[rows, cols]), dtypes):
+        array.astype(dtype).tofile(folder / name)
+    toml = folder / "events.toml"
+    toml.write_text(f"""[params]
+filetype = "raw_csr"
+nav_shape = {list(counts.shape[:2])}
+sig_shape = {list(counts.shape[2:])}
+
+[raw_csr]
+indptr_file = "rowind.dat"
+indptr_dtype = "{dtypes[0]}"
+indices_file = "coords.dat"
+indices_dtype = "{dtypes[1]}"
+data_file = "values.dat"
+data_dtype = "{dtypes[2]}"
+""")
+    return toml
+
+
+def test_raw_csr_counts_equal_libertems(tmp_path, rng):
+    counts = ((rng.random((6, 7, 12, 10)) < 0.05) * rng.integers(1, 900, (6, 7, 12, 10))).astype(np.uint16)
+    toml = write_raw_csr(tmp_path, counts, ("<i8", "<u4", "<u2"))
+    assert detect_format(toml).name == "raw_csr"
+    reader = open_reader(Source(str(toml)))
+    try:
+        assert reader.shape == counts.shape and reader.dtype == np.uint16 and reader.kind == "raw_csr"
+        got = read_all(reader)
+        assert (got == counts).all()
+        assert (got == libertem_counts("raw_csr", path=str(toml))).all()
+        assert (reader.frames(40, 2) == counts.reshape(42, 12, 10)[40:42]).all()
+    finally:
+        reader.close()
+    info = qd.inspect(toml)
+    assert info["format"] == "raw_csr" and info["shape"] == counts.shape and info["compression"] == "sparse CSR"
+
+
+def test_raw_csr_through_a_service(svc, names, tmp_path, rng):
+    counts = ((rng.random((8, 9, 16, 16)) < 0.04) * rng.integers(1, 4, (8, 9, 16, 16))).astype(np.uint32)
+    toml = write_raw_csr(tmp_path, counts, ("<i4", "<i4", "<u4"))
+    for layout in ("dense", "compressed"):
+        acq = svc.load(toml, name=names(), layout=layout, progress=False)
+        assert (acq.frame(7, 8) == counts[7, 8]).all()
+        assert (acq.reduce(None, "sum") == counts.sum(axis=(0, 1), dtype=np.uint64)).all()
+        acq.release()
+
+
+def test_bad_raw_csr_files_are_refused_by_name(tmp_path, rng):
+    counts = ((rng.random((3, 4, 8, 8)) < 0.1) * 3).astype(np.uint8)
+    toml = write_raw_csr(tmp_path, counts, ("<i4", "<i4", "<u1"))
+    indices = np.fromfile(tmp_path / "coords.dat", "<i4")
+    indices[-1] = 64
+    indices.tofile(tmp_path / "coords.dat")
+    reader = open_reader(Source(str(toml)))
+    last = int(np.flatnonzero(counts.reshape(12, 64).any(axis=1))[-1])
+    with pytest.raises(ValueError, match=f"events.toml': frame {last} has a pixel index 64 outside its 64 pixels"):
+        read_all(reader)
+    with pytest.raises(ValueError, match=r"holds 12 frames, but the scan \(5, 3\) has 15 positions"):
+        open_reader(Source(str(toml), scan_shape=(5, 3)))
+    (tmp_path / "values.dat").write_bytes(b"")
+    with pytest.raises(ValueError, match="are not a CSR matrix"):
+        open_reader(Source(str(toml)))
+    (tmp_path / "values.dat").unlink()
+    with pytest.raises(ValueError, match="names data file .*values.dat', which does not exist"):
+        open_reader(Source(str(toml)))
+    toml.write_text(toml.read_text().replace('data_dtype = "<u1"', ""))
+    with pytest.raises(ValueError, match=r"its \[raw_csr\] table lacks data_dtype"):
+        open_reader(Source(str(toml)))
