@@ -94,3 +94,58 @@ def test_bad_raw_csr_files_are_refused_by_name(tmp_path, rng):
     toml.write_text(toml.read_text().replace('data_dtype = "<u1"', ""))
     with pytest.raises(ValueError, match=r"its \[raw_csr\] table lacks data_dtype"):
         open_reader(Source(str(toml)))
+
+
+# -- raw binary, described ---------------------------------------------------------
+
+def write_raw(folder, counts: np.ndarray, dtype: str, offset: int, gap: int) -> object:
+    """``counts`` as raw frames of ``dtype`` after ``offset`` bytes, ``gap`` bytes of header before each frame
+    but the first, and the descriptor saying so; the descriptor's path."""
+    frames = counts.reshape(-1, counts.shape[2] * counts.shape[3]).astype(dtype)
+    with open(folder / "scan.bin", "wb") as f:
+        f.write(b"\xee" * offset)
+        for k, frame in enumerate(frames):
+            f.write((b"\x5a" * gap if k else b"") + frame.tobytes())
+    toml = folder / "scan.toml"
+    toml.write_text(f"""[params]
+filetype = "raw"
+nav_shape = {list(counts.shape[:2])}
+sig_shape = {list(counts.shape[2:])}
+
+[raw]
+data_file = "scan.bin"
+dtype = "{dtype}"
+offset = {offset}
+stride = {frames[0].nbytes + gap}
+""")
+    return toml
+
+
+@pytest.mark.parametrize("dtype,offset,gap", [(">u2", 0, 0), ("<u4", 100, 24), ("<f4", 7, 3)])
+def test_raw_frames_described(tmp_path, rng, dtype, offset, gap):
+    counts = rng.integers(0, 60000, (5, 6, 9, 11))
+    toml = write_raw(tmp_path, counts, dtype, offset, gap)
+    assert detect_format(toml).name == "raw"
+    reader = open_reader(Source(str(toml)))
+    try:
+        assert reader.shape == counts.shape and reader.dtype == np.dtype(dtype).newbyteorder("=") and reader.dtype.isnative
+        got = read_all(reader)
+        assert (got == counts.astype(dtype)).all()
+        if offset == gap == 0:  # LiberTEM's raw reads frames back to back from the file's first byte
+            theirs = libertem_counts("raw", path=str(tmp_path / "scan.bin"), nav_shape=counts.shape[:2], sig_shape=counts.shape[2:], dtype=dtype)
+            assert (got == theirs).all()
+    finally:
+        reader.close()
+
+
+def test_raw_through_a_service_and_its_errors(svc, names, tmp_path, rng):
+    counts = rng.integers(0, 9, (6, 4, 16, 16)).astype(np.uint16)
+    toml = write_raw(tmp_path, counts, ">u2", 64, 16)
+    acq = svc.load(toml, name=names(), layout="compressed", progress=False)
+    assert (acq.frame(5, 3) == counts[5, 3]).all() and acq.dtype == np.uint16
+    acq.release()
+    with pytest.raises(ValueError, match=r"scan.bin' is \d+ bytes, too short for the 30 frames of its raw header \(\d+ bytes\): frame 24 is the first missing"):
+        svc.load(toml, name=names(), scan_shape=(6, 5), progress=False)
+    toml.write_text(toml.read_text().replace('dtype = ">u2"', 'dtype = "twelve bits"'))
+    with pytest.raises(ValueError, match="scan.toml': dtype 'twelve bits' is not a dtype"):
+        qd.inspect(toml)

@@ -20,7 +20,6 @@ row pointers, pixels and counts are checked as it is, naming the frame.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Iterator
 
@@ -29,29 +28,15 @@ import numpy as np
 from ...resident.sparse import SparseFrames
 from ..source import Source
 from .base import BLOCK_BYTES, Format, frames_per_block
+from .descriptor import data_file, descriptor, dtype_of, shape_of, table
 
 FILETYPE = "raw_csr"
-DESCRIPTOR_LIMIT = 1 << 20  # bytes: a descriptor is a few lines; a larger file is not read as one
 PARTS = ("indptr", "indices", "data")
-
-
-def descriptor(path: Path) -> dict | None:
-    """The TOML descriptor at ``path`` if it is a raw_csr one, else None."""
-    if not path.is_file() or path.stat().st_size > DESCRIPTOR_LIMIT:
-        return None
-    try:
-        conf = tomllib.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None
-    params = conf.get("params")
-    if not isinstance(params, dict) or str(params.get("filetype", "")).lower() != FILETYPE:
-        return None
-    return conf
 
 
 def is_raw_csr(path: Path, dataset: str | None = None) -> bool:
     """Whether ``path`` is a TOML descriptor of ``filetype = "raw_csr"``."""
-    return descriptor(path) is not None
+    return descriptor(path, FILETYPE) is not None
 
 
 class RawCsrReader:
@@ -62,39 +47,21 @@ class RawCsrReader:
     compression = "sparse CSR"
 
     def __init__(self, path: Path, scan_shape: tuple[int, int] | None):
-        conf = descriptor(path)
         where = str(path)
-        params = conf["params"]
-        section = next((v for k, v in conf.items() if k.lower() == FILETYPE and isinstance(v, dict)), None)
-        if section is None:
-            raise ValueError(f"{where!r} has no [{FILETYPE}] table naming its files")
-        missing = [f"{part}_{what}" for part in PARTS for what in ("file", "dtype") if f"{part}_{what}" not in section]
-        if missing:
-            raise ValueError(f"{where!r}: its [{FILETYPE}] table lacks {', '.join(missing)}")
+        conf = descriptor(path, FILETYPE)
+        files = table(conf, FILETYPE, [f"{part}_{what}" for part in PARTS for what in ("file", "dtype")], where)
         self.parts = {}
         for part in PARTS:
-            name = path.parent / section[f"{part}_file"]
-            if not name.is_file():
-                raise ValueError(f"{where!r} names {part} file {str(name)!r}, which does not exist")
-            try:
-                dtype = np.dtype(section[f"{part}_dtype"])
-            except TypeError:
-                raise ValueError(f"{where!r}: {part}_dtype {section[f'{part}_dtype']!r} is not a dtype") from None
+            name = data_file(path, files[f"{part}_file"], f"{part} file")
+            dtype = dtype_of(files[f"{part}_dtype"], f"{part}_dtype", where)
             if part != "data" and dtype.kind not in "iu":
                 raise ValueError(f"{where!r}: {part}_dtype {dtype} is not an integer type")
             self.parts[part] = np.memmap(name, dtype, "r") if name.stat().st_size else np.zeros(0, dtype)
         indptr, indices, data = (self.parts[p] for p in PARTS)
-        n = len(indptr) - 1
-        if n < 1 or len(indices) != len(data) or int(indptr[0]) != 0 or int(indptr[-1]) != len(indices):
+        if len(indptr) < 2 or len(indices) != len(data) or int(indptr[0]) != 0 or int(indptr[-1]) != len(indices):
             raise ValueError(f"{where!r}: {len(indptr)} row pointers, {len(indices)} indices and {len(data)} values are not a CSR"
                              " matrix (row pointers from 0 to the non-zeros, one value an index)")
-        det = tuple(int(v) for v in params.get("sig_shape", ()))
-        scan = tuple(int(v) for v in (scan_shape or params.get("nav_shape", ())))
-        if len(det) != 2 or len(scan) != 2:
-            raise ValueError(f"{where!r}: nav_shape and sig_shape must each be two numbers (found {params.get('nav_shape')}, {params.get('sig_shape')})")
-        if scan[0] * scan[1] != n:
-            raise ValueError(f"{where!r} holds {n} frames, but the scan {scan} has {scan[0] * scan[1]} positions")
-        self.shape = (*scan, *det)
+        self.shape = shape_of(conf["params"], scan_shape, len(indptr) - 1, where)
         self.dtype = data.dtype.newbyteorder("=")
         self.where = where
 
