@@ -149,3 +149,70 @@ def test_raw_through_a_service_and_its_errors(svc, names, tmp_path, rng):
     toml.write_text(toml.read_text().replace('dtype = ">u2"', 'dtype = "twelve bits"'))
     with pytest.raises(ValueError, match="scan.toml': dtype 'twelve bits' is not a dtype"):
         qd.inspect(toml)
+
+
+# -- MRC (Direct Electron movies) ----------------------------------------------------
+
+def write_de_movie(folder, counts: np.ndarray, info: dict[str, str], byteorder: str = "<", name: str = "20261204_7_movie.mrc"):
+    """``counts`` (scan..., det...) as a Direct Electron movie (``mrcfile``'s writer) and its info file."""
+    import mrcfile
+
+    path = folder / name
+    with mrcfile.new(path, overwrite=True) as mrc:
+        mrc.set_data(counts.reshape(-1, *counts.shape[2:]).astype(counts.dtype.newbyteorder(byteorder)))
+        mrc.set_image_stack()  # a stack of frames, as a camera writes it (not a volume)
+    (folder / "20261204_7_info.txt").write_text("".join(f"{k} = {v}\n" for k, v in info.items()))
+    return path
+
+
+@pytest.mark.parametrize("dtype,byteorder", [("uint16", "<"), ("int16", ">"), ("float32", "<"), ("int8", "<")])
+def test_mrc_counts_equal_rosettasciios_libertems_and_mrcfiles(tmp_path, rng, dtype, byteorder):
+    """RosettaSciIO and LiberTEM (through ncempy) read little-endian MRC only: a big-endian file is compared
+    with mrcfile's reading alone."""
+    import mrcfile
+    from peers import rosettasciio_counts
+
+    counts = rng.integers(0, 100, (4, 5, 12, 14)).astype(dtype)
+    path = write_de_movie(tmp_path, counts, {"Scan - Enable": "Enable", "Scan - Type": "Raster", "Scan - Size X": "5", "Scan - Size Y": "4"},
+                          byteorder)
+    assert detect_format(path).name == "mrc"
+    reader = open_reader(Source(str(path)))
+    try:
+        assert reader.shape == counts.shape and reader.dtype == np.dtype(dtype) and reader.kind == "mrc"
+        got = read_all(reader)
+        assert (got == counts).all()
+        if byteorder == "<":
+            assert (got == rosettasciio_counts("mrc", path)).all()
+            assert (got == libertem_counts("mrc", path=str(path), nav_shape=(4, 5))).all()
+        with mrcfile.open(path, permissive=True) as mrc:
+            assert (got.reshape(-1, 12, 14) == mrc.data).all()
+    finally:
+        reader.close()
+
+
+def test_mrc_scan_shapes_and_errors(tmp_path, rng):
+    counts = rng.integers(0, 9, (3, 4, 8, 8)).astype(np.uint16)
+    roi = {"Scan - Enable": "Enable", "Scan - Size X": "40", "Scan - Size Y": "30", "Scan - ROI Enable": "Enable",
+           "Scan - ROI Size X": "4", "Scan - ROI Size Y": "3"}
+    path = write_de_movie(tmp_path, counts, roi)
+    assert qd.inspect(path)["shape"] == (3, 4, 8, 8)
+    assert qd.inspect(path, scan_shape=(6, 2))["shape"] == (6, 2, 8, 8)
+    write_de_movie(tmp_path, counts, {"Scan - Enable": "Enable", "Scan - Type": "Custom"})
+    with pytest.raises(ValueError, match="a Direct Electron scan of custom positions \\('Custom'\\)"):
+        qd.inspect(path)
+    plain = write_de_movie(tmp_path, counts, {}, name="stack.mrc")
+    info = qd.inspect(plain)
+    assert info["shape"] is None and info["frames"] == 12 and "give scan_shape=(rows, cols)" in info["needs"]
+    cut = tmp_path / "cut.mrc"
+    cut.write_bytes(plain.read_bytes()[:-200])
+    with pytest.raises(ValueError, match=r"cut.mrc' is \d+ bytes, too short for the 12 frames of its mrc header \(\d+ bytes\): frame 10 is the first missing"):
+        qd.inspect(cut, scan_shape=(3, 4))
+
+
+def test_mrc_through_a_service(svc, names, tmp_path, rng):
+    counts = rng.poisson(0.4, (6, 5, 16, 16)).astype(np.uint16)
+    path = write_de_movie(tmp_path, counts, {"Scan - Enable": "Enable", "Scan - Size X": "5", "Scan - Size Y": "6"})
+    acq = svc.load(path, name=names(), layout="compressed", progress=False)
+    assert acq.shape == counts.shape and (acq.frame(5, 4) == counts[5, 4]).all()
+    assert (acq.reduce(None, "sum") == counts.sum(axis=(0, 1), dtype=np.uint64)).all()
+    acq.release()
