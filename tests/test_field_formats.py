@@ -216,3 +216,47 @@ def test_mrc_through_a_service(svc, names, tmp_path, rng):
     assert acq.shape == counts.shape and (acq.frame(5, 4) == counts[5, 4]).all()
     assert (acq.reduce(None, "sum") == counts.sum(axis=(0, 1), dtype=np.uint64)).all()
     acq.release()
+
+
+# -- NanoMegas .blo -----------------------------------------------------------------
+
+def write_blo(path, counts: np.ndarray):
+    """``counts`` (uint8) as a block file, by RosettaSciIO's writer."""
+    from rsciio.blockfile import file_writer
+    from peers import rosettasciio_signal
+
+    file_writer(str(path), rosettasciio_signal(counts), show_progressbar=False)
+    return path
+
+
+def test_blo_counts_equal_rosettasciios_and_libertems(tmp_path, rng):
+    from peers import rosettasciio_counts
+
+    counts = rng.integers(0, 256, (5, 7, 16, 16)).astype(np.uint8)
+    path = write_blo(tmp_path / "ped.blo", counts)
+    assert detect_format(path).name == "blo"
+    reader = open_reader(Source(str(path)))
+    try:
+        assert reader.shape == counts.shape and reader.dtype == np.uint8 and reader.kind == "blo"
+        got = read_all(reader)
+        assert (got == counts).all()
+        assert (got == rosettasciio_counts("blockfile", path)).all()
+        assert (got == libertem_counts("blo", path=str(path))).all()
+    finally:
+        reader.close()
+
+
+def test_blo_through_a_service_and_damaged_records(svc, names, tmp_path, rng):
+    counts = rng.integers(0, 4, (6, 5, 16, 16)).astype(np.uint8)
+    path = write_blo(tmp_path / "ped.blo", counts)
+    acq = svc.load(path, name=names(), progress=False)
+    assert acq.shape == counts.shape and (acq.frame(4, 3) == counts[4, 3]).all()
+    acq.release()
+    data = bytearray(path.read_bytes())
+    frames_at = int.from_bytes(data[12:16], "little")
+    data[frames_at + 17 * (6 + 256) + 2] ^= 0xFF  # frame 17's index
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="ped.blo': frame 17's record starts aa 55 ee 00 00 00, not 0x55AA and its index"):
+        svc.load(path, name=names(), progress=False)
+    with pytest.raises(ValueError, match=r"holds a scan of \(6, 5\), but scan_shape=\(5, 6\) was given"):
+        qd.inspect(path, scan_shape=(5, 6))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..formats.container import is_container
-from .readers import arina, empad, gzip_stack, hdf5, merlin, mrc, npy, raw, raw_csr, zarr_array
+from .readers import arina, blo, empad, gzip_stack, hdf5, merlin, mrc, npy, raw, raw_csr, zarr_array
 from .readers.base import Format, Reader
 from .source import Source
 
@@ -22,6 +22,7 @@ READERS: tuple[Format, ...] = (
     npy.FORMAT,
     zarr_array.FORMAT,
     merlin.FORMAT,
+    blo.FORMAT,
     mrc.FORMAT,
     raw_csr.FORMAT,
     raw.FORMAT,

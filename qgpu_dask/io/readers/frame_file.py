@@ -1,9 +1,9 @@
 """Frames of one shape and dtype at a fixed stride in one file: the bulk of most detector formats once their
 header is parsed (EMPAD .raw, NanoMegas .blo, MRC, DigitalMicrograph stacks, TIA .ser, raw binary).
 
-Frame k's counts start at ``offset + k * stride``, rows of ``det_shape[1]`` counts one after the other, in
-the file's byte order; the bytes between frames (a format's frame headers, an EMPAD frame's metadata rows)
-are skipped. A block is read in large pieces on several threads (``FileBytes``: from the page cache, or the
+Frame k's record starts at ``offset + k * stride``: ``head`` bytes (a format's frame header, checked by the
+format where it says how), then the counts, rows of ``det_shape[1]`` counts one after the other, in the
+file's byte order; the bytes after the counts (an EMPAD frame's metadata rows) are skipped. A block is read in large pieces on several threads (``FileBytes``: from the page cache, or the
 drive direct where asked) and copied once into the frames the load is given, in native byte order.
 """
 
@@ -20,21 +20,25 @@ from .file_bytes import FileBytes
 
 class FrameFile:
     """The frames of an acquisition of ``shape`` (scan rows, scan cols, det rows, det cols) stored as ``dtype``
-    (any byte order) in ``path``, frame k at ``offset + k * stride`` (``stride``: the frame's bytes where
-    frames follow each other with nothing between); ``kind`` names the format for ``qd.inspect`` and errors.
-    ValueError naming the file, its size and the first frame it lacks when it is too short for every frame."""
+    (any byte order) in ``path``, frame k's record at ``offset + k * stride`` (``stride``: the record's bytes
+    where records follow each other with nothing between), its counts ``head`` bytes in; ``check(heads,
+    first)``, where given, raises ValueError naming the frame whose header (``heads``: (n, head) uint8, of
+    frames first ..) is wrong. ``kind`` names the format for ``qd.inspect`` and errors. ValueError naming the
+    file, its size and the first frame it lacks when it is too short for every frame."""
 
     compression = "none"
 
-    def __init__(self, kind: str, path: Path, shape: tuple[int, int, int, int], dtype, offset: int, stride: int | None = None):
+    def __init__(self, kind: str, path: Path, shape: tuple[int, int, int, int], dtype, offset: int, stride: int | None = None,
+                 head: int = 0, check: Callable[[np.ndarray, int], None] | None = None):
         self.kind, self.path = kind, path
         self.shape = tuple(int(s) for s in shape)
         self.stored = np.dtype(dtype)
         self.dtype = native_order(self.stored)
         self.frame_bytes = self.shape[2] * self.shape[3] * self.stored.itemsize
-        self.offset, self.stride = int(offset), int(stride or self.frame_bytes)
-        if self.stride < self.frame_bytes:
-            raise ValueError(f"{str(path)!r}: frames {self.stride} bytes apart cannot hold {self.frame_bytes} bytes each")
+        self.head, self.check = int(head), check
+        self.offset, self.stride = int(offset), int(stride or self.head + self.frame_bytes)
+        if self.stride < self.head + self.frame_bytes:
+            raise ValueError(f"{str(path)!r}: frames {self.stride} bytes apart cannot hold {self.head + self.frame_bytes} bytes each")
         n = self.shape[0] * self.shape[1]
         size = path.stat().st_size
         if self.end_of(n) > size:
@@ -44,11 +48,12 @@ class FrameFile:
 
     def end_of(self, n: int) -> int:
         """The byte after the first ``n`` frames."""
-        return self.offset + (n - 1) * self.stride + self.frame_bytes if n else self.offset
+        return self.offset + (n - 1) * self.stride + self.head + self.frame_bytes if n else self.offset
 
     def whole(self, nbytes: int) -> int:
-        """Whole frames in the first ``nbytes`` from a frame's start."""
-        return 0 if nbytes < self.frame_bytes else (nbytes - self.frame_bytes) // self.stride + 1
+        """Whole frames in the first ``nbytes`` from a record's start."""
+        record = self.head + self.frame_bytes
+        return 0 if nbytes < record else (nbytes - record) // self.stride + 1
 
     def frames_into(self, out: np.ndarray, start: int) -> np.ndarray:
         """Frames start .. start + len(out) copied into ``out`` (n, det rows, det cols) in native byte order."""
@@ -57,8 +62,10 @@ class FrameFile:
         raw, got = self.file.read(self.offset + start * self.stride, span)
         if got < span:
             raise ValueError(f"{str(self.path)!r} ended at frame {start + self.whole(got)} while being read (cut after it was opened?)")
+        if self.check is not None:
+            self.check(np.ndarray((n, self.head), np.uint8, raw, 0, (self.stride, 1)), start)
         rows, cols = self.shape[2:]
-        out[...] = np.ndarray((n, rows, cols), self.stored, raw, 0, (self.stride, cols * self.stored.itemsize, self.stored.itemsize))
+        out[...] = np.ndarray((n, rows, cols), self.stored, raw, self.head, (self.stride, cols * self.stored.itemsize, self.stored.itemsize))
         return out
 
     def frames(self, start: int, n: int) -> np.ndarray:
