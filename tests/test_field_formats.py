@@ -260,3 +260,76 @@ def test_blo_through_a_service_and_damaged_records(svc, names, tmp_path, rng):
         svc.load(path, name=names(), progress=False)
     with pytest.raises(ValueError, match=r"holds a scan of \(6, 5\), but scan_shape=\(5, 6\) was given"):
         qd.inspect(path, scan_shape=(5, 6))
+
+
+# -- TVIPS ------------------------------------------------------------------------
+
+def write_tvips(folder, frames: np.ndarray, record_limit: int | None = None, coordinates: np.ndarray | None = None):
+    """``frames`` (n, det...) as a TVIPS series by RosettaSciIO's writer (split into files of at most
+    ``record_limit`` frames; with ``coordinates`` (n, 2) (x, y), 108-byte frame headers carrying them); the
+    first file's path."""
+    import warnings
+
+    from rsciio.tvips import file_writer
+    from peers import rosettasciio_signal
+
+    head = 60 if coordinates is None else 108
+    record = head + frames[0].nbytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its units and mode are guessed
+        file_writer(str(folder / "series.tvips"), rosettasciio_signal(frames, "s", "1/nm"), show_progressbar=False,
+                    max_file_size=None if record_limit is None else 256 + record_limit * record, frame_header_extra_bytes=head - 60)
+    files = sorted(folder.glob("series_*.tvips"))
+    if coordinates is not None:
+        at = 0
+        for path in files:
+            data = bytearray(path.read_bytes())
+            start = 256 if path.name.endswith("_000.tvips") else 0
+            for k in range((len(data) - start) // record):
+                data[start + k * record + 68 : start + k * record + 76] = coordinates[at].astype("<f4").tobytes()
+                at += 1
+            path.write_bytes(bytes(data))
+    return files[0]
+
+
+def test_tvips_counts_equal_rosettasciios(tmp_path, rng):
+    """Not LiberTEM's here: it looks for scan coordinates in every version-2 series, and in 60-byte frame
+    headers finds pixels there (NaN, for these counts)."""
+    from rsciio.tvips import file_reader
+
+    counts = rng.integers(0, 60000, (3, 4, 16, 16)).astype(np.uint16)
+    path = write_tvips(tmp_path, counts.reshape(12, 16, 16))
+    assert detect_format(path).name == "tvips"
+    assert qd.inspect(path)["frames"] == 12 and qd.inspect(path)["shape"] is None
+    reader = open_reader(Source(str(path), scan_shape=(3, 4)))
+    try:
+        got = read_all(reader)
+        assert reader.kind == "tvips" and (got == counts).all()
+        assert (got == file_reader(str(path), scan_shape=(3, 4))[0]["data"]).all()
+    finally:
+        reader.close()
+
+
+def test_tvips_split_files_and_a_scan_found_from_coordinates(tmp_path, rng, svc, names):
+    """Two frames before the scan, then a 3 x 4 raster and one frame after it, over three files (the first
+    holding the first row's end: LiberTEM looks for it there only)."""
+    frames = rng.integers(0, 200, (15, 16, 16)).astype(np.uint8)
+    scan = np.stack(np.meshgrid(np.arange(4), np.arange(3)), -1).reshape(12, 2)  # (x, y), rows of 4
+    coordinates = np.concatenate([[[0, 0], [0, 0]], scan, [[0, 0]]])
+    path = write_tvips(tmp_path, frames, record_limit=7, coordinates=coordinates)
+    assert len(list(tmp_path.glob("series_*.tvips"))) == 3
+    reader = open_reader(Source(str(path)))
+    try:
+        assert reader.shape == (3, 4, 16, 16) and reader.dtype == np.uint8
+        got = read_all(reader)
+        assert (got.reshape(12, 16, 16) == frames[2:14]).all()
+        assert (got == libertem_counts("tvips", path=str(path))).all()
+        assert (reader.frames(3, 4) == frames[5:9]).all()  # across the files' boundary
+    finally:
+        reader.close()
+    acq = svc.load(path, name=names(), progress=False)
+    assert (acq.frame(2, 3) == frames[13]).all()
+    acq.release()
+    (tmp_path / "series_002.tvips").write_bytes((tmp_path / "series_002.tvips").read_bytes()[:-5])
+    with pytest.raises(ValueError, match=r"series_002.tvips' is not whole frame records of 364 bytes \(0 and 359 bytes more\): cut\?"):
+        qd.inspect(path)

@@ -18,7 +18,31 @@ from .base import BLOCK_BYTES, frames_per_block, native_order
 from .file_bytes import FileBytes
 
 
-class FrameFile:
+class StoredFrames:
+    """What every reader of stored frames shares once it can copy frames into memory it is given
+    (``frames_into``): frames anywhere, and blocks of whole scan rows, into new memory or memory given."""
+
+    shape: tuple[int, int, int, int]
+    dtype: np.dtype
+
+    def frames_into(self, out: np.ndarray, start: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def frames(self, start: int, n: int) -> np.ndarray:
+        """Frames start .. start + n, (n, det rows, det cols) in native byte order."""
+        return self.frames_into(np.empty((n, *self.shape[2:]), self.dtype), start)
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        return self.blocks_into(lambda start, n: np.empty((n, *self.shape[2:]), self.dtype), block_bytes)
+
+    def blocks_into(self, target: Callable[[int, int], np.ndarray], block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        n_frames = self.shape[0] * self.shape[1]
+        step = frames_per_block(self.shape, self.dtype, block_bytes)
+        for start in range(0, n_frames, step):
+            yield start, self.frames_into(target(start, min(step, n_frames - start)), start)
+
+
+class FrameFile(StoredFrames):
     """The frames of an acquisition of ``shape`` (scan rows, scan cols, det rows, det cols) stored as ``dtype``
     (any byte order) in ``path``, frame k's record at ``offset + k * stride`` (``stride``: the record's bytes
     where records follow each other with nothing between), its counts ``head`` bytes in; ``check(heads,
@@ -55,31 +79,59 @@ class FrameFile:
         record = self.head + self.frame_bytes
         return 0 if nbytes < record else (nbytes - record) // self.stride + 1
 
-    def frames_into(self, out: np.ndarray, start: int) -> np.ndarray:
-        """Frames start .. start + len(out) copied into ``out`` (n, det rows, det cols) in native byte order."""
-        n = len(out)
+    def records(self, start: int, n: int) -> np.ndarray:
+        """The bytes of records start .. start + n, read (uint8, record k at ``k * stride``)."""
         span = self.end_of(n) - self.offset
         raw, got = self.file.read(self.offset + start * self.stride, span)
         if got < span:
             raise ValueError(f"{str(self.path)!r} ended at frame {start + self.whole(got)} while being read (cut after it was opened?)")
+        return raw
+
+    def heads(self, start: int, n: int) -> np.ndarray:
+        """The headers of frames start .. start + n, (n, head) uint8."""
+        return np.ndarray((n, self.head), np.uint8, self.records(start, n), 0, (self.stride, 1)).copy()
+
+    def frames_into(self, out: np.ndarray, start: int) -> np.ndarray:
+        """Frames start .. start + len(out) copied into ``out`` (n, det rows, det cols) in native byte order, their
+        headers checked first where the format checks them."""
+        n = len(out)
+        raw = self.records(start, n)
         if self.check is not None:
             self.check(np.ndarray((n, self.head), np.uint8, raw, 0, (self.stride, 1)), start)
         rows, cols = self.shape[2:]
         out[...] = np.ndarray((n, rows, cols), self.stored, raw, self.head, (self.stride, cols * self.stored.itemsize, self.stored.itemsize))
         return out
 
-    def frames(self, start: int, n: int) -> np.ndarray:
-        """Frames start .. start + n, (n, det rows, det cols) in native byte order."""
-        return self.frames_into(np.empty((n, *self.shape[2:]), self.dtype), start)
-
-    def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        return self.blocks_into(lambda start, n: np.empty((n, *self.shape[2:]), self.dtype), block_bytes)
-
-    def blocks_into(self, target: Callable[[int, int], np.ndarray], block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        n_frames = self.shape[0] * self.shape[1]
-        step = frames_per_block(self.shape, self.dtype, block_bytes)
-        for start in range(0, n_frames, step):
-            yield start, self.frames_into(target(start, min(step, n_frames - start)), start)
-
     def close(self) -> None:
         self.file.close()
+
+
+class FrameFiles(StoredFrames):
+    """An acquisition of ``shape`` whose frames run on from file to file (a TVIPS series' _000, _001, ...):
+    ``parts``, one FrameFile each, in order; the scan's frame 0 is their frame ``first`` (frames before it were
+    recorded before the scan began). ValueError naming the files when they hold too few frames."""
+
+    compression = "none"
+
+    def __init__(self, kind: str, parts: list[FrameFile], shape: tuple[int, int, int, int], first: int = 0):
+        self.kind, self.parts, self.first = kind, parts, int(first)
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = parts[0].dtype
+        self.starts = np.cumsum([0] + [p.shape[0] * p.shape[1] for p in parts])
+        need = self.first + self.shape[0] * self.shape[1]
+        if need > self.starts[-1]:
+            names = ", ".join(repr(p.path.name) for p in parts)
+            raise ValueError(f"{kind} files {names} hold {self.starts[-1]} frames; the scan {self.shape[:2]} from frame {self.first} needs {need}")
+
+    def frames_into(self, out: np.ndarray, start: int) -> np.ndarray:
+        at, done = start + self.first, 0
+        while done < len(out):
+            k = int(np.searchsorted(self.starts, at, side="right")) - 1
+            n = min(len(out) - done, int(self.starts[k + 1]) - at)
+            self.parts[k].frames_into(out[done : done + n], at - int(self.starts[k]))
+            at, done = at + n, done + n
+        return out
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
