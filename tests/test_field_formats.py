@@ -333,3 +333,42 @@ def test_tvips_split_files_and_a_scan_found_from_coordinates(tmp_path, rng, svc,
     (tmp_path / "series_002.tvips").write_bytes((tmp_path / "series_002.tvips").read_bytes()[:-5])
     with pytest.raises(ValueError, match=r"series_002.tvips' is not whole frame records of 364 bytes \(0 and 359 bytes more\): cut\?"):
         qd.inspect(path)
+
+
+# -- Gatan DigitalMicrograph ---------------------------------------------------------
+
+@pytest.mark.parametrize("version,dtype", [(4, "uint16"), (3, "float32"), (4, "int8")])
+def test_dm_4d_counts_equal_rosettasciios_and_libertems(tmp_path, rng, version, dtype):
+    from dm_files import write_dm
+    from peers import rosettasciio_counts
+
+    counts = rng.integers(0, 120, (3, 4, 16, 12)).astype(dtype)
+    path = write_dm(tmp_path / f"stack.dm{version}", counts, version)
+    assert detect_format(path).name == "dm"
+    reader = open_reader(Source(str(path)))
+    try:
+        assert reader.shape == counts.shape and reader.dtype == np.dtype(dtype) and reader.kind == "dm"
+        got = read_all(reader)
+        assert (got == counts).all()
+        assert (got == rosettasciio_counts("digitalmicrograph", path)).all()
+        assert (got == libertem_counts("dm", path=str(path))).all()
+    finally:
+        reader.close()
+
+
+def test_dm_frame_stacks_and_refusals(tmp_path, rng, svc, names):
+    from dm_files import write_dm
+
+    counts = rng.poisson(0.5, (4, 3, 16, 16)).astype(np.uint32)
+    path = write_dm(tmp_path / "frames.dm4", counts.reshape(12, 16, 16), thumbnail=False)
+    info = qd.inspect(path)
+    assert info["shape"] is None and info["frames"] == 12 and "give scan_shape=(rows, cols)" in info["needs"]
+    acq = svc.load(path, name=names(), scan_shape=(4, 3), layout="compressed", progress=False)
+    assert (acq.frame(3, 2) == counts[3, 2]).all() and acq.dtype == np.uint32
+    acq.release()
+    old = write_dm(tmp_path / "old.dm4", counts, swapped=False)
+    with pytest.raises(ValueError, match="its 4-D stack does not say it is in C order"):
+        qd.inspect(old)
+    flat = write_dm(tmp_path / "image.dm3", counts[0, 0], 3)
+    with pytest.raises(ValueError, match=r"image.dm3' holds no image of 3 or 4 dimensions \(images of \[2, 2\] dimensions\)"):
+        qd.inspect(flat)
