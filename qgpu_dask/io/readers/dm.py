@@ -14,8 +14,6 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import numpy as np
-
 from ..source import Source
 from .base import Format, ScanShapeNeeded, as_4d
 from .frame_file import FrameFile
