@@ -3,6 +3,8 @@ published layout, and read by us, by LiberTEM and by RosettaSciIO where they rea
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 
@@ -372,3 +374,45 @@ def test_dm_frame_stacks_and_refusals(tmp_path, rng, svc, names):
     flat = write_dm(tmp_path / "image.dm3", counts[0, 0], 3)
     with pytest.raises(ValueError, match=r"image.dm3' holds no image of 3 or 4 dimensions \(images of \[2, 2\] dimensions\)"):
         qd.inspect(flat)
+
+
+# -- TIA .ser ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version,dtype", [(0x220, "uint16"), (0x210, "int32"), (0x220, "float32")])
+def test_ser_counts_equal_rosettasciios_and_libertems(tmp_path, rng, version, dtype):
+    """(LiberTEM, through ncempy, misreads uint8 elements: not among these.)"""
+    from ser_files import write_ser
+    from peers import rosettasciio_counts
+
+    counts = rng.integers(0, 5000, (3, 4, 12, 10)).astype(dtype)
+    path = write_ser(tmp_path / "scan_1.ser", counts, version)
+    assert detect_format(path).name == "ser"
+    reader = open_reader(Source(str(path)))
+    try:
+        assert reader.shape == counts.shape and reader.dtype == np.dtype(dtype) and reader.kind == "ser"
+        got = read_all(reader)
+        assert (got == counts).all()
+        assert (got == rosettasciio_counts("tia", path)).all()
+        assert (got == libertem_counts("ser", path=str(path))).all()
+    finally:
+        reader.close()
+
+
+def test_ser_through_a_service_and_its_errors(tmp_path, rng, svc, names):
+    from ser_files import write_ser
+
+    counts = rng.poisson(0.6, (5, 4, 16, 16)).astype(np.uint8)
+    path = write_ser(tmp_path / "scan_1.ser", counts)
+    acq = svc.load(path, name=names(), progress=False)
+    assert (acq.frame(4, 3) == counts[4, 3]).all() and acq.dtype == np.uint8
+    acq.release()
+    frames = write_ser(tmp_path / "frames_1.ser", counts.reshape(20, 16, 16))
+    info = qd.inspect(frames)
+    assert info["shape"] is None and info["frames"] == 20
+    assert qd.inspect(frames, scan_shape=(2, 10))["shape"] == (2, 10, 16, 16)
+    data = bytearray(path.read_bytes())
+    second = path.read_bytes().index(struct.pack("<hii", 1, 16, 16), 200 + 256)  # element 1's type and size
+    data[second : second + 2] = struct.pack("<h", 2)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="scan_1.ser': element 1 is not of the first element's data type and size"):
+        svc.load(path, name=names(), progress=False)

@@ -47,19 +47,19 @@ class FrameFile(StoredFrames):
     (any byte order) in ``path``, frame k's record at ``offset + k * stride`` (``stride``: the record's bytes
     where records follow each other with nothing between), its counts ``head`` bytes in; ``check(heads,
     first)``, where given, raises ValueError naming the frame whose header (``heads``: (n, head) uint8, of
-    frames first ..) is wrong. ``kind`` names the format for ``qd.inspect`` and errors. ValueError naming the
+    frames first ..) is wrong; ``bottom_up``: each frame's rows are stored last row first. ``kind`` names the format for ``qd.inspect`` and errors. ValueError naming the
     file, its size and the first frame it lacks when it is too short for every frame."""
 
     compression = "none"
 
     def __init__(self, kind: str, path: Path, shape: tuple[int, int, int, int], dtype, offset: int, stride: int | None = None,
-                 head: int = 0, check: Callable[[np.ndarray, int], None] | None = None):
+                 head: int = 0, check: Callable[[np.ndarray, int], None] | None = None, bottom_up: bool = False):
         self.kind, self.path = kind, path
         self.shape = tuple(int(s) for s in shape)
         self.stored = np.dtype(dtype)
         self.dtype = native_order(self.stored)
         self.frame_bytes = self.shape[2] * self.shape[3] * self.stored.itemsize
-        self.head, self.check = int(head), check
+        self.head, self.check, self.bottom_up = int(head), check, bottom_up
         self.offset, self.stride = int(offset), int(stride or self.head + self.frame_bytes)
         if self.stride < self.head + self.frame_bytes:
             raise ValueError(f"{str(path)!r}: frames {self.stride} bytes apart cannot hold {self.head + self.frame_bytes} bytes each")
@@ -99,7 +99,9 @@ class FrameFile(StoredFrames):
         if self.check is not None:
             self.check(np.ndarray((n, self.head), np.uint8, raw, 0, (self.stride, 1)), start)
         rows, cols = self.shape[2:]
-        out[...] = np.ndarray((n, rows, cols), self.stored, raw, self.head, (self.stride, cols * self.stored.itemsize, self.stored.itemsize))
+        row = cols * self.stored.itemsize
+        first, step = (self.head + (rows - 1) * row, -row) if self.bottom_up else (self.head, row)
+        out[...] = np.ndarray((n, rows, cols), self.stored, raw, first, (self.stride, step, self.stored.itemsize))
         return out
 
     def close(self) -> None:
