@@ -416,3 +416,46 @@ def test_ser_through_a_service_and_its_errors(tmp_path, rng, svc, names):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="scan_1.ser': element 1 is not of the first element's data type and size"):
         svc.load(path, name=names(), progress=False)
+
+
+# -- StreamPix .seq -------------------------------------------------------------------
+
+def write_seq(path, frames: np.ndarray, footer: int = 8, version: int = 5):
+    """``frames`` (n, det...) as a .seq file by its published layout: the header, each frame and a footer."""
+    n, height, width = frames.shape
+    bits = frames.dtype.itemsize * 8
+    header = bytearray(8192 if version >= 5 else 1024)
+    struct.pack_into("<I24sii512s", header, 0, 0xFEED, "Norpix seq\0".encode("utf-16-le")[:24], version, 1024,
+                     "a test\0".encode("utf-16-le"))
+    struct.pack_into("<9I", header, 548, width, height, bits, bits, frames[0].nbytes, 100, n, 0, frames[0].nbytes + footer)
+    with open(path, "wb") as f:
+        f.write(header)
+        for frame in frames:
+            f.write(frame.astype(frame.dtype.newbyteorder("<")).tobytes() + b"\x77" * footer)
+    return path
+
+
+@pytest.mark.parametrize("dtype,version", [("uint16", 5), ("uint8", 4)])
+def test_seq_counts_equal_libertems(tmp_path, rng, dtype, version):
+    counts = rng.integers(0, 250, (3, 4, 16, 12)).astype(dtype)
+    path = write_seq(tmp_path / "movie.seq", counts.reshape(12, 16, 12), version=version)
+    assert detect_format(path).name == "seq"
+    info = qd.inspect(path)
+    assert info["shape"] is None and info["frames"] == 12 and "give scan_shape=(rows, cols)" in info["needs"]
+    reader = open_reader(Source(str(path), scan_shape=(3, 4)))
+    try:
+        got = read_all(reader)
+        assert reader.kind == "seq" and reader.dtype == np.dtype(dtype) and (got == counts).all()
+        assert (got == libertem_counts("seq", path=str(path), nav_shape=(3, 4))).all()
+    finally:
+        reader.close()
+
+
+def test_seq_through_a_service(tmp_path, rng, svc, names):
+    counts = rng.poisson(0.5, (4, 5, 16, 16)).astype(np.uint16)
+    path = write_seq(tmp_path / "movie.seq", counts.reshape(20, 16, 16))
+    acq = svc.load(path, name=names(), scan_shape=(4, 5), layout="compressed", progress=False)
+    assert (acq.frame(3, 4) == counts[3, 4]).all()
+    acq.release()
+    with pytest.raises(ValueError, match=r"scan_shape \(5, 5\) has 25 positions, but '.*movie.seq' holds 20 frames"):
+        svc.load(path, name=names(), scan_shape=(5, 5), progress=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..formats.container import is_container
-from .readers import arina, blo, dm, empad, gzip_stack, hdf5, merlin, mrc, npy, raw, raw_csr, ser, tvips, zarr_array
+from .readers import arina, blo, dm, empad, gzip_stack, hdf5, merlin, mrc, npy, raw, raw_csr, seq, ser, tvips, zarr_array
 from .readers.base import Format, Reader
 from .source import Source
 
@@ -24,6 +24,7 @@ READERS: tuple[Format, ...] = (
     merlin.FORMAT,
     blo.FORMAT,
     ser.FORMAT,
+    seq.FORMAT,
     tvips.FORMAT,
     mrc.FORMAT,
     dm.FORMAT,

@@ -57,11 +57,10 @@ def open_dm(path: Path, source: Source) -> FrameFile:
         raise ValueError(f"{where}: its 4-D stack does not say it is in C order ({SWAPPED} = 1): an older file's stack"
                          " interleaves scan and detector axes and is not read; convert it with GMS 3 or LiberTEM's convert_transposed")
     stack = sizes if ndim == 4 else sizes[1:]
-    what = f"the {stack[0]} frames of {where}" if ndim == 3 else f"the stack in {where}"
     try:
-        shape = as_4d(stack, source.scan_shape, what)
+        shape = as_4d(stack, source.scan_shape, where)
     except ScanShapeNeeded as err:
-        raise ScanShapeNeeded(f"{what} come with no scan shape: give scan_shape=(rows, cols)", err.frames) from None
+        raise ScanShapeNeeded(f"the {stack[0]} frames of {where} come with no scan shape: give scan_shape=(rows, cols)", err.frames) from None
     return FrameFile("dm", path, shape, DTYPES[code], offset)
 
 

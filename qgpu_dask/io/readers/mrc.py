@@ -72,11 +72,11 @@ def open_mrc(path: Path, source: Source) -> FrameFile:
             raise ValueError(f"{str(path)!r}: {err}") from None
         frames, rows, cols = int(header.nz), int(header.ny), int(header.nx)
         offset = header.nbytes + int(header.nsymbt)
-    where = f"the {frames} frames of {str(path)!r}"
+    where = repr(str(path))
     try:
         shape = as_4d((frames, rows, cols), source.scan_shape or de_scan_shape(path), where)
     except ScanShapeNeeded:
-        raise ScanShapeNeeded(f"{where} come with no scan shape (no Direct Electron info file of a raster scan beside it):"
+        raise ScanShapeNeeded(f"the {frames} frames of {where} come with no scan shape (no Direct Electron info file of a raster scan beside it):"
                               " give scan_shape=(rows, cols)", frames) from None
     return FrameFile("mrc", path, shape, dtype, offset)
 
