@@ -459,3 +459,51 @@ def test_seq_through_a_service(tmp_path, rng, svc, names):
     acq.release()
     with pytest.raises(ValueError, match=r"scan_shape \(5, 5\) has 25 positions, but '.*movie.seq' holds 20 frames"):
         svc.load(path, name=names(), scan_shape=(5, 5), progress=False)
+
+
+# -- PNDetector .frms6 -------------------------------------------------------------------
+
+def write_frms6(folder, counts: np.ndarray, per_file: int = 7, dark: int = 2):
+    """``counts`` (scan..., 2h, w) as a .frms6 acquisition by its published layout: the .hdr, ``dark`` dark frames
+    in _000 and the scan's frames, folded as the camera reads them out, ``per_file`` a file from _001."""
+    rows, cols, height, width = counts.shape
+    frames = counts.reshape(-1, height, width)
+    folded = np.concatenate([frames[:, : height // 2], frames[:, height // 2 :, ::-1][:, ::-1]], axis=2)  # (n, h, 2w)
+
+    def write(path, stored):
+        header = bytearray(1024)
+        struct.pack_into("<HH", header, 0, 1024, 64)
+        header[7] = 6
+        struct.pack_into("<HH", header, 88, 2 * width, height // 2)
+        struct.pack_into("<I", header, 1020, len(stored))
+        with open(path, "wb") as f:
+            f.write(header)
+            for k, frame in enumerate(stored):
+                f.write(struct.pack("<III", 0, 0, k).rjust(64, b"\0") + frame.astype("<u2").tobytes())
+
+    write(folder / "run_000.frms6", np.full((dark, height // 2, 2 * width), 5, np.uint16))
+    for part, lo in enumerate(range(0, len(frames), per_file)):
+        write(folder / f"run_{part + 1:03d}.frms6", folded[lo : lo + per_file])
+    (folder / "run.hdr").write_text(f'[measurementInfo]\ndarkframes={dark}\nsignalframes={len(frames)}\nstemimagesize={rows}x{cols}\n'
+                                    f'readoutmode="bin: 1, windowing: {height} x {width}"\ndwelltimemicroseconds=100\ngain=1\n')
+    return folder / "run.hdr"
+
+
+def test_frms6_counts_equal_libertems(tmp_path, rng, svc, names):
+    counts = rng.integers(0, 3000, (3, 4, 16, 10)).astype(np.uint16)
+    hdr = write_frms6(tmp_path, counts)
+    for path in (hdr, tmp_path / "run_002.frms6"):
+        assert detect_format(path).name == "frms6"
+        reader = open_reader(Source(str(path)))
+        try:
+            got = read_all(reader)
+            assert reader.shape == counts.shape and reader.kind == "frms6" and (got == counts).all()
+        finally:
+            reader.close()
+    assert (got == libertem_counts("frms6", path=str(hdr), enable_offset_correction=False)).all()
+    acq = svc.load(hdr, name=names(), progress=False)
+    assert (acq.frame(2, 3) == counts[2, 3]).all()
+    acq.release()
+    hdr.write_text(hdr.read_text().replace("bin: 1", "bin: 2"))
+    with pytest.raises(ValueError, match="run.hdr': readout mode '\"bin: 2, windowing: 16 x 10\"' is not read"):
+        qd.inspect(hdr)

@@ -3,7 +3,9 @@
 
 A new reader is one module of ``io.readers`` that declares its ``FORMAT`` and one line in ``READERS``. The
 order is the order formats are asked in: the layouts of HDF5 files (an Arina/Eiger master, a stack of one
-gzip chunk per frame) before plain HDF5, and EMPAD .raw files, which have no signature, last.
+gzip chunk per frame) before plain HDF5; formats with a magic number before those with a weaker signature
+(MRC's "MAP " at byte 208, DigitalMicrograph's version and byte-order words); TOML descriptors (raw_csr,
+raw) after them; EMPAD .raw files, which have no signature, last.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..formats.container import is_container
-from .readers import arina, blo, dm, empad, gzip_stack, hdf5, merlin, mrc, npy, raw, raw_csr, seq, ser, tvips, zarr_array
+from .readers import arina, blo, dm, empad, frms6, gzip_stack, hdf5, merlin, mrc, npy, raw, raw_csr, seq, ser, tvips, zarr_array
 from .readers.base import Format, Reader
 from .source import Source
 
@@ -26,6 +28,7 @@ READERS: tuple[Format, ...] = (
     ser.FORMAT,
     seq.FORMAT,
     tvips.FORMAT,
+    frms6.FORMAT,
     mrc.FORMAT,
     dm.FORMAT,
     raw_csr.FORMAT,

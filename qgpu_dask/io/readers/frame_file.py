@@ -18,6 +18,11 @@ from .base import BLOCK_BYTES, frames_per_block, native_order
 from .file_bytes import FileBytes
 
 
+def bottom_up(frames: np.ndarray, out: np.ndarray) -> None:
+    """Frames stored last row first, put in order."""
+    out[...] = frames[:, ::-1]
+
+
 class StoredFrames:
     """What every reader of stored frames shares once it can copy frames into memory it is given
     (``frames_into``): frames anywhere, and blocks of whole scan rows, into new memory or memory given."""
@@ -47,19 +52,23 @@ class FrameFile(StoredFrames):
     (any byte order) in ``path``, frame k's record at ``offset + k * stride`` (``stride``: the record's bytes
     where records follow each other with nothing between), its counts ``head`` bytes in; ``check(heads,
     first)``, where given, raises ValueError naming the frame whose header (``heads``: (n, head) uint8, of
-    frames first ..) is wrong; ``bottom_up``: each frame's rows are stored last row first. ``kind`` names the format for ``qd.inspect`` and errors. ValueError naming the
+    frames first ..) is wrong. A frame stored otherwise than as the detector's rows (``stored``: its (rows,
+    cols) in the file) is put in order by ``arrange(stored frames, out)`` (``bottom_up``, a format's own
+    unfolding). ``kind`` names the format for ``qd.inspect`` and errors. ValueError naming the
     file, its size and the first frame it lacks when it is too short for every frame."""
 
     compression = "none"
 
     def __init__(self, kind: str, path: Path, shape: tuple[int, int, int, int], dtype, offset: int, stride: int | None = None,
-                 head: int = 0, check: Callable[[np.ndarray, int], None] | None = None, bottom_up: bool = False):
+                 head: int = 0, check: Callable[[np.ndarray, int], None] | None = None, stored: tuple[int, int] | None = None,
+                 arrange: Callable[[np.ndarray, np.ndarray], None] | None = None):
         self.kind, self.path = kind, path
         self.shape = tuple(int(s) for s in shape)
         self.stored = np.dtype(dtype)
         self.dtype = native_order(self.stored)
-        self.frame_bytes = self.shape[2] * self.shape[3] * self.stored.itemsize
-        self.head, self.check, self.bottom_up = int(head), check, bottom_up
+        self.rows, self.cols = stored or self.shape[2:]
+        self.frame_bytes = self.rows * self.cols * self.stored.itemsize
+        self.head, self.check, self.arrange = int(head), check, arrange
         self.offset, self.stride = int(offset), int(stride or self.head + self.frame_bytes)
         if self.stride < self.head + self.frame_bytes:
             raise ValueError(f"{str(path)!r}: frames {self.stride} bytes apart cannot hold {self.head + self.frame_bytes} bytes each")
@@ -98,10 +107,12 @@ class FrameFile(StoredFrames):
         raw = self.records(start, n)
         if self.check is not None:
             self.check(np.ndarray((n, self.head), np.uint8, raw, 0, (self.stride, 1)), start)
-        rows, cols = self.shape[2:]
-        row = cols * self.stored.itemsize
-        first, step = (self.head + (rows - 1) * row, -row) if self.bottom_up else (self.head, row)
-        out[...] = np.ndarray((n, rows, cols), self.stored, raw, first, (self.stride, step, self.stored.itemsize))
+        size = self.stored.itemsize
+        frames = np.ndarray((n, self.rows, self.cols), self.stored, raw, self.head, (self.stride, self.cols * size, size))
+        if self.arrange is None:
+            out[...] = frames
+        else:
+            self.arrange(frames, out)
         return out
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..source import Source
 from .base import Format, ScanShapeNeeded, as_4d
-from .frame_file import FrameFile
+from .frame_file import FrameFile, bottom_up
 
 IMAGES = 0x4122  # DataTypeID of a series of 2-D elements
 ELEMENT_HEAD = 50  # calibrations (40 bytes), then <i2 data type, <i4 width, <i4 height
@@ -72,7 +72,7 @@ def open_ser(path: Path, source: Source) -> FrameFile:
         raise ScanShapeNeeded(f"the {valid} elements of {where} come with dimensions {dims}, not a scan of them: give scan_shape=(rows, cols)",
                               err.frames) from None
     return FrameFile("ser", path, shape, DTYPES[code], int(offsets[0]), int(steps[0]) if steps.size else None, ELEMENT_HEAD,
-                     lambda heads, first: checked_heads(heads, first, expected, where), bottom_up=True)
+                     lambda heads, first: checked_heads(heads, first, expected, where), arrange=bottom_up)
 
 
 FORMAT = Format("ser", is_ser, open_ser, "a TIA .ser file")
