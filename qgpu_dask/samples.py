@@ -12,6 +12,10 @@
 - ``scan_x16_y16.raw`` and ``empad.raw``: EMPAD frames (130 x 128 float32, 2 rows of metadata);
 - ``run3.hdr``, ``run3_1.mib`` and ``run3_2.mib``: the crystal as a Merlin writes it (U16 counts, MQ1 headers,
   the acquisition split over two files);
+- the field's formats no library writes, by their published layouts, for tests and benchmarks:
+  ``write_dm`` (DigitalMicrograph DM3/DM4), ``write_ser`` (TIA), ``write_seq`` (StreamPix), ``write_frms6``
+  (PNDetector), ``write_raw`` and ``write_raw_csr`` (frames or LiberTEM's CSR triple, with their TOML
+  descriptors);
 - ``phase.h5``: a wave-optical simulation (`ssb.simulate`) of atomic columns seen through an
   aberrated probe (300 kV, 20 mrad, 0.5 A steps, C10 -60 A, C12 20 A at 0.5 rad), 24 x 24 x 48 x 48,
   for calibration, DPC, SSB and direct ptychography; ``drift-0.h5`` .. ``drift-2.h5``: three frames of
@@ -43,6 +47,12 @@ PHASE_OPTICS = Optics(300e3, 20.0, 0.5, aberrations={"C10": -60.0, "C12": 20.0, 
 PHASE_SCAN, PHASE_DET, PHASE_OVER = (24, 24), (48, 48), 4
 DRIFT_OPTICS = Optics(300e3, 20.0, 1.0, aberrations={"C10": -30.0})
 DRIFT_SCAN, DRIFT_DET, DRIFT_OVER = (16, 16), (48, 48), 3
+DM_IMAGE_TYPES = {np.dtype(k): v for k, v in {"int16": 1, "float32": 2, "uint8": 6, "int32": 7, "int8": 9, "uint16": 10,
+                                              "uint32": 11, "float64": 12}.items()}  # a DM image's DataType
+DM_ELEMENT_TYPES = {np.dtype(k): v for k, v in {"int16": 2, "int32": 3, "uint16": 4, "uint32": 5, "float32": 6, "float64": 7,
+                                                "int8": 9, "uint8": 10}.items()}  # a DM tag array's element type
+SER_TYPES = {np.dtype(k): v for k, v in {"uint8": 1, "uint16": 2, "uint32": 3, "int8": 4, "int16": 5, "int32": 6, "float32": 7,
+                                         "float64": 8}.items()}  # a TIA element's data type
 
 
 def write_hdf5(path: Path, data: np.ndarray, optics: Optics | None = None, **dataset) -> Path:
@@ -152,6 +162,159 @@ def write_dectris_series(path: Path, frames: np.ndarray, series: int = 7, lz4: b
                   blob, json.dumps({"htype": "dconfig-1.0", "start_time": 0, "stop_time": 1000, "real_time": 1000}).encode()]
     parts.append(json.dumps({"htype": "dseries_end-1.0", "series": series}).encode())
     path.write_bytes(b"".join(struct.pack("<q", len(part)) + part for part in parts))
+    return path
+
+
+def dm_word(value: int, version: int) -> bytes:
+    return struct.pack(">Q" if version == 4 else ">I", value)
+
+
+def dm_data_tag(value, version: int) -> bytes:
+    """``%%%%``, the type words and the payload of a data tag holding ``value``."""
+    if isinstance(value, np.ndarray):
+        info, payload = [20, DM_ELEMENT_TYPES[value.dtype.newbyteorder("=")], value.size], value.astype(value.dtype.newbyteorder("<")).tobytes()
+    elif isinstance(value, str):  # text as an array of UTF-16 code units, as GMS keeps it
+        units = np.frombuffer(value.encode("utf-16-le"), "<u2")
+        info, payload = [20, 4, units.size], units.tobytes()
+    elif isinstance(value, bool):
+        info, payload = [8], struct.pack("<B", value)
+    elif isinstance(value, int):
+        info, payload = [5], struct.pack("<I", value)
+    else:
+        info, payload = [6], struct.pack("<f", value)
+    return b"%%%%" + dm_word(len(info), version) + b"".join(dm_word(i, version) for i in info) + payload
+
+
+def dm_group(entries: list[tuple[str, object]], version: int) -> bytes:
+    """A tag group of (label, value) entries: a value that is a list is a group."""
+    out = b"\x01\x00" + dm_word(len(entries), version)
+    for label, value in entries:
+        body = dm_group(value, version) if isinstance(value, list) else dm_data_tag(value, version)
+        out += struct.pack(">BH", 20 if isinstance(value, list) else 21, len(label)) + label.encode("latin-1")
+        out += (struct.pack(">Q", len(body)) if version == 4 else b"") + body
+    return out
+
+
+def write_dm(path: Path, data: np.ndarray, version: int = 4, swapped: bool = True, thumbnail: bool = True) -> Path:
+    """``data`` (C order) as the image of a DigitalMicrograph file by its tag-file layout (big-endian structure
+    words, 4 bytes in DM3 and 8 in DM4, where each tag also says its size; little-endian payloads), after a 2-D thumbnail where asked; ``swapped``: tag the
+    image's order as C (``Data Order Swapped``)."""
+    def image(array: np.ndarray, meta: list, code: int | None = None) -> list:
+        dims = [("", int(d)) for d in array.shape[::-1]]  # fastest first
+        calibration = [("", [("Origin", 0.0), ("Scale", 1.0), ("Units", "")]) for _ in dims]
+        return [("ImageData", [("Calibrations", [("Brightness", [("Origin", 0.0), ("Scale", 1.0), ("Units", "")]), ("Dimension", calibration)]),
+                               ("Data", array), ("DataType", code or DM_IMAGE_TYPES[array.dtype]), ("Dimensions", dims),
+                               ("PixelDepth", array.dtype.itemsize)]),
+                ("ImageTags", [("Meta Data", meta)]), ("Name", "test")]
+
+    meta = [("Format", "Diffraction image")] + ([("Data Order Swapped", True)] if swapped else [])
+    rgba = 23  # a thumbnail's DataType: 8-bit RGBA, a uint32 a pixel
+    images = ([("", image(np.zeros((8, 8), np.uint32), [], rgba))] if thumbnail else []) + [("", image(data, meta))]
+    thumbnails = [("Thumbnails", [("", [("ImageIndex", 0)])])] if thumbnail else []  # how a reader knows image 0 for one
+    body = dm_group([("ImageList", images)] + thumbnails, version)
+    with open(path, "wb") as f:
+        f.write(struct.pack(">I", version) + dm_word(len(body) + 8, version) + struct.pack(">I", 1) + body + bytes(8))
+    return path
+
+
+def write_ser(path: Path, data: np.ndarray, version: int = 0x220) -> Path:
+    """``data`` (scan rows, scan cols, det...) or (frames, det...) as a .ser file; ``version`` 0x220 (8-byte
+    offsets) or 0x210 (4-byte)."""
+    scan, (height, width) = data.shape[:-2], data.shape[-2:]
+    frames = data.reshape(-1, height, width)
+    offset = "<q" if version == 0x220 else "<i"
+    dims = list(scan[::-1])  # the first dimension is the faster (x)
+    out = bytearray(struct.pack("<HHHiiii", 0x4949, 0x0197, version, 0x4122, 0x4142, len(frames), len(frames)))
+    arrays_at = len(out)
+    out += struct.pack(offset, 0) + struct.pack("<i", len(dims))
+    for size in dims:
+        out += struct.pack("<iddi", size, 0.0, 1e-9, 0) + struct.pack("<i", 8) + b"Position" + struct.pack("<i", 6) + b"meters"
+    elements, tags = [], []
+    for k, frame in enumerate(frames):
+        elements.append(len(out))
+        out += struct.pack("<ddiddi", 0.0, 1.0, 0, 0.0, 1.0, 0) + struct.pack("<hii", SER_TYPES[frame.dtype], width, height)
+        out += frame[::-1].astype(frame.dtype.newbyteorder("<")).tobytes()
+        tags.append(len(out))
+        y, x = divmod(k, dims[0]) if len(dims) == 2 else (0, k)
+        out += struct.pack("<HHIdd", 0x4142, 0, 0, x * 1e-9, y * 1e-9)
+    struct.pack_into(offset, out, arrays_at, len(out))
+    out += np.array(elements + tags, offset).tobytes()
+    path.write_bytes(bytes(out))
+    return path
+
+
+def write_seq(path: Path, frames: np.ndarray, footer: int = 8, version: int = 5) -> Path:
+    """``frames`` (n, det...) as a .seq file by its published layout: the header, each frame and a footer."""
+    n, height, width = frames.shape
+    bits = frames.dtype.itemsize * 8
+    header = bytearray(8192 if version >= 5 else 1024)
+    struct.pack_into("<I24sii512s", header, 0, 0xFEED, "Norpix seq\0".encode("utf-16-le")[:24], version, 1024,
+                     "a test\0".encode("utf-16-le"))
+    struct.pack_into("<9I", header, 548, width, height, bits, bits, frames[0].nbytes, 100, n, 0, frames[0].nbytes + footer)
+    with open(path, "wb") as f:
+        f.write(header)
+        for frame in frames:
+            f.write(frame.astype(frame.dtype.newbyteorder("<")).tobytes() + b"\x77" * footer)
+    return path
+
+
+def write_frms6(folder: Path, counts: np.ndarray, per_file: int = 7, dark: int = 2) -> Path:
+    """``counts`` (scan..., 2h, w) as a .frms6 acquisition by its published layout: the .hdr, ``dark`` dark frames
+    in _000 and the scan's frames, folded as the camera reads them out, ``per_file`` a file from _001."""
+    rows, cols, height, width = counts.shape
+    frames = counts.reshape(-1, height, width)
+    folded = np.concatenate([frames[:, : height // 2], frames[:, height // 2 :, ::-1][:, ::-1]], axis=2)  # (n, h, 2w)
+
+    def write(path, stored):
+        header = bytearray(1024)
+        struct.pack_into("<HH", header, 0, 1024, 64)
+        header[7] = 6
+        struct.pack_into("<HH", header, 88, 2 * width, height // 2)
+        struct.pack_into("<I", header, 1020, len(stored))
+        with open(path, "wb") as f:
+            f.write(header)
+            for k, frame in enumerate(stored):
+                f.write(struct.pack("<III", 0, 0, k).rjust(64, b"\0") + frame.astype("<u2").tobytes())
+
+    write(folder / "run_000.frms6", np.full((dark, height // 2, 2 * width), 5, np.uint16))
+    for part, lo in enumerate(range(0, len(frames), per_file)):
+        write(folder / f"run_{part + 1:03d}.frms6", folded[lo : lo + per_file])
+    (folder / "run.hdr").write_text(f'[measurementInfo]\ndarkframes={dark}\nsignalframes={len(frames)}\nstemimagesize={rows}x{cols}\n'
+                                    f'readoutmode="bin: 1, windowing: {height} x {width}"\ndwelltimemicroseconds=100\ngain=1\n')
+    return folder / "run.hdr"
+
+
+def write_raw(folder: Path, counts: np.ndarray, dtype: str, offset: int = 0, gap: int = 0) -> Path:
+    """``counts`` (scan..., det...) as raw frames of ``dtype`` in ``scan.bin`` after ``offset`` bytes, ``gap``
+    bytes of header before each frame but the first, and ``scan.toml`` describing them; the descriptor's path."""
+    frames = counts.reshape(-1, counts.shape[2] * counts.shape[3]).astype(dtype)
+    with open(folder / "scan.bin", "wb") as f:
+        f.write(b"\xee" * offset)
+        for k, frame in enumerate(frames):
+            f.write((b"\x5a" * gap if k else b"") + frame.tobytes())
+    return descriptor(folder / "scan.toml", "raw", counts.shape, {"data_file": "scan.bin", "dtype": dtype, "offset": offset,
+                                                                   "stride": frames[0].nbytes + gap})
+
+
+def write_raw_csr(folder: Path, counts: np.ndarray, dtypes: tuple[str, str, str] = ("<i4", "<i4", "<i4")) -> Path:
+    """``counts`` (scan..., det...) as LiberTEM's raw_csr triple (row pointers, indices, values of ``dtypes``) and
+    ``events.toml`` describing it; the descriptor's path."""
+    flat = counts.reshape(counts.shape[0] * counts.shape[1], -1)
+    rows, cols = np.nonzero(flat)
+    parts = {"indptr": ("rowind.dat", np.searchsorted(rows, np.arange(flat.shape[0] + 1))), "indices": ("coords.dat", cols),
+             "data": ("values.dat", flat[rows, cols])}
+    table = {}
+    for (part, (name, array)), dtype in zip(parts.items(), dtypes):
+        array.astype(dtype).tofile(folder / name)
+        table |= {f"{part}_file": name, f"{part}_dtype": dtype}
+    return descriptor(folder / "events.toml", "raw_csr", counts.shape, table)
+
+
+def descriptor(path: Path, filetype: str, shape: tuple[int, ...], table: dict) -> Path:
+    """A TOML descriptor (``io.readers.descriptor``) of ``filetype`` for an acquisition of ``shape``."""
+    lines = ["[params]", f'filetype = "{filetype}"', f"nav_shape = {list(shape[:2])}", f"sig_shape = {list(shape[2:])}", "", f"[{filetype}]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 

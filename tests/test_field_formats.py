@@ -12,6 +12,7 @@ import qgpu_dask as qd
 from qgpu_dask.io.registry import detect_format, open_reader
 from qgpu_dask.io.source import Source
 from peers import libertem_counts
+from qgpu_dask.samples import write_dm, write_frms6, write_raw, write_raw_csr, write_seq, write_ser
 
 
 def read_all(reader) -> np.ndarray:
@@ -23,29 +24,6 @@ def read_all(reader) -> np.ndarray:
 
 
 # -- LiberTEM's raw_csr ----------------------------------------------------------
-
-def write_raw_csr(folder, counts: np.ndarray, dtypes=("<i4", "<i4", "<i4")) -> object:
-    """``counts`` (scan..., det...) as a raw_csr triple and its TOML descriptor; the descriptor's path."""
-    flat = counts.reshape(counts.shape[0] * counts.shape[1], -1)
-    rows, cols = np.nonzero(flat)
-    indptr = np.searchsorted(rows, np.arange(flat.shape[0] + 1))
-    for name, array, dtype in zip(("rowind.dat", "coords.dat", "values.dat"), (indptr, cols, flat[rows, cols]), dtypes):
-        array.astype(dtype).tofile(folder / name)
-    toml = folder / "events.toml"
-    toml.write_text(f"""[params]
-filetype = "raw_csr"
-nav_shape = {list(counts.shape[:2])}
-sig_shape = {list(counts.shape[2:])}
-
-[raw_csr]
-indptr_file = "rowind.dat"
-indptr_dtype = "{dtypes[0]}"
-indices_file = "coords.dat"
-indices_dtype = "{dtypes[1]}"
-data_file = "values.dat"
-data_dtype = "{dtypes[2]}"
-""")
-    return toml
 
 
 def test_raw_csr_counts_equal_libertems(tmp_path, rng):
@@ -100,28 +78,6 @@ def test_bad_raw_csr_files_are_refused_by_name(tmp_path, rng):
 
 # -- raw binary, described ---------------------------------------------------------
 
-def write_raw(folder, counts: np.ndarray, dtype: str, offset: int, gap: int) -> object:
-    """``counts`` as raw frames of ``dtype`` after ``offset`` bytes, ``gap`` bytes of header before each frame
-    but the first, and the descriptor saying so; the descriptor's path."""
-    frames = counts.reshape(-1, counts.shape[2] * counts.shape[3]).astype(dtype)
-    with open(folder / "scan.bin", "wb") as f:
-        f.write(b"\xee" * offset)
-        for k, frame in enumerate(frames):
-            f.write((b"\x5a" * gap if k else b"") + frame.tobytes())
-    toml = folder / "scan.toml"
-    toml.write_text(f"""[params]
-filetype = "raw"
-nav_shape = {list(counts.shape[:2])}
-sig_shape = {list(counts.shape[2:])}
-
-[raw]
-data_file = "scan.bin"
-dtype = "{dtype}"
-offset = {offset}
-stride = {frames[0].nbytes + gap}
-""")
-    return toml
-
 
 @pytest.mark.parametrize("dtype,offset,gap", [(">u2", 0, 0), ("<u4", 100, 24), ("<f4", 7, 3)])
 def test_raw_frames_described(tmp_path, rng, dtype, offset, gap):
@@ -154,6 +110,7 @@ def test_raw_through_a_service_and_its_errors(svc, names, tmp_path, rng):
 
 
 # -- MRC (Direct Electron movies) ----------------------------------------------------
+
 
 def write_de_movie(folder, counts: np.ndarray, info: dict[str, str], byteorder: str = "<", name: str = "20261204_7_movie.mrc"):
     """``counts`` (scan..., det...) as a Direct Electron movie (``mrcfile``'s writer) and its info file."""
@@ -222,6 +179,7 @@ def test_mrc_through_a_service(svc, names, tmp_path, rng):
 
 # -- NanoMegas .blo -----------------------------------------------------------------
 
+
 def write_blo(path, counts: np.ndarray):
     """``counts`` (uint8) as a block file, by RosettaSciIO's writer."""
     from rsciio.blockfile import file_writer
@@ -265,6 +223,7 @@ def test_blo_through_a_service_and_damaged_records(svc, names, tmp_path, rng):
 
 
 # -- TVIPS ------------------------------------------------------------------------
+
 
 def write_tvips(folder, frames: np.ndarray, record_limit: int | None = None, coordinates: np.ndarray | None = None):
     """``frames`` (n, det...) as a TVIPS series by RosettaSciIO's writer (split into files of at most
@@ -339,9 +298,9 @@ def test_tvips_split_files_and_a_scan_found_from_coordinates(tmp_path, rng, svc,
 
 # -- Gatan DigitalMicrograph ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("version,dtype", [(4, "uint16"), (3, "float32"), (4, "int8")])
 def test_dm_4d_counts_equal_rosettasciios_and_libertems(tmp_path, rng, version, dtype):
-    from dm_files import write_dm
     from peers import rosettasciio_counts
 
     counts = rng.integers(0, 120, (3, 4, 16, 12)).astype(dtype)
@@ -359,7 +318,6 @@ def test_dm_4d_counts_equal_rosettasciios_and_libertems(tmp_path, rng, version, 
 
 
 def test_dm_frame_stacks_and_refusals(tmp_path, rng, svc, names):
-    from dm_files import write_dm
 
     counts = rng.poisson(0.5, (4, 3, 16, 16)).astype(np.uint32)
     path = write_dm(tmp_path / "frames.dm4", counts.reshape(12, 16, 16), thumbnail=False)
@@ -378,10 +336,10 @@ def test_dm_frame_stacks_and_refusals(tmp_path, rng, svc, names):
 
 # -- TIA .ser ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("version,dtype", [(0x220, "uint16"), (0x210, "int32"), (0x220, "float32")])
 def test_ser_counts_equal_rosettasciios_and_libertems(tmp_path, rng, version, dtype):
     """(LiberTEM, through ncempy, misreads uint8 elements: not among these.)"""
-    from ser_files import write_ser
     from peers import rosettasciio_counts
 
     counts = rng.integers(0, 5000, (3, 4, 12, 10)).astype(dtype)
@@ -399,7 +357,6 @@ def test_ser_counts_equal_rosettasciios_and_libertems(tmp_path, rng, version, dt
 
 
 def test_ser_through_a_service_and_its_errors(tmp_path, rng, svc, names):
-    from ser_files import write_ser
 
     counts = rng.poisson(0.6, (5, 4, 16, 16)).astype(np.uint8)
     path = write_ser(tmp_path / "scan_1.ser", counts)
@@ -420,19 +377,6 @@ def test_ser_through_a_service_and_its_errors(tmp_path, rng, svc, names):
 
 # -- StreamPix .seq -------------------------------------------------------------------
 
-def write_seq(path, frames: np.ndarray, footer: int = 8, version: int = 5):
-    """``frames`` (n, det...) as a .seq file by its published layout: the header, each frame and a footer."""
-    n, height, width = frames.shape
-    bits = frames.dtype.itemsize * 8
-    header = bytearray(8192 if version >= 5 else 1024)
-    struct.pack_into("<I24sii512s", header, 0, 0xFEED, "Norpix seq\0".encode("utf-16-le")[:24], version, 1024,
-                     "a test\0".encode("utf-16-le"))
-    struct.pack_into("<9I", header, 548, width, height, bits, bits, frames[0].nbytes, 100, n, 0, frames[0].nbytes + footer)
-    with open(path, "wb") as f:
-        f.write(header)
-        for frame in frames:
-            f.write(frame.astype(frame.dtype.newbyteorder("<")).tobytes() + b"\x77" * footer)
-    return path
 
 
 @pytest.mark.parametrize("dtype,version", [("uint16", 5), ("uint8", 4)])
@@ -463,30 +407,6 @@ def test_seq_through_a_service(tmp_path, rng, svc, names):
 
 # -- PNDetector .frms6 -------------------------------------------------------------------
 
-def write_frms6(folder, counts: np.ndarray, per_file: int = 7, dark: int = 2):
-    """``counts`` (scan..., 2h, w) as a .frms6 acquisition by its published layout: the .hdr, ``dark`` dark frames
-    in _000 and the scan's frames, folded as the camera reads them out, ``per_file`` a file from _001."""
-    rows, cols, height, width = counts.shape
-    frames = counts.reshape(-1, height, width)
-    folded = np.concatenate([frames[:, : height // 2], frames[:, height // 2 :, ::-1][:, ::-1]], axis=2)  # (n, h, 2w)
-
-    def write(path, stored):
-        header = bytearray(1024)
-        struct.pack_into("<HH", header, 0, 1024, 64)
-        header[7] = 6
-        struct.pack_into("<HH", header, 88, 2 * width, height // 2)
-        struct.pack_into("<I", header, 1020, len(stored))
-        with open(path, "wb") as f:
-            f.write(header)
-            for k, frame in enumerate(stored):
-                f.write(struct.pack("<III", 0, 0, k).rjust(64, b"\0") + frame.astype("<u2").tobytes())
-
-    write(folder / "run_000.frms6", np.full((dark, height // 2, 2 * width), 5, np.uint16))
-    for part, lo in enumerate(range(0, len(frames), per_file)):
-        write(folder / f"run_{part + 1:03d}.frms6", folded[lo : lo + per_file])
-    (folder / "run.hdr").write_text(f'[measurementInfo]\ndarkframes={dark}\nsignalframes={len(frames)}\nstemimagesize={rows}x{cols}\n'
-                                    f'readoutmode="bin: 1, windowing: {height} x {width}"\ndwelltimemicroseconds=100\ngain=1\n')
-    return folder / "run.hdr"
 
 
 def test_frms6_counts_equal_libertems(tmp_path, rng, svc, names):
