@@ -427,3 +427,19 @@ def test_frms6_counts_equal_libertems(tmp_path, rng, svc, names):
     hdr.write_text(hdr.read_text().replace("bin: 1", "bin: 2"))
     with pytest.raises(ValueError, match="run.hdr': readout mode '\"bin: 2, windowing: 16 x 10\"' is not read"):
         qd.inspect(hdr)
+
+
+@pytest.mark.parametrize("gap", [0, 6])
+def test_a_file_cut_after_it_was_opened_names_the_frame(tmp_path, rng, gap):
+    """Read straight into the frames (no gap: the file holds them as they are held) or through a block's
+    records: either way the first frame the file no longer holds is named."""
+    counts = rng.integers(0, 9, (4, 5, 8, 8)).astype(np.uint16)
+    toml = write_raw(tmp_path, counts, "<u2", 0, gap)
+    reader = open_reader(Source(str(toml)))
+    try:
+        data = tmp_path / "scan.bin"
+        data.write_bytes(data.read_bytes()[: 13 * (128 + gap) + 50])
+        with pytest.raises(ValueError, match="scan.bin. ended at frame 13 while being read"):
+            read_all(reader)
+    finally:
+        reader.close()

@@ -75,6 +75,18 @@ class FileBytes:
                 break
         return memory[start + lead : start + lead + nbytes], got
 
+    def read_into(self, position: int, out: np.ndarray) -> int:
+        """Fill ``out`` (a C-contiguous array: the memory a load is given) with the file's bytes from
+        ``position`` by plain reads, READ_PIECE bytes a thread; the bytes read (fewer where the file ends)."""
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        pieces = range(0, view.nbytes, READ_PIECE)
+        got = 0
+        for at, n in zip(pieces, READERS.map(lambda at: self.read_plain(position + at, view[at : at + READ_PIECE]), pieces)):
+            got = at + n
+            if n < min(READ_PIECE, view.nbytes - at):
+                break
+        return got
+
     def read_piece(self, view: memoryview, first: int, lo: int, hi: int, page_end: int) -> tuple[int, int]:
         """Fill file bytes lo .. hi of ``view`` (which holds file bytes from ``first``, a page boundary): what the
         page cache holds plainly, the rest by direct reads of whole pages up to ``page_end``; (bytes of lo .. hi

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .base import BLOCK_BYTES, frames_per_block, native_order
-from .file_bytes import FileBytes
+from .file_bytes import FileBytes, new_memory
 
 
 def bottom_up(frames: np.ndarray, out: np.ndarray) -> None:
@@ -70,6 +70,8 @@ class FrameFile(StoredFrames):
         self.frame_bytes = self.rows * self.cols * self.stored.itemsize
         self.head, self.check, self.arrange = int(head), check, arrange
         self.offset, self.stride = int(offset), int(stride or self.head + self.frame_bytes)
+        self.as_held = self.stride == self.frame_bytes and not self.head and check is None and arrange is None and self.stored == self.dtype
+        self.memory = np.empty(0, np.uint8)  # the records of a block, read (kept for the next block)
         if self.stride < self.head + self.frame_bytes:
             raise ValueError(f"{str(path)!r}: frames {self.stride} bytes apart cannot hold {self.head + self.frame_bytes} bytes each")
         n = self.shape[0] * self.shape[1]
@@ -88,13 +90,23 @@ class FrameFile(StoredFrames):
         record = self.head + self.frame_bytes
         return 0 if nbytes < record else (nbytes - record) // self.stride + 1
 
-    def records(self, start: int, n: int) -> np.ndarray:
-        """The bytes of records start .. start + n, read (uint8, record k at ``k * stride``)."""
+    def records(self, start: int, n: int, reuse: bool = False) -> np.ndarray:
+        """The bytes of records start .. start + n, read (uint8, record k at ``k * stride``); with ``reuse``,
+        into memory the next call with it reuses (a block's: its pages are not faulted in again)."""
         span = self.end_of(n) - self.offset
-        raw, got = self.file.read(self.offset + start * self.stride, span)
+
+        def memory(nbytes: int) -> np.ndarray:
+            if self.memory.size < nbytes:
+                self.memory = np.empty(nbytes, np.uint8)
+            return self.memory[:nbytes]
+
+        raw, got = self.file.read(self.offset + start * self.stride, span, memory if reuse else new_memory)
+        self.check_got(start, got, span)
+        return raw
+
+    def check_got(self, start: int, got: int, span: int) -> None:
         if got < span:
             raise ValueError(f"{str(self.path)!r} ended at frame {start + self.whole(got)} while being read (cut after it was opened?)")
-        return raw
 
     def heads(self, start: int, n: int) -> np.ndarray:
         """The headers of frames start .. start + n, (n, head) uint8."""
@@ -104,7 +116,10 @@ class FrameFile(StoredFrames):
         """Frames start .. start + len(out) copied into ``out`` (n, det rows, det cols) in native byte order, their
         headers checked first where the format checks them."""
         n = len(out)
-        raw = self.records(start, n)
+        if self.as_held and out.flags.c_contiguous:  # the file holds the frames as they are held: read straight into them
+            self.check_got(start, self.file.read_into(self.offset + start * self.stride, out), n * self.frame_bytes)
+            return out
+        raw = self.records(start, n, reuse=True)
         if self.check is not None:
             self.check(np.ndarray((n, self.head), np.uint8, raw, 0, (self.stride, 1)), start)
         size = self.stored.itemsize

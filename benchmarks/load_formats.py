@@ -1,0 +1,179 @@
+"""Loading the field's file formats against RosettaSciIO's and LiberTEM's readers on the same files (issue 27's measure).
+
+For each format, one file of the same counts (``--scan`` x ``--det`` uint16 Poisson counts at ``--dose``;
+8-bit for .blo, which holds no more) is written (by RosettaSciIO's writer for .blo and TVIPS, mrcfile's for
+MRC, ``qd.samples`` by the published layout for the others), read once so it sits in the page cache, then,
+each the best of ``--repeats``:
+
+- ours: ``svc.load(path, layout="dense")`` on a one-worker cluster (the counts held in the worker);
+- RosettaSciIO: its ``file_reader`` of the format, not lazy (every count in memory);
+- LiberTEM 0.16: ``ctx.load`` of the format and a UDF keeping every frame, on its threaded executor.
+
+Every count is compared: our resident's checksum against the counts written, the peers' arrays against them
+(==). The figure is our time against the faster peer's (target: at least 2x on files of at least 1 GB).
+
+    python benchmarks/load_formats.py              # 128 x 64 x 256 x 256: 1 GiB a file
+    python benchmarks/load_formats.py --small      # seconds: what CI runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import qgpu_dask as qd
+from qgpu_dask import samples
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import record
+
+FORMATS = ("mrc", "dm", "ser", "blo", "tvips", "seq", "frms6", "raw")
+RSCIIO = {"mrc": "mrc", "dm": "digitalmicrograph", "ser": "tia", "blo": "blockfile", "tvips": "tvips"}
+
+
+def rosettasciio_signal(data: np.ndarray, nav_units: str, sig_units: str) -> dict:
+    """``data`` as the signal dict RosettaSciIO's writers take."""
+    axes = [{"name": f"axis{i}", "size": n, "scale": 1.0, "offset": 0.0, "index_in_array": i, "navigate": i < data.ndim - 2,
+             "units": nav_units if i < data.ndim - 2 else sig_units} for i, n in enumerate(data.shape)]
+    return {"data": data, "axes": axes, "metadata": {}, "original_metadata": {}, "attributes": {"_lazy": False}}
+
+
+def written(kind: str, folder: Path, counts: np.ndarray) -> tuple[Path, dict, dict]:
+    """The file of ``kind`` holding ``counts``: (path, what ``svc.load`` takes beside it, LiberTEM's load parameters)."""
+    scan, frames = counts.shape[:2], counts.reshape(-1, *counts.shape[2:])
+    if kind == "mrc":
+        import mrcfile
+
+        path = folder / "scan.mrc"
+        with mrcfile.new(path, overwrite=True) as mrc:
+            mrc.set_data(frames)
+            mrc.set_image_stack()
+        return path, {"scan_shape": scan}, {"nav_shape": scan}
+    if kind == "dm":
+        return samples.write_dm(folder / "scan.dm4", counts), {}, {}
+    if kind == "ser":
+        return samples.write_ser(folder / "scan_1.ser", counts), {}, {}
+    if kind == "blo":
+        from rsciio.blockfile import file_writer
+
+        path = folder / "scan.blo"
+        file_writer(str(path), rosettasciio_signal(counts, "nm", "cm"), show_progressbar=False)
+        return path, {}, {}
+    if kind == "tvips":
+        from rsciio.tvips import file_writer
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            file_writer(str(folder / "scan.tvips"), rosettasciio_signal(frames, "s", "1/nm"), show_progressbar=False)
+        return folder / "scan_000.tvips", {"scan_shape": scan}, {"nav_shape": scan, "sync_offset": 0}
+    if kind == "seq":
+        return samples.write_seq(folder / "scan.seq", frames), {"scan_shape": scan}, {"nav_shape": scan}
+    if kind == "frms6":
+        return samples.write_frms6(folder, counts, per_file=len(frames) // 2 + 1), {}, {"enable_offset_correction": False}
+    return samples.write_raw(folder, counts, "<u2"), {}, {}
+
+
+def libertem_read(kind: str, path: Path, params: dict, ctx, out: np.ndarray) -> None:
+    """Every frame of ``path`` read by LiberTEM into ``out`` (a UDF keeping each frame)."""
+    from libertem.udf.base import UDF
+
+    class Frames(UDF):
+        def get_result_buffers(self):
+            return {"frames": self.buffer(kind="nav", extra_shape=tuple(self.meta.dataset_shape.sig), dtype=self.meta.input_dtype)}
+
+        def process_frame(self, frame):
+            self.results.frames[:] = frame
+
+    if kind == "raw":  # LiberTEM's raw reader takes the data file and its layout
+        dataset = ctx.load("raw", path=str(path.with_name("scan.bin")), nav_shape=out.shape[:2], sig_shape=out.shape[2:], dtype="<u2")
+    else:
+        dataset = ctx.load(kind, path=str(path), **params)
+    out[...] = ctx.run_udf(dataset=dataset, udf=Frames())["frames"].data
+
+
+def best(run, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scan", type=int, nargs=2, default=(128, 64))
+    ap.add_argument("--det", type=int, default=256)
+    ap.add_argument("--dose", type=float, default=2.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    args = record.parse(ap, small={"scan": (4, 6), "det": 16, "repeats": 1})
+    from libertem.api import Context
+
+    rng = np.random.default_rng(0)
+    wide = rng.poisson(args.dose, (*args.scan, args.det, args.det)).astype(np.uint16)
+    narrow = np.minimum(wide, 255).astype(np.uint8)
+    results: dict = {"scan": list(args.scan), "det": args.det, "dose": args.dose, "repeats": args.repeats, "formats": {}}
+    ctx = Context.make_with("threads")
+    with qd.Service.local(n_workers=1) as svc:
+        for kind in args.formats:
+            counts = narrow if kind == "blo" else wide
+            digest = hashlib.sha256(counts.tobytes()).hexdigest()
+            folder = Path(tempfile.mkdtemp(prefix=f"qgpu-{kind}-"))
+            try:
+                path, ours_args, theirs = written(kind, folder, counts)
+                file_bytes = sum(p.stat().st_size for p in folder.iterdir())
+                qd.inspect(path, **ours_args)
+                names = iter(range(1 << 30))
+                loaded = []
+
+                def ours():
+                    if loaded:
+                        loaded.pop().release()
+                    loaded.append(svc.load(path, name=f"{kind}-{next(names)}", layout="dense", progress=False, **ours_args))
+
+                out = np.empty_like(counts)
+                peers = {}
+                if kind in RSCIIO:
+                    import importlib
+
+                    reader = importlib.import_module(f"rsciio.{RSCIIO[kind]}").file_reader
+                    keywords = {"scan_shape": tuple(args.scan)} if kind == "tvips" else {}
+                    if kind == "mrc":
+                        keywords = {"navigation_shape": tuple(args.scan)[::-1]}
+
+                    def rosettasciio():
+                        out[...] = np.asarray(reader(str(path), **keywords)[0]["data"]).reshape(counts.shape)
+
+                    rosettasciio()
+                    peers["rosettasciio"] = {"s": best(rosettasciio, args.repeats), "counts_equal": bool((out == counts).all())}
+                libertem_read(kind, path, theirs, ctx, out)
+                peers["libertem"] = {"s": best(lambda: libertem_read(kind, path, theirs, ctx, out), args.repeats),
+                                     "counts_equal": bool((out == counts).all())}
+                ours()
+                s = best(ours, args.repeats)
+                equal = loaded[0].checksum() == digest
+                loaded.pop().release()
+                faster = min(p["s"] for p in peers.values())
+                results["formats"][kind] = {"file_bytes": file_bytes, "counts_bytes": counts.nbytes, "ours_s": s,
+                                            "GBps": counts.nbytes / s / 1e9, "counts_equal": equal, "peers": peers,
+                                            "over_faster_peer": faster / s}
+                print(kind, {k: (round(v, 3) if isinstance(v, float) else v) for k, v in results["formats"][kind].items() if k != "peers"},
+                      {k: round(v["s"], 3) for k, v in peers.items()}, flush=True)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    ctx.close()
+    record.publish("load_formats_" + ("cuda" if qd.device.has_gpu() else "cpu"), results)
+
+
+if __name__ == "__main__":
+    main()
