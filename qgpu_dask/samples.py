@@ -12,6 +12,9 @@
 - ``scan_x16_y16.raw`` and ``empad.raw``: EMPAD frames (130 x 128 float32, 2 rows of metadata);
 - ``run3.hdr``, ``run3_1.mib`` and ``run3_2.mib``: the crystal as a Merlin writes it (U16 counts, MQ1 headers,
   the acquisition split over two files);
+- ``scan.dm4`` (DigitalMicrograph), ``scan_1.ser`` (TIA) and ``scan.toml`` (big-endian raw frames after a
+  512-byte header in ``scan.bin``, and the descriptor saying so): the crystal again; ``events.toml``: sparse
+  events (0.02 counts a pixel, 256 x 256) in LiberTEM's raw_csr layout;
 - the field's formats no library writes, by their published layouts, for tests and benchmarks:
   ``write_dm`` (DigitalMicrograph DM3/DM4), ``write_ser`` (TIA), ``write_seq`` (StreamPix), ``write_frms6``
   (PNDetector), ``write_raw`` and ``write_raw_csr`` (frames or LiberTEM's CSR triple, with their TOML
@@ -345,6 +348,11 @@ def write(folder: str | Path = ".") -> dict[str, Path]:
     for name in ("scan_x16_y16.raw", "empad.raw"):
         paths[name] = write_empad(out / name, empad)
     paths["run3.hdr"] = write_merlin(out, "run3", frames.astype(">u2").view(np.uint8).reshape(len(frames), -1), DET, SCAN, files=2)
+    paths["scan.dm4"] = write_dm(out / "scan.dm4", scan)
+    paths["scan_1.ser"] = write_ser(out / "scan_1.ser", scan)
+    paths["scan.toml"] = write_raw(out, scan, ">u2", offset=512)
+    events = np.random.default_rng(0).poisson(0.02, (*SCAN, 256, 256)).astype(np.uint16)
+    paths["events.toml"] = write_raw_csr(out, events, ("<i8", "<u4", "<u2"))
 
     over = PHASE_OVER
     potential = simulate.atoms_potential((PHASE_SCAN[0] * over, PHASE_SCAN[1] * over), PHASE_OPTICS.scan_step_A / over, 3.9)

@@ -212,7 +212,8 @@ class Service:
         progress: bool = True,
         layout: str = "auto",
     ) -> Acquisition | Series:
-        """Load an HDF5 dataset, a .npy or a Zarr array, or a saved resident (or a list of them: a Series) onto the shards.
+        """Load a detector file (any format ``qd.inspect`` reads: HDF5, Arina masters, Merlin, DM, MRC, ...) or a saved
+        resident (or a list of them: a Series) onto the shards.
 
         Each file is read by the worker that will hold it. ``name`` defaults to
         the file stem; 3-D stacks need ``scan_shape``; ``worker`` pins the owner.

@@ -28,6 +28,7 @@ ALIGN = 4096  # direct reads start and end at multiples of this in the file and 
 READ_PIECE = 4 * 2**20  # bytes of a range one thread reads (a multiple of ALIGN)
 READERS = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="qgpu-read")  # shared by every open file
 DIRECT_ENV = "QGPU_DASK_DIRECT_READS"  # "1": bytes the page cache does not hold are read direct
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # pieces one scattered read fills
 DIRECT = getattr(os, "O_DIRECT", 0)
 NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
@@ -86,6 +87,36 @@ class FileBytes:
             if n < min(READ_PIECE, view.nbytes - at):
                 break
         return got
+
+    def read_records(self, position: int, stride: int, frames: np.ndarray, heads: np.ndarray | None) -> int:
+        """Records of ``stride`` bytes from ``position`` read straight into the memory given: each its header
+        (``heads[k]``; None: records have none), its frame (``frames[k]``, uint8 rows) and the rest skipped, by
+        scattered reads of up to IOV_MAX pieces on several threads; how many whole records came (fewer where
+        the file ends)."""
+        n, size = frames.shape
+        head = 0 if heads is None else heads.shape[1]
+        gap = stride - head - size
+        sink = np.empty(max(gap, 0), np.uint8)  # what lies between frames, read and dropped (by every thread)
+        per = max(1, IOV_MAX // ((head > 0) + 1 + (gap > 0)))
+
+        def part(lo: int) -> int:
+            hi = min(n, lo + per)
+            pieces = []
+            for k in range(lo, hi):
+                pieces += [heads[k], frames[k]] if head else [frames[k]]
+                if gap and k < hi - 1:
+                    pieces.append(sink)
+            got = os.preadv(self.plain, pieces, position + lo * stride)
+            if got == (hi - lo - 1) * stride + head + size:
+                return hi - lo
+            return 0 if got < head + size else (got - head - size) // stride + 1  # the file ended
+
+        whole = 0
+        for lo, got in zip(range(0, n, per), READERS.map(part, range(0, n, per))):
+            whole = lo + got
+            if got < min(per, n - lo):
+                break
+        return whole
 
     def read_piece(self, view: memoryview, first: int, lo: int, hi: int, page_end: int) -> tuple[int, int]:
         """Fill file bytes lo .. hi of ``view`` (which holds file bytes from ``first``, a page boundary): what the

@@ -119,6 +119,16 @@ class FrameFile(StoredFrames):
         if self.as_held and out.flags.c_contiguous:  # the file holds the frames as they are held: read straight into them
             self.check_got(start, self.file.read_into(self.offset + start * self.stride, out), n * self.frame_bytes)
             return out
+        if self.arrange is None and out.flags.c_contiguous:  # each frame's rows in order: read into them, past the rest
+            heads = np.empty((n, self.head), np.uint8) if self.head else None
+            whole = self.file.read_records(self.offset + start * self.stride, self.stride, out.reshape(n, -1).view(np.uint8), heads)
+            if whole < n:
+                raise ValueError(f"{str(self.path)!r} ended at frame {start + whole} while being read (cut after it was opened?)")
+            if self.check is not None:
+                self.check(heads, start)
+            if self.stored != self.dtype:
+                out.byteswap(inplace=True)  # the file's byte order, made native
+            return out
         raw = self.records(start, n, reuse=True)
         if self.check is not None:
             self.check(np.ndarray((n, self.head), np.uint8, raw, 0, (self.stride, 1)), start)
