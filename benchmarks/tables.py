@@ -152,6 +152,7 @@ MEASURES: dict[str, list[str]] = {
     "gpu_dense": ["qgpu_dask/resident/cuda/dense.py", "kernels/dense.cu"],
     "service_overhead": SERVICE + DENSE + LOADS,
     "compressed": COMPRESSED + ["qgpu_dask/resident/dense.py", "qgpu_dask/resident/masks.py"],
+    "load_formats": ["qgpu_dask/io/readers", "qgpu_dask/io/load.py", "qgpu_dask/io/registry.py"],
     "load_arina": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py", "qgpu_dask/io/load.py", "qgpu_dask/resident/staging.py"]
     + BITSHUFFLE + COMPRESSED + SERVICE,
     "reliability": SERVICE + DENSE + COMPRESSED + LOADS,
@@ -336,6 +337,16 @@ def arina_cuda_rows() -> tuple:
     return (rows[0] + ("",),) + tuple(row + (RatioOf(rate, "raw_read/file_GBps"),) for row, rate in zip(rows[1:], rates))
 
 
+def formats_rows() -> tuple:
+    """A row a format: the file, our load, each peer's (where it reads the format) and our time against the faster."""
+    names = (("mrc", "MRC (mrcfile's writer)"), ("dm", "DigitalMicrograph DM4"), ("ser", "TIA .ser"), ("blo", "NanoMegas .blo (8-bit)"),
+             ("tvips", "TVIPS"), ("seq", "StreamPix .seq"), ("frms6", "PNDetector .frms6"), ("raw", "raw, described"))
+    return tuple((label, F(f"formats/{key}/file_bytes", "{:.2f}", scale=1e-9), (F(f"formats/{key}/ours_s", "{:.3f}", bold=True), " (",
+                  F(f"formats/{key}/GBps", "{:.1f}"), " GB/s)"), F(f"formats/{key}/peers/rosettasciio/s", "{:.3f}", absent="does not read it"),
+                  F(f"formats/{key}/peers/libertem/s", "{:.3f}"), (F(f"formats/{key}/over_faster_peer", "{:.2f}", bold=True), " x"),
+                  F(f"formats/{key}/counts_equal")) for key, label in names)
+
+
 def reliability_rows() -> tuple:
     runs = [("1 thread (baseline)", "unloaded"), ("8 threads", "under_load"), ("8 threads, 2 workers killed", "faults/queries")]
     return tuple((label, F(f"{k}/queries"), F(f"{k}/wrong"), F(f"{k}/errors"), F(f"{k}/queries_per_s", "{:.0f}"),
@@ -428,6 +439,9 @@ TABLES: tuple[Table | Figure, ...] = (
         ("baseline: h5py + hdf5plugin in 1 thread, GB/s of counts", F("baselines/h5py_hdf5plugin_1_thread_GBps", "{:.2f}"), ""))),
     Table("load_arina_cuda", PAGE, "load_arina_cuda", "load_arina",
           ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin", "against the raw read's GB/s of file bytes"), arina_cuda_rows()),
+    Table("load_formats_cpu", PAGE, "load_formats_cpu", "load_formats",
+          ("format", "file GB", "ours: svc.load, s", "RosettaSciIO, s", "LiberTEM, s", "ours against the faster", "every count equal"),
+          formats_rows()),
     Table("load_arina_cpu", PAGE, "load_arina_cpu", "load_arina", ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin"),
           arina_cpu_rows()),
     Table("reliability_cuda", PAGE, "reliability_cuda", "reliability",

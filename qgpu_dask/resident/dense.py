@@ -1,7 +1,10 @@
 """DenseCounts: an acquisition held as it is, (n_frames, frame_len) in device memory.
 
 A resident the service holds keeps a small exact index of integer counts, built once (``indexed``): each
-frame's row and column sums, the whole scan's sum and max patterns. Masks whose weights depend only on the
+frame's row and column sums, the whole scan's sum and max patterns. A load from a file promises it
+(``index_later``: its bytes counted at once) and the shard builds it once the load has returned, so a load
+costs the read alone (on 2 CPU cores the index of 1 GiB of counts took 0.13 s, the read 0.17-0.20 s); until
+then queries read the counts. Masks whose weights depend only on the
 row plus only on the column (the ones mask, moments) are answered from the sums; a reduction over every
 scan position is the kept pattern. Live parts and staging copies have no index and read the counts.
 """
@@ -29,6 +32,7 @@ class DenseCounts(Resident):
         self.flat = flat
         self.kernels = kernels_for(self.xp, "dense")
         self.index: tuple | None = None  # (row then column sums of each frame, sum pattern, max pattern), see ``indexed``
+        self.index_to_come = False  # promised by index_later: its bytes are counted before it is built
 
     @staticmethod
     def index_bytes(shape, dtype) -> int:
@@ -48,6 +52,12 @@ class DenseCounts(Resident):
         """This resident with its index built from the counts as they are now (integer counts; floats have none)."""
         if self.dtype.kind in "iu":
             self.index = self.kernels.index_sums(self.flat, self.shape[3])
+        self.index_to_come = False
+        return self
+
+    def index_later(self) -> "DenseCounts":
+        """This resident with its index promised (integer counts): counted in ``nbytes`` now, built by ``indexed``."""
+        self.index_to_come = self.dtype.kind in "iu"
         return self
 
     @classmethod
@@ -74,7 +84,8 @@ class DenseCounts(Resident):
 
     @property
     def nbytes(self) -> int:
-        return int(self.flat.nbytes) + sum(int(a.nbytes) for a in self.index or ())
+        promised = self.index_bytes(self.shape, self.dtype) if self.index_to_come else 0
+        return int(self.flat.nbytes) + sum(int(a.nbytes) for a in self.index or ()) + promised
 
     def prepare_mask_sums(self, masks: MaskWeights):
         if self.index is None or masks.acc_dtype.kind not in "iu":

@@ -70,9 +70,10 @@ def planned(asked: str, shape, dtype, kind: str, free_bytes: int, sample: Callab
 
 
 def held_as(dense: DenseCounts, choice: Choice) -> Resident:
-    """``dense`` itself (with its index where it fits), or its compressed encoding (the dense staging copy is then dropped)."""
+    """``dense`` itself (its index promised where it fits: the shard builds it once the load has returned), or its
+    compressed encoding (the dense staging copy is then dropped)."""
     if not choice.compressed:
-        return dense.indexed() if choice.index else dense
+        return dense.index_later() if choice.index else dense
     return CompressedCounts.encode(dense.name, dense.flat, dense.shape)
 
 

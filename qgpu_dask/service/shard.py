@@ -426,6 +426,8 @@ class Shard:
             self.residents[name] = resident
             record = {**resident.describe(), "source": source, "asked": asked, "layout_reason": reason}
             await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record=record)
+            if getattr(resident, "index_to_come", False):
+                asyncio.ensure_future(self.index_of(name, resident))
             return record
         except BaseException:
             self.residents.pop(name, None)
@@ -434,6 +436,17 @@ class Shard:
             raise
         finally:
             self.budget.unreserve(nbytes)
+
+    async def index_of(self, name: str, resident: DenseCounts) -> None:
+        """Build the index a dense load promised, once it has returned (queries read the counts until it is
+        there); a failure leaves the resident without one, and says so in the worker's log."""
+        if self.residents.get(name) is not resident:
+            return
+        try:
+            await self.on(self.loads, resident.indexed)
+        except Exception as err:  # the counts are held and answer without it
+            resident.index_to_come = False
+            logger.warning("the index of %r was not built (%s): its queries read the counts", name, err)
 
     async def admitted(self, name: str, nbytes: int) -> None:
         """Admit ``nbytes`` for ``name``; where they do not fit while loads under way hold reservations (a coded
