@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .base import BLOCK_BYTES, frames_per_block, native_order
-from .file_bytes import FileBytes, new_memory
+from .file_bytes import READ_PIECE, READERS, FileBytes
 
 
 def bottom_up(frames: np.ndarray, out: np.ndarray) -> None:
@@ -90,27 +90,16 @@ class FrameFile(StoredFrames):
         record = self.head + self.frame_bytes
         return 0 if nbytes < record else (nbytes - record) // self.stride + 1
 
-    def records(self, start: int, n: int, reuse: bool = False) -> np.ndarray:
-        """The bytes of records start .. start + n, read (uint8, record k at ``k * stride``); with ``reuse``,
-        into memory the next call with it reuses (a block's: its pages are not faulted in again)."""
-        span = self.end_of(n) - self.offset
-
-        def memory(nbytes: int) -> np.ndarray:
-            if self.memory.size < nbytes:
-                self.memory = np.empty(nbytes, np.uint8)
-            return self.memory[:nbytes]
-
-        raw, got = self.file.read(self.offset + start * self.stride, span, memory if reuse else new_memory)
-        self.check_got(start, got, span)
-        return raw
-
     def check_got(self, start: int, got: int, span: int) -> None:
         if got < span:
             raise ValueError(f"{str(self.path)!r} ended at frame {start + self.whole(got)} while being read (cut after it was opened?)")
 
     def heads(self, start: int, n: int) -> np.ndarray:
         """The headers of frames start .. start + n, (n, head) uint8."""
-        return np.ndarray((n, self.head), np.uint8, self.records(start, n), 0, (self.stride, 1)).copy()
+        span = self.end_of(n) - self.offset
+        raw, got = self.file.read(self.offset + start * self.stride, span)
+        self.check_got(start, got, span)
+        return np.ndarray((n, self.head), np.uint8, raw, 0, (self.stride, 1)).copy()
 
     def frames_into(self, out: np.ndarray, start: int) -> np.ndarray:
         """Frames start .. start + len(out) copied into ``out`` (n, det rows, det cols) in native byte order, their
@@ -129,15 +118,32 @@ class FrameFile(StoredFrames):
             if self.stored != self.dtype:
                 out.byteswap(inplace=True)  # the file's byte order, made native
             return out
-        raw = self.records(start, n, reuse=True)
-        if self.check is not None:
-            self.check(np.ndarray((n, self.head), np.uint8, raw, 0, (self.stride, 1)), start)
-        size = self.stored.itemsize
-        frames = np.ndarray((n, self.rows, self.cols), self.stored, raw, self.head, (self.stride, self.cols * size, size))
-        if self.arrange is None:
-            out[...] = frames
-        else:
-            self.arrange(frames, out)
+        return self.through_memory(out, start)
+
+    def through_memory(self, out: np.ndarray, start: int) -> np.ndarray:
+        """Frames start .. start + len(out) read into memory kept from block to block (its pages faulted in once)
+        and put in order into ``out``, READ_PIECE bytes of records a thread: each reads its records, checks
+        their headers and copies their frames, while the others read theirs."""
+        n, size = len(out), self.stored.itemsize
+        if self.memory.size < self.end_of(n) - self.offset:
+            self.memory = np.empty(self.end_of(n) - self.offset, np.uint8)
+        group = max(1, READ_PIECE // self.stride)
+
+        def part(lo: int) -> None:
+            hi = min(n, lo + group)
+            span = self.end_of(hi - lo) - self.offset
+            raw = self.memory[lo * self.stride : lo * self.stride + span]
+            self.check_got(start + lo, self.file.read_plain(self.offset + (start + lo) * self.stride, memoryview(raw)), span)
+            if self.check is not None:
+                self.check(np.ndarray((hi - lo, self.head), np.uint8, raw, 0, (self.stride, 1)), start + lo)
+            frames = np.ndarray((hi - lo, self.rows, self.cols), self.stored, raw, self.head, (self.stride, self.cols * size, size))
+            if self.arrange is None:
+                out[lo:hi] = frames
+            else:
+                self.arrange(frames, out[lo:hi])
+
+        for _ in READERS.map(part, range(0, n, group)):  # the first error, of the first frames, is raised
+            pass
         return out
 
     def close(self) -> None:
