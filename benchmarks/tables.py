@@ -106,11 +106,11 @@ def lookup(results: dict, path: str):
 
 
 def fields(cells) -> list[str]:
-    """Every results path a row, table or figure reads."""
+    """Every results path a row, table or figure reads (not those a run may leave out: ``F.absent``)."""
     out = []
     for cell in cells:
         if isinstance(cell, F):
-            out.append(cell.path)
+            out += [] if cell.absent else [cell.path]
         elif isinstance(cell, RatioOf):
             out.extend((cell.path, cell.over))
         elif isinstance(cell, tuple):
