@@ -26,6 +26,7 @@ from ..queries.reductions import Checksum, Frame, Reduce
 from ..queries.sideband import SSB
 from ..queries.virtual_images import VirtualImages
 from ..resident.base import AcquisitionShape
+from .arrays import CHUNK_BYTES, as_dask
 from .calls import QueryFuture
 from .progress import waited
 from .shard import Shard
@@ -245,6 +246,13 @@ class Acquisition(AcquisitionShape, Series):
         path = os.path.abspath(os.fspath(path))
         waited(self.call(Shard.save, path), f"saving {self.name}", 1, "acquisition")
         return path
+
+    def to_dask(self, chunk_bytes: int = CHUNK_BYTES):
+        """This acquisition as a Dask array (scan rows, scan cols, det rows, det cols) of chunks of whole scan
+        rows (about ``chunk_bytes`` of counts), each read on the owner when computed by the service's client (the
+        default Dask scheduler once the service is made): ``hs.signals.Signal2D(acq.to_dask()).as_lazy()``,
+        pyxem and plain Dask work on it without a copy of the file. Made again after the acquisition moves."""
+        return as_dask(self.name, self.owner, self.shape, self.dtype, chunk_bytes)
 
     def info(self) -> dict:
         """Shape, dtype, layout and why it was chosen (``layout_reason``), owner, resident bytes and where it

@@ -30,7 +30,7 @@ from distributed import get_worker
 from tornado.ioloop import PeriodicCallback
 
 from ..device import (array_module, default_budget, device_info, free_cached_memory, memory_bytes, pool_bytes, synchronize,
-                      use_own_stream)
+                      to_host, use_own_stream)
 from ..io.load import describe, inspect, model_sample, read_coded, read_dense, warm_up
 from ..io.registry import open_reader
 from ..io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
@@ -157,6 +157,11 @@ class Shard:
             return self.residents[name]
         except KeyError:
             raise KeyError(f"acquisition {name!r} is not resident on {self.address} (released, or never loaded)") from None
+
+    async def frames(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Frames ``lo`` .. ``hi`` of ``name``, flat, in host memory (a chunk of its Dask array: ``acq.to_dask()``)."""
+        resident = self.resident(name)
+        return await self.on(self.queries, lambda: to_host(resident.frames_flat(lo, hi)))
 
     async def on(self, pool: ThreadPoolExecutor, fn: Callable, *args) -> Any:
         """``fn(*args)`` on one of this shard's threads."""

