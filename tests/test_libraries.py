@@ -27,3 +27,25 @@ def test_a_resident_as_a_dask_array(svc, names, rng):
         acq.release()
         with dask.config.set(scheduler=svc.client), pytest.raises(RuntimeError, match="is not held on .* make its array again"):
             array.compute()
+
+
+def test_hyperspy_works_lazily_on_a_resident(svc, names, rng):
+    """HyperSpy's lazy signal on ``acq.to_dask()``: a sum over the scan and a rectangular virtual image (its
+    signal-space slicing), each equal to ours. (pyxem 0.21 pins zarr below 3, which this package and abTEM
+    need: it cannot be installed beside them.)"""
+    import hyperspy.api as hs
+
+    counts = rng.poisson(0.7, (6, 7, 16, 12)).astype(np.uint16)
+    acq = svc.put(counts, name=names(), layout="compressed")
+    signal = hs.signals.Signal2D(acq.to_dask(chunk_bytes=3 * 7 * 16 * 12 * 2)).as_lazy()
+    assert signal._lazy and signal.data.shape == counts.shape
+    with dask.config.set(scheduler=svc.client):
+        total = signal.sum(axis=(0, 1))
+        total.compute()
+        assert (total.data == acq.reduce(None, "sum")).all()
+        box = signal.isig[2:9, 4:11].sum(axis=(2, 3))  # x 2..8, y 4..10
+        box.compute()
+    mask = np.zeros((16, 12), bool)
+    mask[4:11, 2:9] = True
+    assert (box.data == acq.virtual_image(mask)).all()
+    acq.release()
