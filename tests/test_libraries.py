@@ -49,3 +49,36 @@ def test_hyperspy_works_lazily_on_a_resident(svc, names, rng):
     mask[4:11, 2:9] = True
     assert (box.data == acq.virtual_image(mask)).all()
     acq.release()
+
+
+def test_an_export_reads_in_hyperspy_rosettasciio_libertem_and_h5py(svc, names, rng, tmp_path):
+    import h5py
+    import hyperspy.api as hs
+    from rsciio.hspy import file_reader
+
+    import qgpu_dask as qd
+    from peers import libertem_counts
+
+    counts = rng.poisson(0.6, (5, 7, 16, 12)).astype(np.uint16)
+    optics = qd.Optics(300e3, 20.0, 0.8, det_sampling_mrad=1.5)
+    for layout in ("dense", "compressed"):
+        acq = svc.put(counts, name=names(), layout=layout)
+        path = acq.export(tmp_path / f"{layout}.hspy", optics)
+        signal = hs.load(path)
+        assert (signal.data == counts).all() and signal.metadata.General.title == acq.name
+        nav, sig = signal.axes_manager.navigation_axes, signal.axes_manager.signal_axes
+        assert [a.scale for a in nav] == [0.08, 0.08] and [a.units for a in nav] == ["nm", "nm"]
+        assert [a.scale for a in sig] == [1.5, 1.5] and sig[0].units == "mrad"
+        assert signal.metadata.Acquisition_instrument.TEM.beam_energy == 300.0
+        assert (file_reader(path)[0]["data"] == counts).all()
+        assert (libertem_counts("hdf5", path=path, ds_path=f"Experiments/{acq.name}/data") == counts).all()
+        with h5py.File(path) as f:
+            data = f[f"Experiments/{acq.name}/data"]
+            assert data.chunks == (1, 1, 16, 12) and data.id.get_create_plist().get_filter(0)[0] == 32008  # bitshuffle
+        acq.release()
+    plain = svc.put(counts, name=names())
+    with pytest.raises(ValueError, match="an export is HyperSpy's HDF5 layout, named .hspy"):
+        plain.export(tmp_path / "out.zarr")
+    assert not (tmp_path / "out.zarr").exists() and not list(tmp_path.glob("*.partial"))
+    assert str(hs.load(plain.export(tmp_path / "plain.hspy")).axes_manager.navigation_axes[0].units) == "<undefined>"  # pixels
+    plain.release()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 from dask.utils import format_bytes
 
+from ..io.export import Calibration
 from ..phase.direct import DirectResult
 from ..phase.optics import Optics
 from ..queries import calibration
@@ -245,6 +246,17 @@ class Acquisition(AcquisitionShape, Series):
         """
         path = os.path.abspath(os.fspath(path))
         waited(self.call(Shard.save, path), f"saving {self.name}", 1, "acquisition")
+        return path
+
+    def export(self, path: str | os.PathLike, optics: Optics | None = None) -> str:
+        """Write this acquisition in HyperSpy's HDF5 layout (.hspy: one bitshuffle-LZ4 chunk a frame, its axes
+        and, with ``optics``, the scan step in nm, the detector pixel in mrad once calibrated, the beam energy
+        and convergence angle), which HyperSpy, RosettaSciIO, LiberTEM (``ds_path="Experiments/<name>/data"``)
+        and h5py read; returns the absolute path. The owning worker writes it, block by block."""
+        path = os.path.abspath(os.fspath(path))
+        calibration = None if optics is None else Calibration(optics.scan_step_A / 10, optics.det_sampling_mrad, optics.energy_eV / 1e3,
+                                                                 optics.semiangle_mrad)
+        waited(self.call(Shard.export, path, calibration), f"exporting {self.name}", 1, "acquisition")
         return path
 
     def to_dask(self, chunk_bytes: int = CHUNK_BYTES):
