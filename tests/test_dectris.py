@@ -183,18 +183,27 @@ def tickit_frame(tmp_path) -> np.ndarray:
 
 def test_stream2_from_tickit_eiger(svc, names, tmp_path, eiger_sim):
     """tickit's Eiger armed and triggered for 3 images (stream2: CBOR, bslz4 in the HDF5 framing): every frame
-    equal to the one it sends, decoded by HDF5's bitshuffle filter."""
+    equal to the one it sends, decoded by HDF5's bitshuffle filter. Its PUSH socket also connects to its own
+    address, and now and then a whole series goes there (CI saw it once in about ten runs, after the wait for
+    our connection): a series that never comes is armed again, twice at most."""
     rest, port = eiger_sim
     for path, value in [("stream/api/1.8.0/config/format", "cbor"), ("detector/api/1.8.0/config/trigger_mode", "ints"),
                         ("detector/api/1.8.0/config/nimages", 3), ("detector/api/1.8.0/config/ntrigger", 1),
                         ("detector/api/1.8.0/config/frame_time", 0.001)]:
         put(rest, path, value)
-    acq = svc.create(names(), scan_shape=(1, 3), det_shape=(4362, 4148), dtype="uint16", layout="dense")
-    future = svc.ingest(qd.DectrisSource("127.0.0.1", port, timeout_s=60), acq, wait=False)
-    owner_connected(svc, port)
-    put(rest, "detector/api/1.8.0/command/arm")
-    put(rest, "detector/api/1.8.0/command/trigger")
-    assert future.result(120) == {"frames": 3, "received": 3}
+    for attempt in range(3):  # tickit's PUSH socket also connects to its own address: a series can go down that pipe
+        acq = svc.create(names(), scan_shape=(1, 3), det_shape=(4362, 4148), dtype="uint16", layout="dense")
+        future = svc.ingest(qd.DectrisSource("127.0.0.1", port, timeout_s=20), acq, wait=False)
+        owner_connected(svc, port)
+        put(rest, "detector/api/1.8.0/command/arm")
+        put(rest, "detector/api/1.8.0/command/trigger")
+        try:
+            assert future.result(120) == {"frames": 3, "received": 3}
+            break
+        except ValueError as err:  # nothing came: the simulator sent this series to itself; arm it again
+            assert "sent nothing for 20 s" in str(err) and attempt < 2
+            put(rest, "detector/api/1.8.0/command/disarm")
+            acq.release()
     put(rest, "detector/api/1.8.0/command/disarm")
     frame = tickit_frame(tmp_path)
     assert hashlib.sha256(frame.tobytes()).hexdigest() == "cf12323dbcdb88976a6e32f27a352d8a55b8561fc43409d87dab725dc98c0387"
