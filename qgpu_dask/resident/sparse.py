@@ -197,10 +197,10 @@ class SparseCounts(Resident):
         xp = self.xp
         if isinstance(frames, SparseFrames):
             with self.lock:
-                n = len(frames)
+                n, k = len(frames), len(frames.indices)
                 self.check_to_come(self.received, n)
-                self.make_room(len(frames.indices), n)
-                at, k = self.nnz, len(frames.indices)
+                self.make_room(k, n)
+                at = self.nnz
                 room = (self.frames[at : at + k], self.pixels[at : at + k]) if xp is np else None  # written in place
                 return self.put(*frames.on(self.frame_len, self.dtype, xp, self.received, room), n)
         frames = self.checked_frames(frames)

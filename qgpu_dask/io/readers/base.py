@@ -126,10 +126,15 @@ def native_order(dtype) -> np.dtype:
 def array_blocks(array, shape: tuple[int, int, int, int], block_bytes: int) -> Iterator[tuple[int, np.ndarray]]:
     """(first frame, frames (n, det_rows, det_cols)) blocks of whole scan rows where they fit, in native byte
     order, from any sliceable 3-D or 4-D array (h5py dataset, memmap, Zarr array)."""
+    return frame_blocks(lambda start, n: array_frames(array, shape, start, n), shape, array.dtype, block_bytes)
+
+
+def frame_blocks(frames: Callable[[int, int], np.ndarray], shape: tuple[int, int, int, int], dtype, block_bytes: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first frame, ``frames(first, n)``) of blocks of whole scan rows where they fit (``frames_per_block``)."""
     n_frames = shape[0] * shape[1]
-    step = frames_per_block(shape, array.dtype, block_bytes)
+    step = frames_per_block(shape, dtype, block_bytes)
     for start in range(0, n_frames, step):
-        yield start, array_frames(array, shape, start, min(step, n_frames - start))
+        yield start, frames(start, min(step, n_frames - start))
 
 
 def array_frames(array, shape: tuple[int, int, int, int], start: int, n: int) -> np.ndarray:

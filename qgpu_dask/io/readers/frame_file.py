@@ -3,8 +3,10 @@ header is parsed (EMPAD .raw, NanoMegas .blo, MRC, DigitalMicrograph stacks, TIA
 
 Frame k's record starts at ``offset + k * stride``: ``head`` bytes (a format's frame header, checked by the
 format where it says how), then the counts, rows of ``det_shape[1]`` counts one after the other, in the
-file's byte order; the bytes after the counts (an EMPAD frame's metadata rows) are skipped. A block is read in large pieces on several threads (``FileBytes``: from the page cache, or the
-drive direct where asked) and copied once into the frames the load is given, in native byte order.
+file's byte order; the bytes after the counts (an EMPAD frame's metadata rows) are skipped. A block is read
+on several threads (``FileBytes``) straight into the frames the load is given where the rows lie in order
+(past headers and gaps by scattered reads), else through memory kept from block to block and put in order
+there, in native byte order.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .base import BLOCK_BYTES, frames_per_block, native_order
+from .base import BLOCK_BYTES, frame_blocks, native_order
 from .file_bytes import READ_PIECE, READERS, FileBytes
 
 
@@ -41,10 +43,7 @@ class StoredFrames:
         return self.blocks_into(lambda start, n: np.empty((n, *self.shape[2:]), self.dtype), block_bytes)
 
     def blocks_into(self, target: Callable[[int, int], np.ndarray], block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        n_frames = self.shape[0] * self.shape[1]
-        step = frames_per_block(self.shape, self.dtype, block_bytes)
-        for start in range(0, n_frames, step):
-            yield start, self.frames_into(target(start, min(step, n_frames - start)), start)
+        return frame_blocks(lambda start, n: self.frames_into(target(start, n), start), self.shape, self.dtype, block_bytes)
 
 
 class FrameFile(StoredFrames):
@@ -91,8 +90,12 @@ class FrameFile(StoredFrames):
         return 0 if nbytes < record else (nbytes - record) // self.stride + 1
 
     def check_got(self, start: int, got: int, span: int) -> None:
+        """ValueError naming the first frame not read where ``got`` of the ``span`` bytes from frame ``start`` came."""
         if got < span:
-            raise ValueError(f"{str(self.path)!r} ended at frame {start + self.whole(got)} while being read (cut after it was opened?)")
+            self.cut_at(start + self.whole(got))
+
+    def cut_at(self, frame: int) -> None:
+        raise ValueError(f"{str(self.path)!r} ended at frame {frame} while being read (cut after it was opened?)")
 
     def heads(self, start: int, n: int) -> np.ndarray:
         """The headers of frames start .. start + n, (n, head) uint8."""
@@ -112,7 +115,7 @@ class FrameFile(StoredFrames):
             heads = np.empty((n, self.head), np.uint8) if self.head else None
             whole = self.file.read_records(self.offset + start * self.stride, self.stride, out.reshape(n, -1).view(np.uint8), heads)
             if whole < n:
-                raise ValueError(f"{str(self.path)!r} ended at frame {start + whole} while being read (cut after it was opened?)")
+                self.cut_at(start + whole)
             if self.check is not None:
                 self.check(heads, start)
             if self.stored != self.dtype:

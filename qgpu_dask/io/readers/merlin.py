@@ -17,7 +17,7 @@ import numpy as np
 
 from ...formats import merlin
 from ..source import Source
-from .base import BLOCK_BYTES, Format, as_4d, frames_per_block
+from .base import BLOCK_BYTES, Format, as_4d, frame_blocks
 
 
 def is_merlin(path: Path, dataset: str | None = None) -> bool:
@@ -111,10 +111,7 @@ class MerlinReader:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        n_frames = self.shape[0] * self.shape[1]
-        step = frames_per_block(self.shape, self.dtype, block_bytes)
-        for start in range(0, n_frames, step):
-            yield start, self.frames(start, min(step, n_frames - start))
+        return frame_blocks(self.frames, self.shape, self.dtype, block_bytes)
 
     def close(self) -> None:
         self.files = []

@@ -27,7 +27,7 @@ import numpy as np
 
 from ...resident.sparse import SparseFrames
 from ..source import Source
-from .base import BLOCK_BYTES, Format, frames_per_block
+from .base import BLOCK_BYTES, Format, frame_blocks
 from .descriptor import data_file, descriptor, dtype_of, shape_of, table
 
 FILETYPE = "raw_csr"
@@ -77,10 +77,7 @@ class RawCsrReader:
             raise ValueError(f"{self.where!r}: {err}") from None
 
     def blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        n_frames = self.shape[0] * self.shape[1]
-        step = frames_per_block(self.shape, self.dtype, block_bytes)
-        for start in range(0, n_frames, step):
-            yield start, self.frames(start, min(step, n_frames - start))
+        return frame_blocks(self.frames, self.shape, self.dtype, block_bytes)
 
     def close(self) -> None:
         self.parts = {}
