@@ -23,6 +23,20 @@ def read_all(reader) -> np.ndarray:
     return out
 
 
+def read_as(kind: str, path, counts: np.ndarray) -> np.ndarray:
+    """Every count of ``path`` read by us, once the format found is ``kind`` and the reader gives the shape,
+    dtype and kind of ``counts`` and every count of them."""
+    assert detect_format(path).name == kind
+    reader = open_reader(Source(str(path)))
+    try:
+        assert reader.shape == counts.shape and reader.dtype == counts.dtype and reader.kind == kind
+        got = read_all(reader)
+        assert (got == counts).all()
+        return got
+    finally:
+        reader.close()
+
+
 # -- LiberTEM's raw_csr ----------------------------------------------------------
 
 
@@ -134,19 +148,12 @@ def test_mrc_counts_equal_rosettasciios_libertems_and_mrcfiles(tmp_path, rng, dt
     counts = rng.integers(0, 100, (4, 5, 12, 14)).astype(dtype)
     path = write_de_movie(tmp_path, counts, {"Scan - Enable": "Enable", "Scan - Type": "Raster", "Scan - Size X": "5", "Scan - Size Y": "4"},
                           byteorder)
-    assert detect_format(path).name == "mrc"
-    reader = open_reader(Source(str(path)))
-    try:
-        assert reader.shape == counts.shape and reader.dtype == np.dtype(dtype) and reader.kind == "mrc"
-        got = read_all(reader)
-        assert (got == counts).all()
-        if byteorder == "<":
-            assert (got == rosettasciio_counts("mrc", path)).all()
-            assert (got == libertem_counts("mrc", path=str(path), nav_shape=(4, 5))).all()
-        with mrcfile.open(path, permissive=True) as mrc:
-            assert (got.reshape(-1, 12, 14) == mrc.data).all()
-    finally:
-        reader.close()
+    got = read_as("mrc", path, counts)
+    if byteorder == "<":
+        assert (got == rosettasciio_counts("mrc", path)).all()
+        assert (got == libertem_counts("mrc", path=str(path), nav_shape=(4, 5))).all()
+    with mrcfile.open(path, permissive=True) as mrc:
+        assert (got.reshape(-1, 12, 14) == mrc.data).all()
 
 
 def test_mrc_scan_shapes_and_errors(tmp_path, rng):
@@ -194,16 +201,9 @@ def test_blo_counts_equal_rosettasciios_and_libertems(tmp_path, rng):
 
     counts = rng.integers(0, 256, (5, 7, 16, 16)).astype(np.uint8)
     path = write_blo(tmp_path / "ped.blo", counts)
-    assert detect_format(path).name == "blo"
-    reader = open_reader(Source(str(path)))
-    try:
-        assert reader.shape == counts.shape and reader.dtype == np.uint8 and reader.kind == "blo"
-        got = read_all(reader)
-        assert (got == counts).all()
-        assert (got == rosettasciio_counts("blockfile", path)).all()
-        assert (got == libertem_counts("blo", path=str(path))).all()
-    finally:
-        reader.close()
+    got = read_as("blo", path, counts)
+    assert (got == rosettasciio_counts("blockfile", path)).all()
+    assert (got == libertem_counts("blo", path=str(path))).all()
 
 
 def test_blo_through_a_service_and_damaged_records(svc, names, tmp_path, rng):
@@ -305,20 +305,12 @@ def test_dm_4d_counts_equal_rosettasciios_and_libertems(tmp_path, rng, version, 
 
     counts = rng.integers(0, 120, (3, 4, 16, 12)).astype(dtype)
     path = write_dm(tmp_path / f"stack.dm{version}", counts, version)
-    assert detect_format(path).name == "dm"
-    reader = open_reader(Source(str(path)))
-    try:
-        assert reader.shape == counts.shape and reader.dtype == np.dtype(dtype) and reader.kind == "dm"
-        got = read_all(reader)
-        assert (got == counts).all()
-        assert (got == rosettasciio_counts("digitalmicrograph", path)).all()
-        assert (got == libertem_counts("dm", path=str(path))).all()
-    finally:
-        reader.close()
+    got = read_as("dm", path, counts)
+    assert (got == rosettasciio_counts("digitalmicrograph", path)).all()
+    assert (got == libertem_counts("dm", path=str(path))).all()
 
 
 def test_dm_frame_stacks_and_refusals(tmp_path, rng, svc, names):
-
     counts = rng.poisson(0.5, (4, 3, 16, 16)).astype(np.uint32)
     path = write_dm(tmp_path / "frames.dm4", counts.reshape(12, 16, 16), thumbnail=False)
     info = qd.inspect(path)
@@ -344,20 +336,12 @@ def test_ser_counts_equal_rosettasciios_and_libertems(tmp_path, rng, version, dt
 
     counts = rng.integers(0, 5000, (3, 4, 12, 10)).astype(dtype)
     path = write_ser(tmp_path / "scan_1.ser", counts, version)
-    assert detect_format(path).name == "ser"
-    reader = open_reader(Source(str(path)))
-    try:
-        assert reader.shape == counts.shape and reader.dtype == np.dtype(dtype) and reader.kind == "ser"
-        got = read_all(reader)
-        assert (got == counts).all()
-        assert (got == rosettasciio_counts("tia", path)).all()
-        assert (got == libertem_counts("ser", path=str(path))).all()
-    finally:
-        reader.close()
+    got = read_as("ser", path, counts)
+    assert (got == rosettasciio_counts("tia", path)).all()
+    assert (got == libertem_counts("ser", path=str(path))).all()
 
 
 def test_ser_through_a_service_and_its_errors(tmp_path, rng, svc, names):
-
     counts = rng.poisson(0.6, (5, 4, 16, 16)).astype(np.uint8)
     path = write_ser(tmp_path / "scan_1.ser", counts)
     acq = svc.load(path, name=names(), progress=False)
