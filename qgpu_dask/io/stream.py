@@ -258,8 +258,8 @@ def read_into(conn: socket.socket, view: memoryview, least: int, timeout_s: floa
 
 
 def read_exactly(conn: socket.socket, n: int, timeout_s: float, where: str, frame: int, what: str = "") -> bytearray:
-    """``n`` bytes from ``conn`` (not copied again: a Timepix3 chunk is megabytes); ValueError naming ``frame`` if it closes or goes quiet for ``timeout_s`` first
-    (``what``: whose bytes they are, e.g. "a message's ")."""
+    """``n`` bytes from ``conn`` (not copied again: a Timepix3 chunk is megabytes); ValueError naming ``frame``
+    if it closes or goes quiet for ``timeout_s`` first (``what``: whose bytes they are, e.g. "a message's ")."""
     data = bytearray(n)
     got, end = read_into(conn, memoryview(data), n, timeout_s)
     if got < n:

@@ -261,9 +261,9 @@ class Acquisition(AcquisitionShape, Series):
 
     def to_dask(self, chunk_bytes: int = CHUNK_BYTES):
         """This acquisition as a Dask array (scan rows, scan cols, det rows, det cols) of chunks of whole scan
-        rows (about ``chunk_bytes`` of counts), each read on the owner when computed by the service's client (the
-        default Dask scheduler once the service is made): ``hs.signals.Signal2D(acq.to_dask()).as_lazy()``,
-        pyxem and plain Dask work on it without a copy of the file. Made again after the acquisition moves."""
+        rows (about ``chunk_bytes`` of counts), each asked of the owner's shard when computed (by the service's
+        client, the default Dask scheduler once the service is made): ``hs.signals.Signal2D(acq.to_dask()).as_lazy()``
+        and plain Dask work on it without a copy of the file. Made again after the acquisition moves."""
         return as_dask(self.name, self.owner, self.shape, self.dtype, chunk_bytes)
 
     def info(self) -> dict:

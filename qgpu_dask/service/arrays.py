@@ -1,8 +1,8 @@
-"""An acquisition as a Dask array (``acq.to_dask()``), so HyperSpy, pyxem and plain Dask work on a resident
-without a copy of its file: each chunk, whole scan rows of about CHUNK_BYTES of counts, is a task that asks
-the owner's shard for those frames (``Shard.frames``: any layout, decoded where compressed) when the array is
-computed, on any worker of the service's Dask client or, with another scheduler, through that client. After the acquisition moves (a worker lost) or is released, its chunks say
-so: make the array again.
+"""An acquisition as a Dask array (``acq.to_dask()``), so HyperSpy and plain Dask work on a resident without a
+copy of its file: each chunk, whole scan rows of about CHUNK_BYTES of counts, is a task that asks the owner's
+shard for those frames (``Shard.frames``: any layout, decoded where compressed) when the array is computed, on
+any worker of the service's Dask client or, with another scheduler, through that client. After the
+acquisition moves (a worker lost) or is released, its chunks say so: make the array again.
 """
 
 from __future__ import annotations

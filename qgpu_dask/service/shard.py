@@ -437,7 +437,7 @@ class Shard:
             self.residents[name] = resident
             record = {**resident.describe(), "source": source, "asked": asked, "layout_reason": reason}
             await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record=record)
-            if getattr(resident, "index_to_come", False):
+            if isinstance(resident, DenseCounts) and resident.index_to_come:
                 asyncio.ensure_future(self.index_of(name, resident))
             return record
         except BaseException:

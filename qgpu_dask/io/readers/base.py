@@ -108,6 +108,15 @@ def as_4d(shape: tuple[int, ...], scan_shape: tuple[int, int] | None, what: str)
     raise ValueError(f"{what} is {len(shape)}-D with shape {shape}: an acquisition is a 3-D frame stack or 4-D")
 
 
+def stack_shape(shape: tuple[int, ...], scan_shape: tuple[int, int] | None, where: str, noun: str, why: str) -> tuple[int, int, int, int]:
+    """``as_4d`` of a file's stack; ScanShapeNeeded saying "the N ``noun`` of ``where`` come with ``why``" where
+    a 3-D stack has no ``scan_shape``."""
+    try:
+        return as_4d(shape, scan_shape, where)
+    except ScanShapeNeeded as err:
+        raise ScanShapeNeeded(f"the {err.frames} {noun} of {where} come with {why}: give scan_shape=(rows, cols)", err.frames) from None
+
+
 def frames_per_block(shape: tuple[int, int, int, int], dtype: np.dtype, block_bytes: int) -> int:
     """How many whole scan rows of frames fit in ``block_bytes`` (at least one frame), in frames."""
     frame_bytes = shape[2] * shape[3] * np.dtype(dtype).itemsize

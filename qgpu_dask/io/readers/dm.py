@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 
 from ..source import Source
-from .base import Format, ScanShapeNeeded, as_4d
+from .base import Format, stack_shape
 from .frame_file import FrameFile
 
 DTYPES = {1: "<i2", 2: "<f4", 6: "u1", 7: "<i4", 9: "i1", 10: "<u2", 11: "<u4", 12: "<f8"}  # DM image DataType codes read
@@ -57,10 +57,7 @@ def open_dm(path: Path, source: Source) -> FrameFile:
         raise ValueError(f"{where}: its 4-D stack does not say it is in C order ({SWAPPED} = 1): an older file's stack"
                          " interleaves scan and detector axes and is not read; convert it with GMS 3 or LiberTEM's convert_transposed")
     stack = sizes if ndim == 4 else sizes[1:]
-    try:
-        shape = as_4d(stack, source.scan_shape, where)
-    except ScanShapeNeeded as err:
-        raise ScanShapeNeeded(f"the {stack[0]} frames of {where} come with no scan shape: give scan_shape=(rows, cols)", err.frames) from None
+    shape = stack_shape(stack, source.scan_shape, where, "frames", "no scan shape")
     return FrameFile("dm", path, shape, DTYPES[code], offset)
 
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from ..source import Source
-from .base import Format, ScanShapeNeeded, as_4d
+from .base import Format, stack_shape
 from .frame_file import FrameFile
 
 MAP = b"MAP "  # bytes 208..211 of an MRC2014 header
@@ -73,11 +73,8 @@ def open_mrc(path: Path, source: Source) -> FrameFile:
         frames, rows, cols = int(header.nz), int(header.ny), int(header.nx)
         offset = header.nbytes + int(header.nsymbt)
     where = repr(str(path))
-    try:
-        shape = as_4d((frames, rows, cols), source.scan_shape or de_scan_shape(path), where)
-    except ScanShapeNeeded:
-        raise ScanShapeNeeded(f"the {frames} frames of {where} come with no scan shape (no Direct Electron info file of a raster scan beside it):"
-                              " give scan_shape=(rows, cols)", frames) from None
+    shape = stack_shape((frames, rows, cols), source.scan_shape or de_scan_shape(path), where, "frames",
+                        "no scan shape (no Direct Electron info file of a raster scan beside it)")
     return FrameFile("mrc", path, shape, dtype, offset)
 
 

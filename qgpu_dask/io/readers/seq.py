@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 
 from ..source import Source
-from .base import Format, ScanShapeNeeded, as_4d
+from .base import Format, stack_shape
 from .frame_file import FrameFile
 
 MAGIC = 0xFEED
@@ -46,11 +46,7 @@ def open_seq(path: Path, source: Source) -> FrameFile:
     frame_bytes = width * height * bits // 8
     stride = stride or frame_bytes
     frames = max(0, path.stat().st_size - offset + stride - frame_bytes) // stride
-    try:
-        shape = as_4d((frames, height, width), source.scan_shape, where)
-    except ScanShapeNeeded:
-        raise ScanShapeNeeded(f"the {frames} frames of {where} come with no scan shape (a .seq file has none): give scan_shape=(rows, cols)",
-                              frames) from None
+    shape = stack_shape((frames, height, width), source.scan_shape, where, "frames", "no scan shape (a .seq file has none)")
     return FrameFile("seq", path, shape, DTYPES[bits], offset, stride)
 
 

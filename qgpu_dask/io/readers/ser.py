@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..source import Source
-from .base import Format, ScanShapeNeeded, as_4d
+from .base import Format, stack_shape
 from .frame_file import FrameFile, bottom_up
 
 IMAGES = 0x4122  # DataTypeID of a series of 2-D elements
@@ -66,11 +66,8 @@ def open_ser(path: Path, source: Source) -> FrameFile:
     if code not in DTYPES:
         raise ValueError(f"{where}: its elements hold data type {code}; readable: {sorted(DTYPES)} (integers and real floats)")
     scan = tuple(reversed(dims)) if len(dims) == 2 and dims[0] * dims[1] == valid else None
-    try:
-        shape = as_4d((valid, height, width) if scan is None else (*scan, height, width), source.scan_shape, where)
-    except ScanShapeNeeded as err:
-        raise ScanShapeNeeded(f"the {valid} elements of {where} come with dimensions {dims}, not a scan of them: give scan_shape=(rows, cols)",
-                              err.frames) from None
+    shape = stack_shape((valid, height, width) if scan is None else (*scan, height, width), source.scan_shape, where, "elements",
+                        f"dimensions {dims}, not a scan of them")
     return FrameFile("ser", path, shape, DTYPES[code], int(offsets[0]), int(steps[0]) if steps.size else None, ELEMENT_HEAD,
                      lambda heads, first: checked_heads(heads, first, expected, where), arrange=bottom_up)
 
