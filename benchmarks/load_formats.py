@@ -27,7 +27,6 @@ import shutil
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -43,41 +42,19 @@ FORMATS = ("mrc", "dm", "ser", "blo", "tvips", "seq", "frms6", "raw")
 RSCIIO = {"mrc": "mrc", "dm": "digitalmicrograph", "ser": "tia", "blo": "blockfile", "tvips": "tvips"}
 
 
-def rosettasciio_signal(data: np.ndarray, nav_units: str, sig_units: str) -> dict:
-    """``data`` as the signal dict RosettaSciIO's writers take."""
-    axes = [{"name": f"axis{i}", "size": n, "scale": 1.0, "offset": 0.0, "index_in_array": i, "navigate": i < data.ndim - 2,
-             "units": nav_units if i < data.ndim - 2 else sig_units} for i, n in enumerate(data.shape)]
-    return {"data": data, "axes": axes, "metadata": {}, "original_metadata": {}, "attributes": {"_lazy": False}}
-
-
 def written(kind: str, folder: Path, counts: np.ndarray) -> tuple[Path, dict, dict]:
     """The file of ``kind`` holding ``counts``: (path, what ``svc.load`` takes beside it, LiberTEM's load parameters)."""
     scan, frames = counts.shape[:2], counts.reshape(-1, *counts.shape[2:])
     if kind == "mrc":
-        import mrcfile
-
-        path = folder / "scan.mrc"
-        with mrcfile.new(path, overwrite=True) as mrc:
-            mrc.set_data(frames)
-            mrc.set_image_stack()
-        return path, {"scan_shape": scan}, {"nav_shape": scan}
+        return samples.write_mrc(folder / "scan.mrc", frames), {"scan_shape": scan}, {"nav_shape": scan}
     if kind == "dm":
         return samples.write_dm(folder / "scan.dm4", counts), {}, {}
     if kind == "ser":
         return samples.write_ser(folder / "scan_1.ser", counts), {}, {}
     if kind == "blo":
-        from rsciio.blockfile import file_writer
-
-        path = folder / "scan.blo"
-        file_writer(str(path), rosettasciio_signal(counts, "nm", "cm"), show_progressbar=False)
-        return path, {}, {}
+        return samples.write_blo(folder / "scan.blo", counts), {}, {}
     if kind == "tvips":
-        from rsciio.tvips import file_writer
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            file_writer(str(folder / "scan.tvips"), rosettasciio_signal(frames, "s", "1/nm"), show_progressbar=False)
-        return folder / "scan_000.tvips", {"scan_shape": scan}, {"nav_shape": scan, "sync_offset": 0}
+        return samples.write_tvips(folder, frames, stem="scan"), {"scan_shape": scan}, {"nav_shape": scan, "sync_offset": 0}
     if kind == "seq":
         return samples.write_seq(folder / "scan.seq", frames), {"scan_shape": scan}, {"nav_shape": scan}
     if kind == "frms6":

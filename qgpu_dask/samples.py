@@ -15,6 +15,8 @@
 - ``scan.dm4`` (DigitalMicrograph), ``scan_1.ser`` (TIA) and ``scan.toml`` (big-endian raw frames after a
   512-byte header in ``scan.bin``, and the descriptor saying so): the crystal again; ``events.toml``: sparse
   events (0.02 counts a pixel, 256 x 256) in LiberTEM's raw_csr layout;
+- ``write_mrc``, ``write_blo`` and ``write_tvips``: MRC, NanoMegas and TVIPS files by mrcfile's and
+  RosettaSciIO's writers (installed with the test extra), for tests and benchmarks;
 - the field's formats no library writes, by their published layouts, for tests and benchmarks:
   ``write_dm`` (DigitalMicrograph DM3/DM4), ``write_ser`` (TIA), ``write_seq`` (StreamPix), ``write_frms6``
   (PNDetector), ``write_raw`` and ``write_raw_csr`` (frames or LiberTEM's CSR triple, with their TOML
@@ -319,6 +321,60 @@ def descriptor(path: Path, filetype: str, shape: tuple[int, ...], table: dict) -
     lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def write_mrc(path: Path, frames: np.ndarray, byteorder: str = "<") -> Path:
+    """``frames`` (n, det...) as an MRC stack of images (not a volume, as a camera writes it), by mrcfile's
+    writer (the formats extra), its counts in ``byteorder``."""
+    import mrcfile
+
+    with mrcfile.new(path, overwrite=True) as mrc:
+        mrc.set_data(frames.astype(frames.dtype.newbyteorder(byteorder)))
+        mrc.set_image_stack()
+    return path
+
+
+def rosettasciio_signal(data: np.ndarray, nav_units: str = "nm", sig_units: str = "cm") -> dict:
+    """``data`` (scan..., det...) as the signal dict RosettaSciIO's writers take (its axes, no metadata)."""
+    axes = [{"name": f"axis{i}", "size": n, "scale": 1.0, "offset": 0.0, "index_in_array": i, "navigate": i < data.ndim - 2,
+             "units": nav_units if i < data.ndim - 2 else sig_units} for i, n in enumerate(data.shape)]
+    return {"data": data, "axes": axes, "metadata": {}, "original_metadata": {}, "attributes": {"_lazy": False}}
+
+
+def write_blo(path: Path, counts: np.ndarray) -> Path:
+    """``counts`` (scan..., det...: uint8, a square detector) as a NanoMegas block file, by RosettaSciIO's writer."""
+    from rsciio.blockfile import file_writer
+
+    file_writer(str(path), rosettasciio_signal(counts), show_progressbar=False)
+    return path
+
+
+def write_tvips(folder: Path, frames: np.ndarray, record_limit: int | None = None, coordinates: np.ndarray | None = None,
+                stem: str = "series") -> Path:
+    """``frames`` (n, det...) as a TVIPS series by RosettaSciIO's writer (split into files of at most
+    ``record_limit`` frames; with ``coordinates`` (n, 2) (x, y), 108-byte frame headers carrying them); the
+    first file's path."""
+    import warnings
+
+    from rsciio.tvips import file_writer
+
+    head = 60 if coordinates is None else 108
+    record = head + frames[0].nbytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its units and mode are guessed
+        file_writer(str(folder / f"{stem}.tvips"), rosettasciio_signal(frames, "s", "1/nm"), show_progressbar=False,
+                    max_file_size=None if record_limit is None else 256 + record_limit * record, frame_header_extra_bytes=head - 60)
+    files = sorted(folder.glob(f"{stem}_*.tvips"))
+    if coordinates is not None:
+        at = 0
+        for path in files:
+            data = bytearray(path.read_bytes())
+            start = 256 if path.name.endswith("_000.tvips") else 0
+            for k in range((len(data) - start) // record):
+                data[start + k * record + 68 : start + k * record + 76] = coordinates[at].astype("<f4").tobytes()
+                at += 1
+            path.write_bytes(bytes(data))
+    return files[0]
 
 
 def write(folder: str | Path = ".") -> dict[str, Path]:

@@ -32,9 +32,3 @@ def rosettasciio_counts(reader: str, path, **kwargs) -> np.ndarray:
 
     return np.asarray(importlib.import_module(f"rsciio.{reader}").file_reader(str(path), **kwargs)[0]["data"])
 
-
-def rosettasciio_signal(data: np.ndarray, nav_units: str = "nm", sig_units: str = "cm") -> dict:
-    """``data`` (scan..., det...) as the signal dict RosettaSciIO's writers take (its axes, no metadata)."""
-    axes = [{"name": f"axis{i}", "size": n, "scale": 1.0, "offset": 0.0, "index_in_array": i, "navigate": i < data.ndim - 2,
-             "units": nav_units if i < data.ndim - 2 else sig_units} for i, n in enumerate(data.shape)]
-    return {"data": data, "axes": axes, "metadata": {}, "original_metadata": {}, "attributes": {"_lazy": False}}

@@ -12,7 +12,7 @@ import qgpu_dask as qd
 from qgpu_dask.io.registry import detect_format, open_reader
 from qgpu_dask.io.source import Source
 from peers import libertem_counts
-from qgpu_dask.samples import write_dm, write_frms6, write_raw, write_raw_csr, write_seq, write_ser
+from qgpu_dask.samples import write_blo, write_dm, write_frms6, write_mrc, write_raw, write_raw_csr, write_seq, write_ser, write_tvips
 
 
 def read_all(reader) -> np.ndarray:
@@ -128,12 +128,7 @@ def test_raw_through_a_service_and_its_errors(svc, names, tmp_path, rng):
 
 def write_de_movie(folder, counts: np.ndarray, info: dict[str, str], byteorder: str = "<", name: str = "20261204_7_movie.mrc"):
     """``counts`` (scan..., det...) as a Direct Electron movie (``mrcfile``'s writer) and its info file."""
-    import mrcfile
-
-    path = folder / name
-    with mrcfile.new(path, overwrite=True) as mrc:
-        mrc.set_data(counts.reshape(-1, *counts.shape[2:]).astype(counts.dtype.newbyteorder(byteorder)))
-        mrc.set_image_stack()  # a stack of frames, as a camera writes it (not a volume)
+    path = write_mrc(folder / name, counts.reshape(-1, *counts.shape[2:]), byteorder)
     (folder / "20261204_7_info.txt").write_text("".join(f"{k} = {v}\n" for k, v in info.items()))
     return path
 
@@ -187,15 +182,6 @@ def test_mrc_through_a_service(svc, names, tmp_path, rng):
 # -- NanoMegas .blo -----------------------------------------------------------------
 
 
-def write_blo(path, counts: np.ndarray):
-    """``counts`` (uint8) as a block file, by RosettaSciIO's writer."""
-    from rsciio.blockfile import file_writer
-    from peers import rosettasciio_signal
-
-    file_writer(str(path), rosettasciio_signal(counts), show_progressbar=False)
-    return path
-
-
 def test_blo_counts_equal_rosettasciios_and_libertems(tmp_path, rng):
     from peers import rosettasciio_counts
 
@@ -223,34 +209,6 @@ def test_blo_through_a_service_and_damaged_records(svc, names, tmp_path, rng):
 
 
 # -- TVIPS ------------------------------------------------------------------------
-
-
-def write_tvips(folder, frames: np.ndarray, record_limit: int | None = None, coordinates: np.ndarray | None = None):
-    """``frames`` (n, det...) as a TVIPS series by RosettaSciIO's writer (split into files of at most
-    ``record_limit`` frames; with ``coordinates`` (n, 2) (x, y), 108-byte frame headers carrying them); the
-    first file's path."""
-    import warnings
-
-    from rsciio.tvips import file_writer
-    from peers import rosettasciio_signal
-
-    head = 60 if coordinates is None else 108
-    record = head + frames[0].nbytes
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # its units and mode are guessed
-        file_writer(str(folder / "series.tvips"), rosettasciio_signal(frames, "s", "1/nm"), show_progressbar=False,
-                    max_file_size=None if record_limit is None else 256 + record_limit * record, frame_header_extra_bytes=head - 60)
-    files = sorted(folder.glob("series_*.tvips"))
-    if coordinates is not None:
-        at = 0
-        for path in files:
-            data = bytearray(path.read_bytes())
-            start = 256 if path.name.endswith("_000.tvips") else 0
-            for k in range((len(data) - start) // record):
-                data[start + k * record + 68 : start + k * record + 76] = coordinates[at].astype("<f4").tobytes()
-                at += 1
-            path.write_bytes(bytes(data))
-    return files[0]
 
 
 def test_tvips_counts_equal_rosettasciios(tmp_path, rng):
