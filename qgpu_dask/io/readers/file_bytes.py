@@ -118,6 +118,14 @@ class FileBytes:
                 break
         return whole
 
+    def read_heads(self, position: int, stride: int, heads: np.ndarray) -> int:
+        """The headers of records ``stride`` bytes apart from ``position`` into the rows of ``heads``, one small
+        read each (not the records between them); how many came whole (fewer where the file ends)."""
+        for k in range(len(heads)):
+            if os.preadv(self.plain, [heads[k]], position + k * stride) < heads.shape[1]:
+                return k
+        return len(heads)
+
     def read_piece(self, view: memoryview, first: int, lo: int, hi: int, page_end: int) -> tuple[int, int]:
         """Fill file bytes lo .. hi of ``view`` (which holds file bytes from ``first``, a page boundary): what the
         page cache holds plainly, the rest by direct reads of whole pages up to ``page_end``; (bytes of lo .. hi

@@ -50,7 +50,13 @@ def is_tvips(path: Path, dataset: str | None = None) -> bool:
 def scan_from_coordinates(parts: list[FrameFile], total: int, where: str) -> tuple[int, tuple[int, int]] | None:
     """(first frame of the scan, (rows, cols)) from the frame headers' scan coordinates, or None where they
     do not show a scan beginning."""
-    heads = np.concatenate([p.heads(0, min(p.shape[1], DETECT_FRAMES)) for p in parts[: DETECT_FRAMES]])[:DETECT_FRAMES]
+    taken = []
+    for part in parts:  # the first DETECT_FRAMES frames' headers, from as many files as hold them
+        left = DETECT_FRAMES - sum(map(len, taken))
+        if left <= 0:
+            break
+        taken.append(part.heads(0, min(part.shape[1], left)))
+    heads = np.concatenate(taken)
     n = len(heads)
     coords = np.ascontiguousarray(heads[:, SCAN_AT : SCAN_AT + 8]).view("<f4").reshape(n, 2).astype(np.int64)  # (x, y)
     begins = np.flatnonzero((coords[:-1] == 0).all(axis=1) & (coords[1:, 0] == 1) & (coords[1:, 1] == 0))
