@@ -18,8 +18,9 @@ from .service import Acquisition, QueryFuture, Series, Service, ServiceInfo
 from .phase.direct import DirectResult
 from .phase.optics import Optics
 from .queries.base import Query, register
+from .queries.udf import run_udf
 from .view import view
 
 __all__ = ["Acquisition", "DectrisSource", "DirectResult", "MerlinSource", "Optics", "Query", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "TimepixSource", "device",
-           "inspect", "masks", "ptycho", "queries", "register", "samples", "save_png", "view"]
+           "inspect", "masks", "ptycho", "queries", "register", "run_udf", "samples", "save_png", "view"]
 __version__ = "0.1.0"
