@@ -73,6 +73,8 @@ def assert_same(ours: dict, theirs: dict) -> None:
     for key in theirs:
         a, b = np.asarray(ours[key].raw_data), np.asarray(theirs[key].raw_data)
         assert a.shape == b.shape and a.dtype == b.dtype, key
+        assert (ours[key].valid_mask == theirs[key].valid_mask).all(), key
+        assert ours[key].data.shape == theirs[key].data.shape, key
         if a.dtype.kind in "iu" or (np.isfinite(b).all() and (b == np.round(b)).all()):
             assert (a == b).all(), key
         else:
@@ -86,7 +88,10 @@ def libertem():
     ctx.close()
 
 
-def test_libertems_and_a_users_udfs_give_what_libertem_gives_on_the_file(svc, names, rng, tmp_path, libertem):
+@pytest.mark.parametrize("engine", [True, False], ids=["engine", "runner"])
+def test_libertems_and_a_users_udfs_give_what_libertem_gives_on_the_file(svc, names, rng, tmp_path, libertem, engine):
+    """LiberTEM's standard sums answered by the engine, or (``engine=False``) run by LiberTEM's runner on the
+    resident like every other UDF: the same result buffers, their valid masks included."""
     counts = rng.poisson(1.5, (10, 12, 22, 18)).astype(np.uint16)
     path = tmp_path / "scan.npy"
     np.save(path, counts)
@@ -96,11 +101,11 @@ def test_libertems_and_a_users_udfs_give_what_libertem_gives_on_the_file(svc, na
     expected_roi = libertem.run_udf(dataset=dataset, udf=udfs(counts.shape[2:]), roi=roi)
     for layout in ("dense", "compressed"):
         acq = svc.load(path, name=names(), layout=layout)
-        got = qd.run_udf(udfs(counts.shape[2:]), acq)
+        got = qd.run_udf(udfs(counts.shape[2:]), acq, engine=engine)
         assert isinstance(got, tuple) and len(got) == len(expected)
         for ours, theirs in zip(got, expected):
             assert_same(ours, theirs)
-        for ours, theirs in zip(qd.run_udf(udfs(counts.shape[2:]), acq, roi=roi), expected_roi):
+        for ours, theirs in zip(qd.run_udf(udfs(counts.shape[2:]), acq, roi=roi, engine=engine), expected_roi):
             assert_same(ours, theirs)
         one = qd.run_udf(SumUDF(), acq)  # one UDF: one dict, as Context.run_udf gives it
         assert isinstance(one, dict) and (one["intensity"].data == counts.sum(axis=(0, 1), dtype=np.float32)).all()

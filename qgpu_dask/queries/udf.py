@@ -5,11 +5,13 @@ result buffers behave as they do in ``Context.run_udf`` on the file, and the res
 The UDFs travel to the owners pickled (a notebook's UDF class by value). There each acquisition is a
 LiberTEM data set backed by the resident (``resident_dataset``), cut into one partition per thread that the
 runner works on side by side; nothing is read from a file and no frame leaves the owner, only the results.
-Needs LiberTEM (``pip install qgpu-dask[libertem]``), imported when a UDF is run.
+LiberTEM's standard sums (SumUDF, SumSigUDF, ApplyMasksUDF) are answered by the engine's exact kernels instead
+(``udf_answers``), still as LiberTEM's result buffers. Needs LiberTEM (``pip install qgpu-dask[libertem]``), imported when a UDF is run.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -32,14 +34,14 @@ def libertem_udf_class() -> type:
 @register
 class RunUDF(Query):
     """One LiberTEM UDF, or a list of them run in one pass, on every acquisition (``udf``); an optional bool
-    ``roi`` over the scan. Per acquisition, what LiberTEM's ``Context.run_udf`` returns: a dict of result
+    ``roi`` over the scan; ``engine``: whether LiberTEM's standard UDFs are answered by the engine. Per acquisition, what LiberTEM's ``Context.run_udf`` returns: a dict of result
     buffers, or a tuple of them for a list of UDFs."""
 
     name = "run_udf"
     thread = "load"  # it reads every frame: beside loads, not in the way of interactive queries
     long = True
 
-    def __init__(self, series, udf, roi=None):
+    def __init__(self, series, udf, roi=None, engine: bool = True):
         base = libertem_udf_class()
         self.one = isinstance(udf, base)
         udfs = [udf] if self.one else list(udf) if isinstance(udf, (list, tuple)) else None
@@ -50,31 +52,52 @@ class RunUDF(Query):
             roi = np.asarray(roi)
             if roi.dtype != bool or roi.shape != tuple(scan_shape):
                 raise ValueError(f"roi must be a bool array of the scan's shape {tuple(scan_shape)}, got {roi.dtype} {roi.shape}")
-        self.udfs, self.roi = udfs, roi
+        self.udfs, self.roi, self.engine = udfs, roi, bool(engine)
 
     def arguments(self) -> tuple:
-        return self.udfs, self.roi
+        return self.udfs, self.roi, self.engine
 
     @staticmethod
-    def run(ctx: Context, residents: list, udfs: list, roi) -> list[tuple[dict, ...]]:
-        """Each resident's results, the UDFs run on it by LiberTEM's runner over its held counts."""
-        from libertem.api import Context as LiberTEM
-
+    def run(ctx: Context, residents: list, udfs: list, roi, engine: bool) -> list[tuple[dict, ...]]:
+        """Each resident's results: LiberTEM's standard UDFs answered by the engine (``engine``), the others run
+        by LiberTEM's runner over its held counts, all in the order given."""
         from .resident_dataset import ResidentDataSet
+        from .udf_answers import answer, answered
 
-        runner = LiberTEM.make_with("threads", cpus=THREADS) if THREADS > 1 else LiberTEM.make_with("inline")
-        try:
-            return [tuple(runner.run_udf(dataset=ResidentDataSet(r, THREADS), udf=[u.copy() for u in udfs], roi=roi)) for r in residents]
-        finally:
-            runner.close()
+        parts = []
+        for resident in residents:
+            mine = [u.copy() for u in udfs]
+            dataset = ResidentDataSet(resident, THREADS)
+            fills = [answer(u, resident, roi) if engine else None for u in mine]
+            results: list = [None] * len(mine)
+            filled = [i for i, fill in enumerate(fills) if fill is not None]
+            ran = [i for i, fill in enumerate(fills) if fill is None]
+            if filled:
+                for i, got in zip(filled, answered([mine[i] for i in filled], [fills[i] for i in filled], dataset, roi)):
+                    results[i] = got
+            if ran:
+                for i, got in zip(ran, runner().run_udf(dataset=dataset, udf=[mine[i] for i in ran], roi=roi)):
+                    results[i] = got
+            parts.append(tuple(results))
+        return parts
 
     def assemble(self, parts: list) -> list:
         return [part[0] if self.one else part for part in parts]
 
 
-def run_udf(udf, acquisitions, roi=None) -> Any:
+@functools.cache
+def runner():
+    """This process's LiberTEM context, made on first use and kept (one query thread runs UDFs): its executor
+    works through an acquisition's partitions on THREADS threads."""
+    from libertem.api import Context as LiberTEM
+
+    return LiberTEM.make_with("threads", cpus=THREADS) if THREADS > 1 else LiberTEM.make_with("inline")
+
+
+def run_udf(udf, acquisitions, roi=None, engine: bool = True) -> Any:
     """Run a LiberTEM UDF (or a list of them, in one pass) unchanged on an acquisition or a series where their
     counts are held, and return what LiberTEM's ``Context.run_udf`` returns on the same data: a dict of result
     buffers (a tuple of dicts for a list), one per acquisition for a series. ``roi``: a bool array of the scan
-    shape, as in LiberTEM."""
-    return acquisitions.ask(RunUDF, udf, roi)
+    shape, as in LiberTEM. LiberTEM's SumUDF, SumSigUDF and ApplyMasksUDF are answered by the engine's exact
+    sums (``udf_answers``); ``engine=False`` runs them through LiberTEM's runner too (its float32 arithmetic)."""
+    return acquisitions.ask(RunUDF, udf, roi, engine)

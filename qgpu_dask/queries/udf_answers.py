@@ -1,0 +1,63 @@
+"""LiberTEM's standard UDFs answered by the engine: SumUDF, SumSigUDF and ApplyMasksUDF (without shifts) ask for
+sums of counts that a resident already gives exactly (``reduce``, ``virtual_images``), in milliseconds where
+LiberTEM's runner converts and walks every frame. ``qd.run_udf`` answers them here and runs any other UDF
+through LiberTEM's runner (``resident_dataset``).
+
+The results are still LiberTEM's: a dry run of its runner sets each UDF up as a run would (its meta, its result
+buffers for the data set and ROI); the engine's exact sums are written into those buffers in the buffers'
+dtype, every position the ROI selects is marked processed, and the UDF's own ``get_results`` makes the
+result buffers ``Context.run_udf`` returns. Against LiberTEM's float32 arithmetic they differ only in its
+rounding (the engine's sums are exact before the one conversion).
+
+Needs LiberTEM (imported by ``udf`` when a UDF is run); written against LiberTEM 0.16's runner.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from libertem.executor.inline import InlineJobExecutor
+from libertem.udf.base import UDF, UDFRunner
+from libertem.udf.masks import ApplyMasksUDF
+from libertem.udf.sum import SumUDF
+from libertem.udf.sumsigudf import SumSigUDF
+
+from ..resident import Resident
+
+
+def answer(udf: UDF, resident: Resident, roi: np.ndarray | None) -> Callable[[UDF], None] | None:
+    """How the engine fills ``udf``'s buffers for ``resident`` (once a dry run allocated them), or None where
+    it does not answer this UDF (another class, a subclass, shifted masks)."""
+    kind = type(udf)
+    chosen = slice(None) if roi is None else roi.reshape(-1)
+    if kind is SumUDF:
+        return lambda u: put(u, "intensity", resident.reduce(roi, "sum"))
+    if kind is SumSigUDF:
+        return lambda u: put(u, "intensity", resident.virtual_images(np.ones((1, *resident.det_shape), np.uint8)).reshape(-1)[chosen])
+    if kind is ApplyMasksUDF and udf.params.shifts is None:
+        def masks(u: UDF) -> None:
+            stack = u.masks.computed_masks
+            stack = np.asarray(stack.todense() if hasattr(stack, "todense") else stack).reshape(-1, *resident.det_shape)
+            put(u, "intensity", resident.virtual_images(stack).reshape(len(stack), -1).T[chosen])
+        return masks
+    return None
+
+
+def put(udf: UDF, name: str, values: np.ndarray) -> None:
+    """Buffer ``name`` of ``udf``'s results (flat, ROI-compressed) set to ``values`` in the buffer's dtype."""
+    raw = udf.results.get_buffer(name).raw_data
+    raw[...] = np.asarray(values).reshape(raw.shape)
+
+
+def answered(udfs: list[UDF], fills: list[Callable[[UDF], None]], dataset, roi: np.ndarray | None) -> list[dict]:
+    """The results of ``udfs``, each filled by its ``fills`` entry after a dry run of LiberTEM's runner on
+    ``dataset`` set them up; every position of ``roi`` (all, without) marked processed."""
+    UDFRunner(udfs).run_for_dataset(dataset=dataset, executor=InlineJobExecutor(), roi=roi, dry=True)
+    valid = np.ones(int(np.prod(dataset.shape.nav)) if roi is None else int(np.count_nonzero(roi)), bool)
+    results = []
+    for udf, fill in zip(udfs, fills):
+        fill(udf)
+        udf.meta.set_valid_nav_mask(valid)
+        results.append(udf._do_get_results())
+    return results
