@@ -153,6 +153,7 @@ MEASURES: dict[str, list[str]] = {
     "service_overhead": SERVICE + DENSE + LOADS,
     "compressed": COMPRESSED + ["qgpu_dask/resident/dense.py", "qgpu_dask/resident/masks.py"],
     "load_formats": ["qgpu_dask/io/readers", "qgpu_dask/io/load.py", "qgpu_dask/io/registry.py"],
+    "run_udf": ["qgpu_dask/queries/udf.py", "qgpu_dask/queries/resident_dataset.py"] + SERVICE + DENSE + COMPRESSED,
     "load_arina": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py", "qgpu_dask/io/load.py", "qgpu_dask/resident/staging.py"]
     + BITSHUFFLE + COMPRESSED + SERVICE,
     "reliability": SERVICE + DENSE + COMPRESSED + LOADS,
@@ -347,6 +348,19 @@ def formats_rows() -> tuple:
                   F(f"formats/{key}/counts_equal")) for key, label in names)
 
 
+def udf_rows() -> tuple:
+    """A row a UDF: LiberTEM's time on the file with each executor, ours on the resident (dense: as asked, and every
+    UDF through LiberTEM's runner; compressed), LiberTEM's default and fastest over ours as asked and through the runner."""
+    names = (("sum", "SumUDF"), ("sumsig", "SumSigUDF"), ("masks", "ApplyMasksUDF, 2 masks"), ("com", "CoMUDF"), ("user_peak", "a user's per-frame UDF"))
+    return tuple((label, F(f"udfs/{key}/libertem_s/default", "{:.3f}"), F(f"udfs/{key}/libertem_s/threads", "{:.3f}"),
+                  F(f"udfs/{key}/libertem_s/inline", "{:.3f}"), F(f"udfs/{key}/dense/s", "{:.4f}", bold=True), F(f"udfs/{key}/dense_runner/s", "{:.3f}"),
+                  F(f"udfs/{key}/compressed/s", "{:.3f}"),
+                  (F(f"udfs/{key}/dense/over_default", "{:.1f}", bold=True), " x / ", F(f"udfs/{key}/dense/over_fastest", "{:.1f}", bold=True), " x"),
+                  (F(f"udfs/{key}/dense_runner/over_default", "{:.1f}"), " x / ", F(f"udfs/{key}/dense_runner/over_fastest", "{:.2f}"), " x"),
+                  (F(f"udfs/{key}/dense/equal"), " / ", F(f"udfs/{key}/dense_runner/equal"), " / ", F(f"udfs/{key}/compressed/equal")))
+                 for key, label in names)
+
+
 def reliability_rows() -> tuple:
     runs = [("1 thread (baseline)", "unloaded"), ("8 threads", "under_load"), ("8 threads, 2 workers killed", "faults/queries")]
     return tuple((label, F(f"{k}/queries"), F(f"{k}/wrong"), F(f"{k}/errors"), F(f"{k}/queries_per_s", "{:.0f}"),
@@ -442,6 +456,10 @@ TABLES: tuple[Table | Figure, ...] = (
     Table("load_formats_cpu", PAGE, "load_formats_cpu", "load_formats",
           ("format", "file GB", "ours: svc.load, s", "RosettaSciIO, s", "LiberTEM, s", "ours against the faster", "every count equal"),
           formats_rows()),
+    Table("run_udf_cpu", PAGE, "run_udf_cpu", "run_udf",
+          ("UDF", "LiberTEM Context(), s", "LiberTEM threads, s", "LiberTEM inline, s", "ours: qd.run_udf, dense, s", "ours, engine=False, s",
+           "ours, compressed, s", "LiberTEM's default / fastest over ours", "the same, engine=False",
+           "results equal (dense / engine=False / compressed)"), udf_rows()),
     Table("load_arina_cpu", PAGE, "load_arina_cpu", "load_arina", ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin"),
           arina_cpu_rows()),
     Table("reliability_cuda", PAGE, "reliability_cuda", "reliability",

@@ -63,7 +63,7 @@ def udfs(det_shape) -> list:
     peak_hist, above = user_udfs()
     bright, ring = disk(det_shape, (11, 9), 5), 1 - disk(det_shape, (11, 9), 8)
     return [SumUDF(), SumSigUDF(), ApplyMasksUDF(mask_factories=[lambda: bright, lambda: ring]), CoMUDF.with_params(cy=11.0, cx=9.0),
-            peak_hist(), above(threshold=3)]
+            CoMUDF.with_params(cy=10.5, cx=8.0, r=6.0, regression=1, scan_rotation=12.0), peak_hist(), above(threshold=3)]
 
 
 def assert_same(ours: dict, theirs: dict) -> None:

@@ -1,6 +1,6 @@
-"""LiberTEM's standard UDFs answered by the engine: SumUDF, SumSigUDF and ApplyMasksUDF (without shifts) ask for
-sums of counts that a resident already gives exactly (``reduce``, ``virtual_images``), in milliseconds where
-LiberTEM's runner converts and walks every frame. ``qd.run_udf`` answers them here and runs any other UDF
+"""LiberTEM's standard UDFs answered by the engine: SumUDF, SumSigUDF, ApplyMasksUDF (without shifts) and CoMUDF
+(whose every result comes from three mask sums a frame) ask for sums of counts that a resident already gives
+exactly (``reduce``, ``virtual_images``), in milliseconds where LiberTEM's runner converts and walks every frame. ``qd.run_udf`` answers them here and runs any other UDF
 through LiberTEM's runner (``resident_dataset``).
 
 The results are still LiberTEM's: a dry run of its runner sets each UDF up as a run would (its meta, its result
@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 from libertem.executor.inline import InlineJobExecutor
 from libertem.udf.base import UDF, UDFRunner
+from libertem.udf.com import CoMUDF
 from libertem.udf.masks import ApplyMasksUDF
 from libertem.udf.sum import SumUDF
 from libertem.udf.sumsigudf import SumSigUDF
@@ -36,12 +37,16 @@ def answer(udf: UDF, resident: Resident, roi: np.ndarray | None) -> Callable[[UD
     if kind is SumSigUDF:
         return lambda u: put(u, "intensity", resident.virtual_images(np.ones((1, *resident.det_shape), np.uint8)).reshape(-1)[chosen])
     if kind is ApplyMasksUDF and udf.params.shifts is None:
-        def masks(u: UDF) -> None:
-            stack = u.masks.computed_masks
-            stack = np.asarray(stack.todense() if hasattr(stack, "todense") else stack).reshape(-1, *resident.det_shape)
-            put(u, "intensity", resident.virtual_images(stack).reshape(len(stack), -1).T[chosen])
-        return masks
+        return lambda u: put(u, "intensity", mask_sums(resident, u.masks.computed_masks)[chosen])
+    if kind is CoMUDF:  # its private buffer of the sums of its three masks (disk, y and x moments) is all its results come from
+        return lambda u: put(u, "raw_mask_result", mask_sums(resident, u.get_task_data()["engine"].masks.computed_masks)[chosen])
     return None
+
+
+def mask_sums(resident: Resident, stack) -> np.ndarray:
+    """(frames, masks) exact sums of each mask of ``stack`` (dense or sparse, LiberTEM's mask stack) over each frame."""
+    stack = np.asarray(stack.todense() if hasattr(stack, "todense") else stack).reshape(-1, *resident.det_shape)
+    return resident.virtual_images(stack).reshape(len(stack), -1).T
 
 
 def put(udf: UDF, name: str, values: np.ndarray) -> None:
