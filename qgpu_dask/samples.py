@@ -16,11 +16,12 @@
   512-byte header in ``scan.bin``, and the descriptor saying so): the crystal again; ``events.toml``: sparse
   events (0.02 counts a pixel, 256 x 256) in LiberTEM's raw_csr layout;
 - ``write_mrc``, ``write_blo`` and ``write_tvips``: MRC, NanoMegas and TVIPS files by mrcfile's and
-  RosettaSciIO's writers (installed with the test extra), for tests and benchmarks;
+  RosettaSciIO's writers (installed with the test extra), for tests and benchmarks, and ``write_de_positions``:
+  the coordinate file of a Direct Electron movie's custom scan;
 - the field's formats no library writes, by their published layouts, for tests and benchmarks:
   ``write_dm`` (DigitalMicrograph DM3/DM4), ``write_ser`` (TIA), ``write_seq`` (StreamPix), ``write_frms6``
-  (PNDetector), ``write_raw`` and ``write_raw_csr`` (frames or LiberTEM's CSR triple, with their TOML
-  descriptors);
+  (PNDetector), ``write_k2is`` (Gatan K2 IS), ``write_raw`` and ``write_raw_csr`` (frames or LiberTEM's CSR
+  triple, with their TOML descriptors);
 - ``phase.h5``: a wave-optical simulation (`ssb.simulate`) of atomic columns seen through an
   aberrated probe (300 kV, 20 mrad, 0.5 A steps, C10 -60 A, C12 20 A at 0.5 rad), 24 x 24 x 48 x 48,
   for calibration, DPC, SSB and direct ptychography; ``drift-0.h5`` .. ``drift-2.h5``: three frames of
@@ -289,6 +290,49 @@ def write_frms6(folder: Path, counts: np.ndarray, per_file: int = 7, dark: int =
     return folder / "run.hdr"
 
 
+def write_k2is(folder: Path, counts: np.ndarray, lead: int = 2, after: int = 1, torn: tuple[int, ...] = (3, 8, 13, 18, 23, 28, 1, 6),
+               scan_in_gtg: bool = True, stem: str = "capture") -> Path:
+    """``counts`` (scan..., 1860, 2048; below 4096) as a Gatan K2 IS acquisition by its published layout:
+    ``<stem>_.gtg`` (a DM4 tag file, the scan as ``SI Dimensions`` where ``scan_in_gtg``) and the eight sector
+    files ``<stem>_1.bin`` .. ``_8.bin`` of 0x5758-byte blocks (``io.readers.k2is`` describes them). The camera's
+    frames are ``lead`` frames before the scan, the scan's and ``after`` frames after it, the shutter flag set
+    from the scan's second frame (the camera sets it a frame late) where the .gtg gives the scan, else from its
+    first. Sector file s starts ``torn[s]`` blocks before the end of the frame before those, and every sector
+    file holds as many blocks (a sector that starts torn ends torn). The .gtg's path."""
+    rows, cols, height, width = counts.shape
+    if (height, width) != (1860, 2048) or counts.max(initial=0) >= 4096:
+        raise ValueError(f"K2 IS frames are 1860 x 2048 counts of 12 bits; got {height} x {width}, largest {counts.max(initial=0)}")
+    outside = lambda value: np.full((height, width), value, np.uint16)  # a frame outside the scan, each its own value
+    frames = [outside(4000), *map(outside, range(3000, 3000 + lead)), *counts.reshape(-1, height, width),
+              *map(outside, range(2000, 2001 + after))]
+    shutter = 1 + lead + (1 if scan_in_gtg else 0)  # the first frame with the shutter flag set
+    files = [open(folder / f"{stem}_{s + 1}.bin", "wb") for s in range(8)]
+    try:
+        for f, frame in enumerate(frames):
+            # sector s, its block k = 16 y + x: rows 930 y .., columns 256 s + 16 (15 - x) ..; two counts in three bytes
+            pixels = frame.reshape(2, 930, 8, 16, 16).transpose(2, 0, 3, 1, 4)[:, :, ::-1].reshape(8, 32, -1)
+            low, high = pixels[..., 0::2], pixels[..., 1::2]
+            blocks = np.empty((8, 32, 0x5758), np.uint8)
+            data = blocks[..., 40:]
+            data[..., 0::3], data[..., 1::3], data[..., 2::3] = low & 0xFF, (low >> 8) | (high & 0xF) << 4, high >> 4
+            for k in range(32):  # sync word, version, flags (bit 0: shutter open), block counter, width, height, frame id, pixels, size
+                x, y = (15 - k % 16) * 16, k // 16 * 930
+                head = struct.pack(">I4xBB6xIHHIHHHHI", 0xFFFF0055, 0, f >= shutter, 7 + 32 * f + k, 256, 1860, 100 + f,
+                                   x, y, x + 15, y + 929, 0x5758)
+                blocks[:, k, :40] = np.frombuffer(head, np.uint8)
+            for s, out in enumerate(files):
+                first = 32 - torn[s]  # where the sector's file begins, in the first frame; where it ends, in the last
+                out.write(blocks[s, first if f == 0 else 0 : first if f == len(frames) - 1 else 32].tobytes())
+    finally:
+        for out in files:
+            out.close()
+    gtg = [("ImageList", [])] + ([("SI Dimensions", [("Size X", int(cols)), ("Size Y", int(rows))])] if scan_in_gtg else [])
+    body = dm_group(gtg, 4)
+    path = folder / f"{stem}_.gtg"
+    path.write_bytes(struct.pack(">I", 4) + dm_word(len(body) + 8, 4) + struct.pack(">I", 1) + body + bytes(8))
+    return path
+
+
 def write_raw(folder: Path, counts: np.ndarray, dtype: str, offset: int = 0, gap: int = 0) -> Path:
     """``counts`` (scan..., det...) as raw frames of ``dtype`` in ``scan.bin`` after ``offset`` bytes, ``gap``
     bytes of header before each frame but the first, and ``scan.toml`` describing them; the descriptor's path."""
@@ -331,6 +375,14 @@ def write_mrc(path: Path, frames: np.ndarray, byteorder: str = "<") -> Path:
     with mrcfile.new(path, overwrite=True) as mrc:
         mrc.set_data(frames.astype(frames.dtype.newbyteorder(byteorder)))
         mrc.set_image_stack()
+    return path
+
+
+def write_de_positions(path: Path, positions: np.ndarray) -> Path:
+    """``positions`` (n, 2: x, y) of a scan's n frames, in the order recorded, as Direct Electron's server writes
+    a custom or random scan's ``YYYYMMDD_N_scan_coordinates.csv`` beside its movie: a line "x,y" each, no header
+    (integers as integers, other numbers as Python prints them)."""
+    path.write_text("".join(f"{x},{y}\n" for x, y in np.asarray(positions).tolist()))
     return path
 
 

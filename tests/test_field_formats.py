@@ -385,3 +385,114 @@ def test_a_file_cut_after_it_was_opened_names_the_frame(tmp_path, rng, gap):
             read_all(reader)
     finally:
         reader.close()
+
+
+# -- Direct Electron custom scans ---------------------------------------------------
+
+
+def write_de_scan(folder, recorded: np.ndarray, xy, info: dict[str, str] | None = None, byteorder: str = "<"):
+    """``recorded`` (n, det...) frames in the order a Direct Electron scan took them, the info file of a Random
+    scan (``info`` added) and their positions ``xy`` (n, 2: x, y) as DE-Server writes them: the movie's path."""
+    from qgpu_dask.samples import write_de_positions
+
+    folder.mkdir(exist_ok=True)
+    scan = {"Scan - Enable": "Enable", "Scan - Type": "Random", "Scan - Points": str(len(recorded)), **(info or {})}
+    path = write_de_movie(folder, recorded[None], scan, byteorder)
+    write_de_positions(folder / "20261204_7_scan_coordinates.csv", xy)
+    return path
+
+
+@pytest.mark.parametrize("kind,byteorder", [("Random", "<"), ("XY File", ">")])
+def test_de_scan_of_a_raster_in_any_order_is_read_as_that_raster(tmp_path, rng, kind, byteorder):
+    """Positions that visit every point of a raster once, in any order: each frame put at its raster position as
+    the movie streams (blocks of 5 frames, less than a scan row), equal to mrcfile's frames placed by NumPy and
+    to RosettaSciIO's reading (LiberTEM does not read DE scans; RosettaSciIO reads little-endian MRC only)."""
+    import mrcfile
+    from peers import rosettasciio_counts
+
+    counts = rng.integers(0, 60000, (6, 7, 12, 10)).astype(np.uint16)
+    order = rng.permutation(42)  # the raster position of each frame, in the order recorded
+    path = write_de_scan(tmp_path, counts.reshape(42, 12, 10)[order], np.stack([order % 7, order // 7], axis=1), {"Scan - Type": kind},
+                         byteorder)
+    got = read_as("mrc", path, counts)
+    with mrcfile.open(path, permissive=True) as mrc:
+        placed = np.empty((42, 12, 10), np.uint16)
+        placed[order] = mrc.data
+    assert (got == placed.reshape(counts.shape)).all()
+    if byteorder == "<":
+        assert (got == rosettasciio_counts("mrc", path)).all()
+
+
+@pytest.mark.parametrize("xy", [
+    [[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1], [1, 0]],  # a point visited twice
+    [[0, 0], [2, 0], [0, 1], [1, 1], [2, 1]],  # a point missed
+    [[0, 0], [1, 0], [0, 1], [0, 0]],  # as many positions as the grid's points, (1, 1) missed and (0, 0) twice
+    [[0, 0], [1, 0], [2, 0], [0, 1], [1.5, 1], [2, 1]],  # off the grid
+], ids=["repeated", "missing", "repeated-and-missing", "off-grid"])
+def test_de_irregular_scan_keeps_its_positions(tmp_path, rng, xy):
+    """Positions that are not a raster's: the frames as one scan row in the order recorded (mrcfile's), and their
+    positions kept as (row, col)."""
+    import mrcfile
+    from qgpu_dask.io.readers.base import KeepsPositions
+
+    xy = np.array(xy, float)
+    frames = rng.integers(0, 9, (len(xy), 8, 6)).astype(np.int16)
+    path = write_de_scan(tmp_path, frames, xy, {"Scan - Type": "XY File"})
+    with mrcfile.open(path, permissive=True) as mrc:
+        recorded = mrc.data[None]
+    reader = open_reader(Source(str(path)))
+    try:
+        assert isinstance(reader, KeepsPositions) and (reader.positions == xy[:, ::-1]).all()
+    finally:
+        reader.close()
+    read_as("mrc", path, recorded)
+    info = qd.inspect(path)
+    assert info["shape"] == (1, len(xy), 8, 6) and (info["positions"] == xy[:, ::-1]).all()
+
+
+def test_de_custom_scans_through_a_service(svc, names, tmp_path, rng):
+    """A raster recorded out of order answers as any raster; an irregular scan's virtual image is one value a
+    position, in the order of ``acq.positions``, which the catalog keeps."""
+    counts = rng.poisson(0.5, (4, 5, 16, 16)).astype(np.uint16)
+    frames = counts.reshape(20, 16, 16)
+    mask = np.zeros((16, 16), bool)
+    mask[4:12, 3:11] = True
+    order = rng.permutation(20)
+    path = write_de_scan(tmp_path / "raster", frames[order], np.stack([order % 5, order // 5], axis=1))
+    acq = svc.load(path, name=names(), layout="compressed", progress=False)
+    assert acq.shape == counts.shape and acq.positions is None
+    assert (acq.virtual_image(mask) == counts[:, :, mask].sum(axis=-1)).all() and (acq.frame(3, 4) == counts[3, 4]).all()
+    acq.release()
+    xy = rng.random((13, 2)) * 30
+    path = write_de_scan(tmp_path / "irregular", frames[:13], xy)
+    for layout in ("dense", "compressed"):
+        acq = svc.load(path, name=names(), layout=layout, progress=False)
+        assert acq.shape == (1, 13, 16, 16) and (acq.positions == xy[:, ::-1]).all()
+        assert (acq.virtual_image(mask) == frames[:13, mask].sum(axis=-1)[None]).all()
+        assert (svc[acq.name].positions == acq.positions).all()
+        acq.release()
+
+
+def test_de_custom_scan_errors(tmp_path, rng):
+    frames = rng.integers(0, 9, (6, 8, 8)).astype(np.uint16)
+    path = write_de_scan(tmp_path, frames, [[0, 0], [1, 0], [0, 1]])
+    with pytest.raises(ValueError, match=r"coordinates.csv' holds 3 lines of 2 numbers, but the 6 frames of .*movie.mrc' need one 'x,y' line"):
+        qd.inspect(path)
+    positions = tmp_path / "20261204_7_scan_coordinates.csv"
+    positions.write_text("x,y\n" + "0,0\n" * 6)
+    with pytest.raises(ValueError, match="scan_coordinates.csv' is not lines of 'x,y' numbers"):
+        qd.inspect(path)
+    positions.unlink()
+    with pytest.raises(ValueError, match=r"custom positions \('Random'\), but the file of its positions \(20261204_7_scan_coordinates.csv\)"
+                                         " is not beside it: put it there, or give scan_shape"):
+        qd.inspect(path)
+    assert qd.inspect(path, scan_shape=(2, 3))["shape"] == (2, 3, 8, 8)  # its frames as a grid, in the order recorded
+    order = rng.permutation(6)
+    path = write_de_scan(tmp_path, frames, np.stack([order % 3, order // 3], axis=1))
+    reader = open_reader(Source(str(path)))
+    try:
+        path.write_bytes(path.read_bytes()[:-200])
+        with pytest.raises(ValueError, match=r"movie.mrc' ended at frame \d while being read"):
+            read_all(reader)
+    finally:
+        reader.close()

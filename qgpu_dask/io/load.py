@@ -15,7 +15,7 @@ from ..resident.dense import DenseCounts
 from ..resident.live import APPEND_BYTES, PROBE, Coding, LiveCounts, append_frames
 from ..resident.staging import PinnedStaging
 from .batches import AHEAD, decoded, host_buffers, prefetched
-from .readers.base import BLOCK_BYTES, DecodesInto, Reader, ReadsFrames, ScanShapeNeeded, SendsChunks, frames_per_block
+from .readers.base import BLOCK_BYTES, DecodesInto, KeepsPositions, Reader, ReadsFrames, ScanShapeNeeded, SendsChunks, frames_per_block
 from .readers.chunk_index import callback
 from .registry import open_reader
 from .saved import describe_saved, is_saved, uploads
@@ -27,11 +27,13 @@ SAMPLE_SHARE = 8  # of a smaller scan, an eighth is sampled (the sample is coded
 
 
 def describe(reader: Reader) -> dict:
-    """Shape, dtype (checked), raw bytes and the bytes a load reserves (the dense counts) of an open source."""
+    """Shape, dtype (checked), raw bytes and the bytes a load reserves (the dense counts) of an open source, and
+    the positions of a scan that is not a raster (``KeepsPositions``: [row, col] of each, a list, as records hold them)."""
     dtype = check_dtype(reader.dtype)
     shape = reader.shape
     n = shape[0] * shape[1] * shape[2] * shape[3]
-    return {"shape": shape, "dtype": str(dtype), "raw_bytes": n * dtype.itemsize, "load_bytes": n * dtype.itemsize}
+    kept = {"positions": reader.positions.tolist()} if isinstance(reader, KeepsPositions) else {}
+    return {"shape": shape, "dtype": str(dtype), "raw_bytes": n * dtype.itemsize, "load_bytes": n * dtype.itemsize, **kept}
 
 
 def inspect(source: Source) -> dict:
@@ -48,7 +50,8 @@ def inspect(source: Source) -> dict:
 def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
     """What a file holds, without reading its counts: format, shape, dtype, compression, bytes on disk
     and bytes of the counts (``qd.inspect``). A frame stack whose scan shape the file does not give is
-    described by its frames ("frames", "det_shape"; "shape" None) and "needs" says to give ``scan_shape``."""
+    described by its frames ("frames", "det_shape"; "shape" None) and "needs" says to give ``scan_shape``; a scan
+    that is not a raster, as one scan row (1, n) with its "positions" ((n, 2) row, col in scan pixels)."""
     source = Source(str(Path(path).expanduser().resolve()), dataset, tuple(scan_shape) if scan_shape else None)
     where = Path(source.path)
     on_disk = sum(p.stat().st_size for p in where.rglob("*") if p.is_file()) if where.is_dir() else where.stat().st_size
@@ -67,8 +70,9 @@ def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
         meta = describe(reader)
         shape = meta["shape"]
         found = {"shape": None, "det_shape": shape[2:], **needs} if needs else {"shape": shape}
+        kept = {"positions": reader.positions} if isinstance(reader, KeepsPositions) else {}
         return {"format": reader.kind, **found, "dtype": meta["dtype"], "compression": reader.compression,
-                "file_bytes": on_disk, "raw_bytes": meta["raw_bytes"]}
+                "file_bytes": on_disk, "raw_bytes": meta["raw_bytes"], **kept}
     finally:
         reader.close()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..formats.container import is_container
-from .readers import arina, blo, dm, empad, frms6, gzip_stack, hdf5, merlin, mrc, npy, raw, raw_csr, seq, ser, tvips, zarr_array
+from .readers import arina, blo, dm, empad, frms6, gzip_stack, hdf5, k2is, merlin, mrc, npy, raw, raw_csr, seq, ser, tvips, zarr_array
 from .readers.base import Format, Reader
 from .source import Source
 
@@ -29,6 +29,7 @@ READERS: tuple[Format, ...] = (
     seq.FORMAT,
     tvips.FORMAT,
     frms6.FORMAT,
+    k2is.FORMAT,
     mrc.FORMAT,
     dm.FORMAT,
     raw_csr.FORMAT,

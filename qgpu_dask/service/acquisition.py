@@ -196,6 +196,14 @@ class Acquisition(AcquisitionShape, Series):
     def nbytes(self) -> int:
         return int(self.record["nbytes"])
 
+    @property
+    def positions(self) -> np.ndarray | None:
+        """(n, 2) float64 (row, col) in scan pixels of each scan position of a scan that is not a raster (a
+        Direct Electron movie of custom positions), held as one scan row (1, n) in the order recorded: its
+        queries give (1, n) values in this order. None for a raster."""
+        kept = self.record.get("positions")
+        return None if kept is None else np.asarray(kept, np.float64).reshape(-1, 2)
+
     def plain(self) -> Series:
         return Series(self.service, [self])
 

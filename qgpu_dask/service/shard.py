@@ -317,7 +317,8 @@ class Shard:
                 finally:
                     self.budget.unreserve(more)
 
-            record = await self.add(name, plan.reserve, lambda: named(source, read), source.describe(), layout)
+            kept = {"positions": meta["positions"]} if "positions" in meta else None  # a scan that is not a raster's
+            record = await self.add(name, plan.reserve, lambda: named(source, read), source.describe(), layout, kept)
         finally:
             self.reading.pop(name, None)
             reader.close()
@@ -415,9 +416,11 @@ class Shard:
 
         return await self.add(name, plan.reserve, place, None, layout)
 
-    async def add(self, name: str, nbytes: int, build: Callable[[], tuple[Resident, str]], source: dict | None, asked: str) -> dict:
+    async def add(self, name: str, nbytes: int, build: Callable[[], tuple[Resident, str]], source: dict | None, asked: str,
+                  kept: dict | None = None) -> dict:
         """Admit ``nbytes``, claim the name in the catalog, build the resident (and the reason for its layout),
-        check that it fits if it came out larger than admitted, commit; undo everything on failure."""
+        check that it fits if it came out larger than admitted, commit (``kept``: what the reader found that the
+        record keeps, the positions of a scan that is not a raster); undo everything on failure."""
         await self.admitted(name, nbytes)
         try:
             await self.worker.scheduler.qgpu_claim(name=name, owner=self.address, nbytes=nbytes)
@@ -435,7 +438,7 @@ class Shard:
                 self.budget.check_room(f"acquisition {name!r} ({reason}) needs", resident.nbytes - nbytes)
             self.forget(name)
             self.residents[name] = resident
-            record = {**resident.describe(), "source": source, "asked": asked, "layout_reason": reason}
+            record = {**resident.describe(), **(kept or {}), "source": source, "asked": asked, "layout_reason": reason}
             await self.worker.scheduler.qgpu_commit(name=name, owner=self.address, record=record)
             if isinstance(resident, DenseCounts) and resident.index_to_come:
                 asyncio.ensure_future(self.index_of(name, resident))

@@ -68,6 +68,15 @@ class SendsChunks(Protocol):
         ...
 
 
+@runtime_checkable
+class KeepsPositions(Protocol):
+    """A reader of a scan whose positions are not a raster's: its frames as one scan row (1, n) in the order
+    recorded, and ``positions``, (n, 2) float64 (row, col) of each in scan pixels, which the acquisition keeps
+    (``acq.positions``); ``isinstance(reader, KeepsPositions)`` tells."""
+
+    positions: np.ndarray
+
+
 @dataclass(frozen=True)
 class Format:
     """A file format a reader module registers: ``detect(path, dataset)`` tells from the content at ``path``
