@@ -3,7 +3,8 @@
 For each format, one file of the same counts (``--scan`` x ``--det`` uint16 Poisson counts at ``--dose``;
 8-bit for .blo, which holds no more) is written (by RosettaSciIO's writer for .blo and TVIPS, mrcfile's for
 MRC, ``qd.samples`` by the published layout for the others), read once so it sits in the page cache, then,
-each the best of ``--repeats``:
+each the best of ``--repeats`` (K2 IS frames are 1860 x 2048 whatever ``--det`` says: a square scan of about
+as many counts, 12-bit packed in eight sector files):
 
 - ours: ``svc.load(path, layout="dense")`` on a one-worker cluster (the counts held in the worker; the dense
   index it then builds in the background is not timed: each load starts on an idle worker);
@@ -38,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record
 
-FORMATS = ("mrc", "dm", "ser", "blo", "tvips", "seq", "frms6", "raw")
+FORMATS = ("mrc", "dm", "ser", "blo", "tvips", "seq", "frms6", "raw", "k2is")
+K2IS_FRAME = (1860, 2048)  # a K2 IS frame, whatever --det says
 RSCIIO = {"mrc": "mrc", "dm": "digitalmicrograph", "ser": "tia", "blo": "blockfile", "tvips": "tvips"}
 
 
@@ -57,6 +59,8 @@ def written(kind: str, folder: Path, counts: np.ndarray) -> tuple[Path, dict, di
         return samples.write_tvips(folder, frames, stem="scan"), {"scan_shape": scan}, {"nav_shape": scan, "sync_offset": 0}
     if kind == "seq":
         return samples.write_seq(folder / "scan.seq", frames), {"scan_shape": scan}, {"nav_shape": scan}
+    if kind == "k2is":  # the shutter open from the first whole frame and no scan in the .gtg: how LiberTEM reads a file under 2.3 GB
+        return samples.write_k2is(folder, counts, lead=0, scan_in_gtg=False), {"scan_shape": scan}, {"nav_shape": scan}
     if kind == "frms6":
         return samples.write_frms6(folder, counts, per_file=len(frames) // 2 + 1), {}, {"enable_offset_correction": False}
     return samples.write_raw(folder, counts, "<u2"), {}, {}
@@ -116,11 +120,13 @@ def main() -> None:
     rng = np.random.default_rng(0)
     wide = rng.poisson(args.dose, (*args.scan, args.det, args.det)).astype(np.uint16)
     narrow = np.minimum(wide, 255).astype(np.uint8)
+    k2_scan = max(1, round((wide.nbytes / (2 * np.prod(K2IS_FRAME))) ** 0.5))  # a square scan of about as many bytes of counts
+    k2 = rng.poisson(args.dose, (k2_scan, k2_scan, *K2IS_FRAME)).astype(np.uint16)
     results: dict = {"scan": list(args.scan), "det": args.det, "dose": args.dose, "repeats": args.repeats, "formats": {}}
     ctx = Context.make_with("threads")
     with qd.Service.local(n_workers=1) as svc:
         for kind in args.formats:
-            counts = narrow if kind == "blo" else wide
+            counts = {"blo": narrow, "k2is": k2}.get(kind, wide)
             digest = hashlib.sha256(counts.tobytes()).hexdigest()
             folder = Path(tempfile.mkdtemp(prefix=f"qgpu-{kind}-"))
             try:

@@ -341,7 +341,8 @@ def arina_cuda_rows() -> tuple:
 def formats_rows() -> tuple:
     """A row a format: the file, our load, each peer's (where it reads the format) and our time against the faster."""
     names = (("mrc", "MRC (mrcfile's writer)"), ("dm", "DigitalMicrograph DM4"), ("ser", "TIA .ser"), ("blo", "NanoMegas .blo (8-bit)"),
-             ("tvips", "TVIPS"), ("seq", "StreamPix .seq"), ("frms6", "PNDetector .frms6"), ("raw", "raw, described"))
+             ("tvips", "TVIPS"), ("seq", "StreamPix .seq"), ("frms6", "PNDetector .frms6"), ("raw", "raw, described"),
+             ("k2is", "Gatan K2 IS (12-bit packed)"))
     return tuple((label, F(f"formats/{key}/file_bytes", "{:.2f}", scale=1e-9), (F(f"formats/{key}/ours_s", "{:.3f}", bold=True), " (",
                   F(f"formats/{key}/GBps", "{:.1f}"), " GB/s)"), F(f"formats/{key}/peers/rosettasciio/s", "{:.3f}", absent="does not read it"),
                   F(f"formats/{key}/peers/libertem/s", "{:.3f}"), (F(f"formats/{key}/over_faster_peer", "{:.2f}", bold=True), " x"),
