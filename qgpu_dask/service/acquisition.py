@@ -257,10 +257,19 @@ class Acquisition(AcquisitionShape, Series):
         return path
 
     def export(self, path: str | os.PathLike, optics: Optics | None = None) -> str:
-        """Write this acquisition in HyperSpy's HDF5 layout (.hspy: one bitshuffle-LZ4 chunk a frame, its axes
-        and, with ``optics``, the scan step in nm, the detector pixel in mrad once calibrated, the beam energy
-        and convergence angle), which HyperSpy, RosettaSciIO, LiberTEM (``ds_path="Experiments/<name>/data"``)
-        and h5py read; returns the absolute path. The owning worker writes it, block by block."""
+        """Write this acquisition for other programs, in the layout the suffix of ``path`` names; returns the
+        absolute path. The owning worker writes it, block by block.
+
+        - ``.hspy`` (``.h5``, ``.hdf5``): HyperSpy's HDF5 layout, one bitshuffle-LZ4 chunk a frame, which
+          HyperSpy, RosettaSciIO, LiberTEM (``ds_path="Experiments/<name>/data"``) and h5py read;
+        - ``.zspy``: HyperSpy's Zarr layout (a directory store, Zarr format 3, one blosc LZ4 chunk a frame),
+          which HyperSpy, RosettaSciIO, ``zarr.open`` and :meth:`Service.load` read;
+        - ``.emd``: EMD 1.0 as py4DSTEM writes a DataCube with its calibration, which ``py4DSTEM.read``,
+          emdfile and LiberTEM (``ds_path="<name>_root/<name>/data"``) read.
+
+        With ``optics``, the scan step (nm), the detector pixel (mrad, once calibrated), the beam energy and the
+        convergence angle go where each layout keeps them; without, every axis is in pixels.
+        """
         path = os.path.abspath(os.fspath(path))
         calibration = None if optics is None else Calibration(optics.scan_step_A / 10, optics.det_sampling_mrad, optics.energy_eV / 1e3,
                                                                  optics.semiangle_mrad)

@@ -31,7 +31,7 @@ from tornado.ioloop import PeriodicCallback
 
 from ..device import (array_module, default_budget, device_info, free_cached_memory, memory_bytes, pool_bytes, synchronize,
                       to_host, use_own_stream)
-from ..io.export import Calibration, export_hspy
+from ..io.export import Calibration, export_resident
 from ..io.load import describe, inspect, model_sample, read_coded, read_dense, warm_up
 from ..io.registry import open_reader
 from ..io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
@@ -395,8 +395,8 @@ class Shard:
         return {"path": path, "bytes": nbytes}
 
     async def export(self, name: str, path: str, calibration: Calibration | None) -> dict:
-        """Write resident ``name`` in HyperSpy's HDF5 layout to ``path`` (on this worker's file system)."""
-        nbytes = await self.on(self.loads, export_hspy, self.resident(name), path, calibration)
+        """Write resident ``name`` to ``path`` (on this worker's file system) in the layout its suffix names."""
+        nbytes = await self.on(self.loads, export_resident, self.resident(name), path, calibration)
         return {"path": path, "bytes": nbytes}
 
     async def put(self, name: str, array: np.ndarray, layout: str = "auto") -> dict:
