@@ -117,6 +117,30 @@ def test_bad_files(svc, acq, tmp_path):
     still_usable(acq)
 
 
+def test_an_os_error_on_the_owner_is_the_calls_error_not_a_lost_connection(svc, acq, tmp_path):
+    """A shard's code failing on a file (saving into a folder that is not there), or with any other OSError,
+    raises that error within seconds: the router asks a live owner again once, never on and on."""
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(FileNotFoundError):
+        acq.save(tmp_path / "no-such-folder" / "scan.qgpu")
+    assert time.monotonic() - started < 5
+
+    class Unreachable(qd.Query):
+        name = "unreachable_test"
+
+        @staticmethod
+        def run(ctx, residents):
+            raise ConnectionResetError("the query's own connection to somewhere else failed")
+
+    started = time.monotonic()
+    with pytest.raises(ConnectionResetError, match="the query's own connection"):
+        acq.ask(qd.register(Unreachable))
+    assert time.monotonic() - started < 10
+    still_usable(acq)
+
+
 def test_failed_series_leaves_nothing(svc, acq, tmp_path, rng):
     good = tmp_path / "good.h5"
     with h5py.File(good, "w") as f:

@@ -153,6 +153,7 @@ class Router:
         todo = list(range(len(names)))
         replies = []
         deadline = time.monotonic() + REHOME_WAIT
+        retried: set[str] = set()  # owners asked again after an error that looked like a failed connection
         while todo:
             groups: dict[str, list[int]] = {}
             for i in todo:
@@ -163,16 +164,18 @@ class Router:
             for (owner, idx), outcome in zip(groups.items(), outcomes):
                 if not isinstance(outcome, BaseException):
                     replies.append((outcome, idx))
-                elif await self.rerouted([names[i] for i in idx], owner, outcome, deadline):
+                elif await self.rerouted([names[i] for i in idx], owner, outcome, deadline, retried):
                     todo += idx
                 else:
                     raise outcome
         return replies
 
-    async def rerouted(self, names: list[str], owner: str, error: BaseException, deadline: float) -> bool:
+    async def rerouted(self, names: list[str], owner: str, error: BaseException, deadline: float, retried: set[str]) -> bool:
         """Whether ``error`` from ``owner`` means these acquisitions' shard was lost (or they moved): then wait
-        until each is ready again, remember the new owners, and say to send again."""
-        if not isinstance(error, (OSError, KeyError)):
+        until each is ready again, remember the new owners, and say to send again. An OSError naming a file (the
+        shard's code failed on it: a missing folder) is the call's error, and so is a second OSError from an
+        owner the catalog still has alive (``retried``): a failed connection is asked again once."""
+        if not isinstance(error, (OSError, KeyError)) or getattr(error, "filename", None) is not None:
             return False
         started = time.monotonic()
         while True:
@@ -189,6 +192,9 @@ class Router:
                 if isinstance(error, KeyError):
                     return False  # the shard is there and says so: a real error
                 if time.monotonic() > started + 1.0:
+                    if owner in retried:
+                        return False  # alive, and it failed again: the error is the call's
+                    retried.add(owner)
                     self.gone.pop(owner, None)  # the catalog has it alive: ask it (through Dask, for a new lane) again
                     return True  # still the owner a second later: the connection failed, not the worker
             if time.monotonic() > deadline:
@@ -197,12 +203,16 @@ class Router:
 
     async def placed(self, name: str, owner: str, nbytes: int, pinned: bool, method: Callable, *args) -> dict:
         """Shard method ``load`` or ``put`` of a new acquisition on ``owner``; its record with the owner.
-        If that worker dies first, the acquisition is placed again on a survivor (unless pinned) and sent there."""
+        If that worker dies first, the acquisition is placed again on a survivor (unless pinned) and sent there;
+        an OSError naming a file, or a second one from a worker still alive, is the load's error."""
         deadline = time.monotonic() + REHOME_WAIT
+        retried = False
         while True:
             try:
                 return await self.send(owner, method, name, *args) | {"owner": owner}
             except OSError as err:
+                if err.filename is not None:
+                    raise
                 started = time.monotonic()
                 while True:  # until the catalog has settled what became of it
                     state = await self.client.scheduler.qgpu_state()
@@ -217,3 +227,6 @@ class Router:
                     await asyncio.sleep(0.1)
                 if not alive:
                     owner = place([nbytes], state)[0]
+                elif retried:
+                    raise err
+                retried = alive
