@@ -62,7 +62,9 @@ def udfs(det_shape) -> list:
     """LiberTEM's UDFs and the user's, fresh (a UDF instance is run once)."""
     peak_hist, above = user_udfs()
     bright, ring = disk(det_shape, (11, 9), 5), 1 - disk(det_shape, (11, 9), 8)
-    return [SumUDF(), SumSigUDF(), ApplyMasksUDF(mask_factories=[lambda: bright, lambda: ring]), CoMUDF.with_params(cy=11.0, cx=9.0),
+    blank, phase = np.zeros(det_shape, np.float32), bright * np.exp(0.5j)  # an all-zero mask; complex masks (the runner's)
+    return [SumUDF(), SumSigUDF(), ApplyMasksUDF(mask_factories=[lambda: bright, lambda: ring, lambda: blank]),
+            ApplyMasksUDF(mask_factories=[lambda: phase]), CoMUDF.with_params(cy=11.0, cx=9.0),
             CoMUDF.with_params(cy=10.5, cx=8.0, r=6.0, regression=1, scan_rotation=12.0), peak_hist(), above(threshold=3)]
 
 

@@ -65,10 +65,9 @@ class ResidentDataSet(DataSet):
         return (1, *self.resident.det_shape)  # whole frames: a frame is never read in pieces
 
     def need_decode(self, read_dtype, roi, corrections) -> bool:
-        return False
-
-    def get_max_io_size(self) -> int:
-        return BLOCK_BYTES
+        """Whether tiles are copies (converted or gathered): then LiberTEM's negotiator keeps them small enough to
+        stay in cache (about 1 MiB), where views of the held counts may be as large as a partition."""
+        return np.dtype(read_dtype) != self.resident.dtype or roi is not None
 
     def get_slices(self) -> Iterator[tuple[Slice, int, int]]:
         """(slice, first frame, end) of each partition: as even as the resident's grain allows (a compressed

@@ -44,9 +44,18 @@ def answer(udf: UDF, resident: Resident, roi: np.ndarray | None) -> Callable[[UD
 
 
 def mask_sums(resident: Resident, stack) -> np.ndarray:
-    """(frames, masks) exact sums of each mask of ``stack`` (dense or sparse, LiberTEM's mask stack) over each frame."""
+    """(frames, masks) exact sums of each mask of ``stack`` (dense or sparse, LiberTEM's mask stack) over each
+    frame. Float masks of whole numbers (LiberTEM's 0/1 disks and rings, its moment masks) are summed as the
+    integers they are: exact, and on the engine's integer paths; an all-zero mask sums to 0 (the engine refuses
+    one); ValueError for masks the engine does not take (complex)."""
     stack = np.asarray(stack.todense() if hasattr(stack, "todense") else stack).reshape(-1, *resident.det_shape)
-    return resident.virtual_images(stack).reshape(len(stack), -1).T
+    if stack.dtype.kind == "f" and np.isfinite(stack).all() and (stack == np.round(stack)).all() and np.abs(stack).max(initial=0) < 2**53:
+        stack = stack.astype(np.int64)
+    used = np.flatnonzero(stack.reshape(len(stack), -1).any(axis=1))
+    sums = resident.virtual_images(stack[used]).reshape(len(used), -1).T if used.size else np.zeros((resident.n_frames, 0))
+    out = np.zeros((resident.n_frames, len(stack)), sums.dtype)
+    out[:, used] = sums
+    return out
 
 
 def put(udf: UDF, name: str, values: np.ndarray) -> None:
@@ -55,14 +64,19 @@ def put(udf: UDF, name: str, values: np.ndarray) -> None:
     raw[...] = np.asarray(values).reshape(raw.shape)
 
 
-def answered(udfs: list[UDF], fills: list[Callable[[UDF], None]], dataset, roi: np.ndarray | None) -> list[dict]:
+def answered(udfs: list[UDF], fills: list[Callable[[UDF], None]], dataset, roi: np.ndarray | None) -> list[dict | None]:
     """The results of ``udfs``, each filled by its ``fills`` entry after a dry run of LiberTEM's runner on
-    ``dataset`` set them up; every position of ``roi`` (all, without) marked processed."""
+    ``dataset`` set them up; every position of ``roi`` (all, without) marked processed. None for a UDF whose
+    masks the engine does not take: LiberTEM's runner is left to run it."""
     UDFRunner(udfs).run_for_dataset(dataset=dataset, executor=InlineJobExecutor(), roi=roi, dry=True)
     valid = np.ones(int(np.prod(dataset.shape.nav)) if roi is None else int(np.count_nonzero(roi)), bool)
-    results = []
+    results: list[dict | None] = []
     for udf, fill in zip(udfs, fills):
-        fill(udf)
+        try:
+            fill(udf)
+        except ValueError:
+            results.append(None)
+            continue
         udf.meta.set_valid_nav_mask(valid)
         results.append(udf._do_get_results())
     return results
