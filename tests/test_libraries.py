@@ -61,6 +61,16 @@ def export_counts(rng) -> np.ndarray:
     return counts
 
 
+def assert_calibrated_signal(signal, acq, counts: np.ndarray) -> None:
+    """A HyperSpy signal read from an export with OPTICS: the counts, the title, axes in nm and mrad, the beam."""
+    assert (signal.data == counts).all() and signal.metadata.General.title == acq.name
+    nav, sig = signal.axes_manager.navigation_axes, signal.axes_manager.signal_axes
+    assert [a.scale for a in nav] == [0.08, 0.08] and [a.units for a in nav] == ["nm", "nm"]
+    assert [a.scale for a in sig] == [1.5, 1.5] and [a.units for a in sig] == ["mrad", "mrad"]
+    tem = signal.metadata.Acquisition_instrument.TEM
+    assert tem.beam_energy == 300.0 and tem.convergence_angle == 20.0
+
+
 def test_an_export_reads_in_hyperspy_rosettasciio_libertem_and_h5py(svc, names, rng, tmp_path):
     import h5py
     import hyperspy.api as hs
@@ -74,12 +84,7 @@ def test_an_export_reads_in_hyperspy_rosettasciio_libertem_and_h5py(svc, names, 
     for layout in ("dense", "compressed"):
         acq = svc.put(counts, name=names(), layout=layout)
         path = acq.export(tmp_path / f"{layout}.hspy", optics)
-        signal = hs.load(path)
-        assert (signal.data == counts).all() and signal.metadata.General.title == acq.name
-        nav, sig = signal.axes_manager.navigation_axes, signal.axes_manager.signal_axes
-        assert [a.scale for a in nav] == [0.08, 0.08] and [a.units for a in nav] == ["nm", "nm"]
-        assert [a.scale for a in sig] == [1.5, 1.5] and sig[0].units == "mrad"
-        assert signal.metadata.Acquisition_instrument.TEM.beam_energy == 300.0
+        assert_calibrated_signal(hs.load(path), acq, counts)
         assert (file_reader(path)[0]["data"] == counts).all()
         assert (libertem_counts("hdf5", path=path, ds_path=f"Experiments/{acq.name}/data") == counts).all()
         with h5py.File(path) as f:
@@ -108,13 +113,7 @@ def test_a_zspy_export_reads_in_hyperspy_rosettasciio_zarr_and_our_loader(svc, n
     for layout in ("dense", "compressed"):
         acq = svc.put(counts, name=names(), layout=layout)
         path = acq.export(tmp_path / f"{layout}.zspy", optics)
-        signal = hs.load(path)
-        assert (signal.data == counts).all() and signal.metadata.General.title == acq.name
-        nav, sig = signal.axes_manager.navigation_axes, signal.axes_manager.signal_axes
-        assert [a.scale for a in nav] == [0.08, 0.08] and [a.units for a in nav] == ["nm", "nm"]
-        assert [a.scale for a in sig] == [1.5, 1.5] and [a.units for a in sig] == ["mrad", "mrad"]
-        tem = signal.metadata.Acquisition_instrument.TEM
-        assert tem.beam_energy == 300.0 and tem.convergence_angle == 20.0
+        assert_calibrated_signal(hs.load(path), acq, counts)
         assert (file_reader(path)[0]["data"] == counts).all()
         data = zarr.open(path, mode="r")[f"Experiments/{acq.name}/data"]
         assert data.metadata.zarr_format == 3 and data.chunks == (1, 1, 16, 12) and (data[:] == counts).all()
