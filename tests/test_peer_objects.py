@@ -188,3 +188,16 @@ def test_a_py4dstem_datacube(svc, names, rng):
         qd.from_py4dstem(svc, datacube, name=names(), energy_eV=200e3)
     with pytest.raises(TypeError, match="from_py4dstem takes a py4DSTEM DataCube"):
         qd.from_py4dstem(svc, counts)
+
+
+def test_an_emd_export_read_by_py4dstem_comes_back_with_its_optics(svc, names, rng, tmp_path):
+    py4DSTEM = pytest.importorskip("py4DSTEM", reason="py4DSTEM 0.14 pins numpy<2, so it is not installed beside this package: "
+                                   "pip install --no-deps py4DSTEM==0.14.18 (and what it imports) into a folder on PYTHONPATH")
+    counts = rng.poisson(0.9, (5, 4, 10, 12)).astype(np.uint16)
+    optics = qd.Optics(300e3, 20.0, 0.8, det_sampling_mrad=1.5)
+    acq = svc.put(counts, name=names())
+    datacube = py4DSTEM.read(acq.export(tmp_path / "scan.emd", optics))
+    back, got = qd.from_py4dstem(svc, datacube, name=names())  # the energy from the export's calibration
+    assert (held(svc, back) == counts).all() and same_optics(got, optics)
+    with pytest.raises(ValueError, match=r"energy_eV=200000 was given, but the calibration's beam_energy_keV says 300"):
+        qd.from_py4dstem(svc, datacube, name=names(), energy_eV=200e3)

@@ -9,7 +9,8 @@ is lost with its worker unless saved (``acq.save``).
 The calibration is read where each library keeps it: HyperSpy, the axes' scale and units and the beam
 energy (keV) and convergence semi-angle (mrad) in ``metadata.Acquisition_instrument.TEM`` (where
 ``acq.export`` writes them); py4DSTEM, the R and Q pixel sizes and units and the convergence semi-angle in
-mrad (a DataCube holds no beam energy: py4DSTEM takes it per reconstruction). A beam energy or semi-angle the
+mrad (a DataCube holds no beam energy: py4DSTEM takes it per reconstruction; an .emd export of ours keeps it as
+``beam_energy_keV`` in the calibration, which is read). A beam energy or semi-angle the
 object lacks may be given. Without a scan step, beam energy and semi-angle the optics is None, and without
 a detector calibration its ``det_sampling_mrad`` is: nothing is guessed. A calibration Optics cannot hold
 (units that are no length or angle, two steps that differ) is refused, saying how to put the counts without it.
@@ -93,7 +94,8 @@ def from_hyperspy(svc: "Service", signal: Any, name: str | None = None, layout: 
 def from_py4dstem(svc: "Service", datacube: Any, name: str | None = None, layout: str = "auto", *, worker: str | None = None,
                   energy_eV: float | None = None, semiangle_mrad: float | None = None) -> tuple["Acquisition", Optics | None]:
     """Put a py4DSTEM DataCube (data[Rx, Ry, Qx, Qy]) on the service as a new acquisition, and the ``Optics`` its
-    calibration makes with the beam energy ``energy_eV`` (a DataCube holds none; None: the optics is None).
+    calibration makes with the beam energy ``energy_eV`` (a DataCube holds none, unless read from an export of
+    ours: its calibration's ``beam_energy_keV``; None: the optics is None).
 
     ``name`` defaults to the DataCube's name; ``layout`` and ``worker`` as in ``svc.put``. ``semiangle_mrad``
     fills in a convergence semi-angle the calibration lacks (given beside it, they must agree).
@@ -104,6 +106,8 @@ def from_py4dstem(svc: "Service", datacube: Any, name: str | None = None, layout
     step = pair_value([(cal.get_R_pixel_size(), cal.get_R_pixel_units(), "the R pixel")], "scan step", LENGTHS, LENGTH_A,
                       CLEAR_PY4DSTEM.format(space="R"))
     alpha = agreed("semiangle_mrad", semiangle_mrad, cal.get_convergence_semiangle_mrad(), "the calibration's convergence_semiangle_mrad")
+    held_keV = cal["beam_energy_keV"] if "beam_energy_keV" in cal.keys else None  # where acq.export's .emd keeps it
+    energy_eV = agreed("energy_eV", energy_eV, held_keV, "the calibration's beam_energy_keV", 1e3)
     det = detector_mrad([(cal.get_Q_pixel_size(), cal.get_Q_pixel_units(), "the Q pixel")], energy_eV, CLEAR_PY4DSTEM.format(space="Q"))
     acq = put_counts(svc, datacube.data, name or datacube.name or None, worker, layout, "datacube.data = datacube.data.astype('uint16')")
     return acq, optics_of(step, energy_eV, alpha, det, "the DataCube's calibration")
