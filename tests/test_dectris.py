@@ -153,7 +153,7 @@ def owner_connected(svc, port: int) -> None:
                   for c in psutil.net_connections("tcp4")):
         assert time.monotonic() < deadline, f"no worker connected to the stream port {port} within 30 s"
         time.sleep(0.05)
-    time.sleep(0.2)  # the ZeroMQ handshake after the TCP one
+    time.sleep(0.5)  # the ZeroMQ handshake after the TCP one (0.2 s was short on a loaded 2-core machine)
 
 
 def put(rest_port: int, path: str, value=None) -> None:
@@ -185,13 +185,14 @@ def test_stream2_from_tickit_eiger(svc, names, tmp_path, eiger_sim):
     """tickit's Eiger armed and triggered for 3 images (stream2: CBOR, bslz4 in the HDF5 framing): every frame
     equal to the one it sends, decoded by HDF5's bitshuffle filter. Its PUSH socket also connects to its own
     address, and now and then a whole series goes there (CI saw it once in about ten runs, after the wait for
-    our connection): a series that never comes is armed again, twice at most."""
+    our connection; a CI run on a loaded machine saw it three times in a row): a series that never comes is armed
+    again, four times at most."""
     rest, port = eiger_sim
     for path, value in [("stream/api/1.8.0/config/format", "cbor"), ("detector/api/1.8.0/config/trigger_mode", "ints"),
                         ("detector/api/1.8.0/config/nimages", 3), ("detector/api/1.8.0/config/ntrigger", 1),
                         ("detector/api/1.8.0/config/frame_time", 0.001)]:
         put(rest, path, value)
-    for attempt in range(3):  # tickit's PUSH socket also connects to its own address: a series can go down that pipe
+    for attempt in range(5):  # tickit's PUSH socket also connects to its own address: a series can go down that pipe
         acq = svc.create(names(), scan_shape=(1, 3), det_shape=(4362, 4148), dtype="uint16", layout="dense")
         future = svc.ingest(qd.DectrisSource("127.0.0.1", port, timeout_s=20), acq, wait=False)
         owner_connected(svc, port)
@@ -201,7 +202,7 @@ def test_stream2_from_tickit_eiger(svc, names, tmp_path, eiger_sim):
             assert future.result(120) == {"frames": 3, "received": 3}
             break
         except ValueError as err:  # nothing came: the simulator sent this series to itself; arm it again
-            assert "sent nothing for 20 s" in str(err) and attempt < 2
+            assert "sent nothing for 20 s" in str(err) and attempt < 4
             put(rest, "detector/api/1.8.0/command/disarm")
             acq.release()
     put(rest, "detector/api/1.8.0/command/disarm")
