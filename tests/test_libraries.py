@@ -151,6 +151,14 @@ def emdfile_with_py4dstem_names(monkeypatch):
     names.DataCube = type("DataCube", (emdfile.Array,), {})
     names.Calibration = type("Calibration", (emdfile.Metadata,), {})
     monkeypatch.setitem(sys.modules, names.__name__, names)
+    # emdfile looks for those modules by asking every module in sys.modules for the attribute while it iterates
+    # over them; a lazily importing module (HyperSpy's, SciPy's) imports on that question, and the iteration fails
+    # ("dictionary changed size"). Ask them all first, until asking imports nothing more.
+    seen = -1
+    while seen != len(sys.modules):
+        seen = len(sys.modules)
+        for module in list(sys.modules.values()):
+            hasattr(module, "_emd_hook")
     return emdfile
 
 
