@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from ..resident.base import Resident
-from .writers.base import Calibration, size
+from .source import disk_bytes
+from .writers.base import Calibration
 from .writers.emd import write_emd
 from .writers.hyperspy import write_hspy, write_zspy
 
@@ -29,6 +30,6 @@ def export_resident(resident: Resident, path: str | os.PathLike, calibration: Ca
                          f"Zarr v3 layout) or .emd (EMD 1.0, py4DSTEM's DataCube): give the path one of these suffixes")
     try:
         writer(resident, path, calibration)
-    except OSError as err:  # the file system's, raised as what it is: a caller takes an OSError for a lost worker
+    except OSError as err:  # the file system's error, named as the export's (as a load names the file it failed on)
         raise ValueError(f"writing the export {str(path)!r} failed: {err}") from err
-    return size(path)
+    return disk_bytes(path)

@@ -19,7 +19,7 @@ from .readers.base import BLOCK_BYTES, DecodesInto, KeepsPositions, Reader, Read
 from .readers.chunk_index import callback
 from .registry import open_reader
 from .saved import describe_saved, is_saved, uploads
-from .source import Source
+from .source import Source, disk_bytes
 
 GPU_BATCH_BYTES = APPEND_BYTES  # counts a GPU decodes (thousands of chunks, a warp each) and codes (several blocks) at a time
 SAMPLE_RUNS, SAMPLE_FRAMES = 8, 1024  # a coded load's model is chosen from runs of consecutive frames (a chunk read each)
@@ -54,7 +54,7 @@ def inspect_file(path, dataset: str | None = None, scan_shape=None) -> dict:
     that is not a raster, as one scan row (1, n) with its "positions" ((n, 2) row, col in scan pixels)."""
     source = Source(str(Path(path).expanduser().resolve()), dataset, tuple(scan_shape) if scan_shape else None)
     where = Path(source.path)
-    on_disk = sum(p.stat().st_size for p in where.rglob("*") if p.is_file()) if where.is_dir() else where.stat().st_size
+    on_disk = disk_bytes(where)
     if is_saved(source):
         meta = describe_saved(source)
         return {"format": f"saved resident ({meta['layout']})", "shape": meta["shape"], "dtype": meta["dtype"],

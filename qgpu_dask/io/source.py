@@ -10,6 +10,7 @@ from the file's content (``io.registry``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -22,3 +23,10 @@ class Source:
 
     def describe(self) -> dict:
         return {"path": self.path, "dataset": self.dataset, "scan_shape": self.scan_shape}
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes a file takes on disk, or every file of a directory (a Zarr store)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size

@@ -34,8 +34,9 @@ def libertem_udf_class() -> type:
 @register
 class RunUDF(Query):
     """One LiberTEM UDF, or a list of them run in one pass, on every acquisition (``udf``); an optional bool
-    ``roi`` over the scan; ``engine``: whether LiberTEM's standard UDFs are answered by the engine. Per acquisition, what LiberTEM's ``Context.run_udf`` returns: a dict of result
-    buffers, or a tuple of them for a list of UDFs."""
+    ``roi`` over the scan; ``engine``: whether LiberTEM's standard UDFs are answered by the engine. Per
+    acquisition, what LiberTEM's ``Context.run_udf`` returns: a dict of result buffers, or a tuple of them for a
+    list of UDFs."""
 
     name = "run_udf"
     thread = "load"  # it reads every frame: beside loads, not in the way of interactive queries
@@ -67,11 +68,10 @@ class RunUDF(Query):
         parts = []
         for resident in residents:
             dataset = ResidentDataSet(resident, THREADS)
-            mine = [u.copy() for u in udfs]
-            fills = [answer(u, resident, roi) if engine else None for u in mine]
-            results: list = [None] * len(mine)
+            fills = [answer(u, resident, roi) if engine else None for u in udfs]
+            results: list = [None] * len(udfs)
             filled = [i for i, fill in enumerate(fills) if fill is not None]
-            for i, got in zip(filled, answered([mine[i] for i in filled], [fills[i] for i in filled], dataset, roi) if filled else []):
+            for i, got in zip(filled, answered([udfs[i].copy() for i in filled], [fills[i] for i in filled], dataset, roi) if filled else []):
                 results[i] = got
             ran = [i for i, got in enumerate(results) if got is None]  # the rest, and any the engine turned down
             rest = [udfs[i].copy() for i in ran]
@@ -107,6 +107,6 @@ def run_udf(udf, acquisitions, roi=None, engine: bool = True) -> Any:
     """Run a LiberTEM UDF (or a list of them, in one pass) unchanged on an acquisition or a series where their
     counts are held, and return what LiberTEM's ``Context.run_udf`` returns on the same data: a dict of result
     buffers (a tuple of dicts for a list), one per acquisition for a series. ``roi``: a bool array of the scan
-    shape, as in LiberTEM. LiberTEM's SumUDF, SumSigUDF and ApplyMasksUDF are answered by the engine's exact
-    sums (``udf_answers``); ``engine=False`` runs them through LiberTEM's runner too (its float32 arithmetic)."""
+    shape, as in LiberTEM. LiberTEM's SumUDF, SumSigUDF, ApplyMasksUDF and CoMUDF are answered by the engine's
+    exact sums (``udf_answers``); ``engine=False`` runs them through LiberTEM's runner too (its float32 arithmetic)."""
     return acquisitions.ask(RunUDF, udf, roi, engine)

@@ -88,9 +88,3 @@ def written_in_place(path: Path) -> Iterator[Path]:
     finally:
         remove(partial)
 
-
-def size(path: Path) -> int:
-    """Bytes of a file, or of every file of a directory store."""
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size
