@@ -120,6 +120,84 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
     weight[at] = sw;
 }
 
+// ---------------------------------------------------------------- the aberration fit's signal
+
+// The part of a detector pixel at radius r (1/A) inside the aperture: a ramp one pixel wide across its edge.
+__device__ __forceinline__ float inside(float r, float cutoff, float inv_pixel) {
+    return fminf(fmaxf(fmaf(cutoff - r, inv_pixel, 0.5f), 0.f), 1.f);
+}
+
+// The coherent SSB signal's terms for a batch of trial aberrations (qgpu_dask/phase/fit.py Signal), twin of
+// qgpu_dask/phase/cpu.py fit_terms_loop. Block (q, p): scan frequency q = (qy[q / nqx], qx[q % nqx]) and trial
+// row p = (pi lambda C10, pi lambda C12a, pi lambda C12b, cos t, sin t) of the detector rotation t; its threads
+// take the pixels k = 0, step, 2 step, ... of uv (coordinates before the rotation: k_y = cos t u - sin t v,
+// k_x = sin t u + cos t v) and Gt (nq, n_pix). With the overlaps o- = a(k) a(k - q), o+ = a(k) a(k + q) (a: inside)
+// and the phase differences d- = chi(k) - chi(k - q), d+ = chi(k + q) - chi(k) (the quadratic part of chi
+// differenced exactly, the rest by chi<N>), Gamma = o- exp(i d-) - o+ exp(i d+), and
+//   terms[p, q] = | sum_k max(o-, o+) G(k, q) conj(Gamma) / |Gamma| |   over |Gamma| > floor.
+// Evaluated in float32, summed in float64 (each thread, then the block's warps in a fixed order).
+#ifndef FIT_THREADS
+#error "FIT_THREADS (a multiple of 32) comes from qgpu_dask/phase/cuda.py, which launches fit_terms with as many threads"
+#endif
+
+template <int N>
+__global__ void __launch_bounds__(FIT_THREADS) fit_terms(const float2* __restrict__ Gt, i64 n_pix, int step, const float2* __restrict__ uv,
+                                                         const float* __restrict__ params, const float* __restrict__ qy,
+                                                         const float* __restrict__ qx, int nqx, const Poly<N> poly, float cutoff,
+                                                         float inv_pixel, float floor, double* __restrict__ terms) {
+    __shared__ double partial[FIT_THREADS / 32][2];
+    i64 nq = gridDim.x, q = blockIdx.x, p = blockIdx.y;
+    const float* row = params + 5 * p;
+    float c10 = row[0], a = row[1], b = row[2], ct = row[3], st = row[4];
+    float fy = qy[q / nqx], fx = qx[q % nqx];
+    float quad = c10 * (fx * fx + fy * fy) + a * (fx * fx - fy * fy) + 2.f * b * fx * fy;
+    const float2* g_row = Gt + q * n_pix;
+    double sr = 0.0, si = 0.0;
+    for (i64 k = (i64)threadIdx.x * step; k < n_pix; k += (i64)FIT_THREADS * step) {
+        float2 w = uv[k];
+        float y = ct * w.x - st * w.y, x = st * w.x + ct * w.y;
+        float here = inside(hypotf(x, y), cutoff, inv_pixel);
+        float om = here * inside(hypotf(x - fx, y - fy), cutoff, inv_pixel);
+        float op = here * inside(hypotf(x + fx, y + fy), cutoff, inv_pixel);
+        if (om == 0.f && op == 0.f) continue;
+        float lin = 2.f * (c10 * (y * fy + x * fx) + a * (x * fx - y * fy) + b * (x * fy + y * fx));
+        float dm = lin - quad, dp = lin + quad;
+        if constexpr (N > 0) {
+            float centre = chi<N>(x, y, poly);
+            dm += centre - chi<N>(x - fx, y - fy, poly);
+            dp += chi<N>(x + fx, y + fy, poly) - centre;
+        }
+        float sm, cm, sp, cp;
+        phase_factor(dm, &sm, &cm);
+        phase_factor(dp, &sp, &cp);
+        float gr = om * cm - op * cp, gi = om * sm - op * sp;
+        float size = sqrtf(gr * gr + gi * gi);
+        if (!(size > floor)) continue;
+        float2 g = g_row[k];
+        float f = fmaxf(om, op) / size;
+        sr += (double)((g.x * gr + g.y * gi) * f);
+        si += (double)((g.y * gr - g.x * gi) * f);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+        sr += __shfl_down_sync(0xffffffffu, sr, offset);
+        si += __shfl_down_sync(0xffffffffu, si, offset);
+    }
+    int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+        partial[warp][0] = sr;
+        partial[warp][1] = si;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double re = 0.0, im = 0.0;
+        for (int i = 0; i < FIT_THREADS / 32; ++i) {
+            re += partial[i][0];
+            im += partial[i][1];
+        }
+        terms[p * nq + q] = sqrt(re * re + im * im);
+    }
+}
+
 // ---------------------------------------------------------------- direct ptychography
 
 // D += A B for one 16 x 8 x 4 float64 tensor-core product (the shape the H200 runs at its full float64 rate;

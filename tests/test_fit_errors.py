@@ -45,11 +45,8 @@ def calibrate(r: DenseCounts, optics: qd.Optics) -> qd.Optics:
 def fit_aberrations(r: DenseCounts, optics: qd.Optics, c10_range_A: float = 50.0) -> qd.Optics:
     """``Acquisition.fit_aberrations`` in this process."""
     spec = sideband.spectrum(r, sideband.bright_field_pixels(optics, r.det_shape)[0])
-
-    def k_at(rotation_deg: float):
-        return sideband.bright_field_pixels(optics.with_(rotation_deg=rotation_deg), r.det_shape)[1:]
-
-    return fit.fit(spec, k_at, optics, c10_range_A, r.xp)["optics"]
+    k0 = sideband.bright_field_pixels(optics.with_(rotation_deg=0.0), r.det_shape)[1:]
+    return fit.fit(spec, k0, optics, c10_range_A, r.xp)["optics"]
 
 
 def off(found: float, truth: float, period: float) -> float:

@@ -126,3 +126,77 @@ def test_ssb_phase_on_cpu_and_gpu():
             images.append(cupy.asnumpy(sideband.phase(sideband.spectrum(resident, indices), ky, kx, cal, xp)))
     assert (images[0] == images[1]).all() and (images[2] == images[3]).all()  # both layouts, same device: same bits
     assert np.abs(images[2] - images[0]).max() <= 1e-5 * np.abs(images[0]).max()
+
+
+FIT_OPTICS = OPTICS.with_(det_sampling_mrad=0.9)  # a pixel a ramp of 0.046 1/A: about 4 % of the aperture
+
+
+def fit_inputs(seed: int = 4):
+    """Random G on 7 x 5 scan frequencies, 80 pixels in and around the aperture (k at rotation 0) and trial rows
+    (C10, C12a, C12b, rotation_deg) of the aberration fit."""
+    rng = np.random.default_rng(seed)
+    n, kmax = 80, OPTICS.aperture_k
+    k0 = rng.uniform(-1.05 * kmax, 1.05 * kmax, (2, n))
+    qy = np.fft.fftfreq(14, OPTICS.scan_step_A)[::2]
+    qx = np.fft.rfftfreq(9, OPTICS.scan_step_A)
+    G = (rng.standard_normal((n, qy.size, qx.size)) + 1j * rng.standard_normal((n, qy.size, qx.size))).astype(np.complex64)
+    rows = np.column_stack([rng.uniform(-300, 300, 5), rng.uniform(-40, 40, (5, 2)), rng.uniform(-30, 30, 5)])
+    return G, k0, qy, qx, rows
+
+
+def plain_fit_terms(G, k0, qy, qx, rows, step):
+    """The fit's signal terms written out with ``chi`` of the whole optics: the reference of both twins."""
+    pixel, cutoff = FIT_OPTICS.k_per_pixel(), FIT_OPTICS.aperture_k
+
+    def inside(x, y):
+        return np.clip((cutoff - np.hypot(x, y)) / pixel + 0.5, 0, 1)
+
+    out = np.zeros((len(rows), qy.size * qx.size))
+    for p, (c10, a, b, turn) in enumerate(rows):
+        optics = FIT_OPTICS.with_(aberrations={**FIT_OPTICS.aberrations, "C10": c10, "C12": np.hypot(a, b), "phi12": np.arctan2(b, a) / 2})
+        t = np.radians(turn)
+        y = np.cos(t) * k0[0][::step] - np.sin(t) * k0[1][::step]
+        x = np.sin(t) * k0[0][::step] + np.cos(t) * k0[1][::step]
+        for i, (fy, fx) in enumerate((fy, fx) for fy in qy for fx in qx):
+            om, op = inside(x, y) * inside(x - fx, y - fy), inside(x, y) * inside(x + fx, y + fy)
+            here = chi(x, y, optics)
+            gamma = om * np.exp(1j * (here - chi(x - fx, y - fy, optics))) - op * np.exp(1j * (chi(x + fx, y + fy, optics) - here))
+            size = np.abs(gamma)
+            kept = size > sideband.GAMMA_FLOOR
+            g = G.reshape(len(G), -1)[::step, i]
+            out[p, i] = abs((g * np.conj(gamma) * np.maximum(om, op) / np.where(kept, size, 1))[kept].sum())
+    return out
+
+
+def fit_arguments(G, k0, qy, qx, rows):
+    """``fit_terms``'s arguments as ``phase.fit.Signal`` makes them (the rest of chi: OPTICS without C10 and C12)."""
+    rest = FIT_OPTICS.with_(aberrations={k: v for k, v in FIT_OPTICS.aberrations.items() if k not in ("C10", "C12", "phi12")})
+    t = np.radians(rows[:, 3])
+    params = np.column_stack([rows[:, :3] * np.pi * FIT_OPTICS.wavelength_A, np.cos(t), np.sin(t)])
+    Gt = np.ascontiguousarray(G.reshape(len(G), -1).T)
+    return Gt, np.stack(k0, axis=1), params, qy, qx, chi_table(rest), FIT_OPTICS.aperture_k, FIT_OPTICS.k_per_pixel(), sideband.GAMMA_FLOOR
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_cpu_fit_terms_against_the_plain_signal(step):
+    G, k0, qy, qx, rows = fit_inputs()
+    terms = cpu.fit_terms(*fit_arguments(G, k0, qy, qx, rows), step)
+    reference = plain_fit_terms(G, k0, qy, qx, rows, step)
+    assert (reference > 0).sum() == reference.size - len(rows) and terms.shape == reference.shape  # zero at Q = 0 only
+    assert np.abs(terms - reference).max() <= 1e-9 * reference.max()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("step", [1, 3])
+def test_cuda_fit_terms_against_the_cpu_twin(step):
+    import cupy
+
+    from qgpu_dask.phase import cuda
+
+    G, k0, qy, qx, rows = fit_inputs(5)
+    Gt, *rest = fit_arguments(G, k0, qy, qx, rows)
+    terms = cpu.fit_terms(Gt, *rest, step)
+    on_gpu = cuda.fit_terms(cupy.asarray(Gt), *rest, step).get()
+    # chi and Gamma in float32 registers: agreement to float32 rounding of the phases (about 1e-6 rad of ~100)
+    assert np.abs(on_gpu - terms).max() <= 1e-4 * terms.max()

@@ -1,5 +1,6 @@
-"""The SSB kernels on the CPU (Numba), twins of kernels/ssb.cu: the sideband sum and the normal equations
-of direct ptychography (``normal_equations``, contract in its docstring).
+"""The SSB kernels on the CPU (Numba), twins of kernels/ssb.cu: the sideband sum, the aberration fit's signal
+(``fit_terms``) and the normal equations of direct ptychography (``normal_equations``, contracts in their
+docstrings).
 
 Contract of ``sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor)``, shared with
 ``qgpu_dask.phase.cuda``: it takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each
@@ -77,6 +78,58 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     sideband_sum_loop(G, np.asarray(ky, np.float64), np.asarray(kx, np.float64), np.asarray(chi_k, np.float64),
                       np.asarray(table, np.complex128), float(dqy), float(dqx), float(kmax2), float(floor), total, weight)
     return total, weight
+
+
+@numba.njit(cache=True, inline="always")
+def inside(r, cutoff, inv_pixel):
+    """The part of a detector pixel at radius ``r`` inside the aperture: a ramp one pixel wide across its edge."""
+    return min(max((cutoff - r) * inv_pixel + 0.5, 0.0), 1.0)
+
+
+@numba.njit(parallel=True, cache=True)
+def fit_terms_loop(Gt, uv, params, qy, qx, table, has_rest, cutoff, inv_pixel, floor, step, terms):
+    n_pix = Gt.shape[1]
+    nq, nqx = terms.shape[1], qx.size
+    for job in numba.prange(terms.size):
+        p, q = job // nq, job % nq
+        c10, a, b, ct, st = params[p, 0], params[p, 1], params[p, 2], params[p, 3], params[p, 4]
+        fy, fx = qy[q // nqx], qx[q % nqx]
+        quad = c10 * (fx * fx + fy * fy) + a * (fx * fx - fy * fy) + 2.0 * b * fx * fy
+        total = 0j
+        for k in range(0, n_pix, step):
+            y = ct * uv[k, 0] - st * uv[k, 1]
+            x = st * uv[k, 0] + ct * uv[k, 1]
+            here = inside(math.hypot(x, y), cutoff, inv_pixel)
+            om = here * inside(math.hypot(x - fx, y - fy), cutoff, inv_pixel)
+            op = here * inside(math.hypot(x + fx, y + fy), cutoff, inv_pixel)
+            if om == 0.0 and op == 0.0:
+                continue
+            lin = 2.0 * (c10 * (y * fy + x * fx) + a * (x * fx - y * fy) + b * (x * fy + y * fx))
+            dm, dp = lin - quad, lin + quad
+            if has_rest:
+                centre = chi_at(x, y, table)
+                dm += centre - chi_at(x - fx, y - fy, table)
+                dp += chi_at(x + fx, y + fy, table) - centre
+            gamma = om * complex(math.cos(dm), math.sin(dm)) - op * complex(math.cos(dp), math.sin(dp))
+            size = abs(gamma)
+            if not size > floor:
+                continue
+            total += Gt[q, k] * gamma.conjugate() * (max(om, op) / size)
+        terms[p, q] = abs(total)
+
+
+def fit_terms(Gt, uv, params, qy, qx, table, cutoff: float, pixel: float, floor: float, step: int) -> np.ndarray:
+    """The coherent SSB signal's terms (P, nq) float64 for the trial rows ``params`` (P, 5): (pi lambda C10,
+    pi lambda C12a, pi lambda C12b, cos t, sin t of the detector rotation t), over every ``step``-th pixel of
+    ``uv`` (n_pix, 2) (its k_y, k_x before the rotation, 1/A) and Gt (nq, n_pix) complex64 (G at the scan
+    frequencies (qy[i // len(qx)], qx[i % len(qx)])), the rest of chi from ``table`` (``optics.chi_table``);
+    the aperture's radius ``cutoff`` and a pixel's width ``pixel`` in 1/A. Contract in kernels/ssb.cu
+    (fit_terms), which evaluates in float32 where this is float64."""
+    terms = np.empty((len(params), Gt.shape[0]), np.float64)
+    table = np.asarray(table, np.complex128)
+    fit_terms_loop(Gt, np.asarray(uv, np.float64), np.asarray(params, np.float64), np.asarray(qy, np.float64), np.asarray(qx, np.float64),
+                   table, bool(np.any(table != 0)), float(cutoff), 1.0 / pixel, float(floor), int(step), terms)
+    return terms
 
 
 @numba.njit(parallel=True, cache=True)

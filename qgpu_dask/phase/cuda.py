@@ -1,5 +1,5 @@
 """The SSB kernels on the GPU (kernels/ssb.cu), twins of ``qgpu_dask.phase.cpu``: the sideband sum over
-bright-field pixels and the normal equations of direct ptychography.
+bright-field pixels, the aberration fit's signal and the normal equations of direct ptychography.
 
 Same contracts as the CPU twins (see their docstrings). chi and Gamma are evaluated in float32 registers
 (the phases they give differ from float64 by about 1e-6 rad), the aperture tests as in float64 and the sums
@@ -16,9 +16,11 @@ import numpy as np
 from .. import compile
 
 THREADS = 256
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
 BLOCKS_PER_SM = 16  # slices of the pixels are added until about this many blocks fill each multiprocessor
 COLUMN_STRIDE = 36  # doubles per column of a normal_equations warp's buffer: 32 pixels, padded so fragment loads meet no bank conflict
-DEFINES = compile.defines(COLUMN_STRIDE=COLUMN_STRIDE)  # the constants kernels/ssb.cu takes from Python
+FIT_THREADS = 128  # threads of a fit_terms block: one (frequency, trial) pair
+DEFINES = compile.defines(COLUMN_STRIDE=COLUMN_STRIDE, FIT_THREADS=FIT_THREADS)  # the constants kernels/ssb.cu takes from Python
 
 
 def kernel(name_expr: str) -> cupy.RawKernel:
@@ -68,6 +70,25 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     )
     sums = parts.sum(axis=1).reshape(3, rows, half)
     return sums[0] + 1j * sums[1], sums[2]
+
+
+def fit_terms(Gt, uv, params, qy, qx, table, cutoff: float, pixel: float, floor: float, step: int) -> cupy.ndarray:
+    """The twin of ``phase.cpu.fit_terms`` (see there): the fit's signal terms (P, nq) float64 on the device,
+    one block per (frequency, trial), in float32 summed in float64."""
+    if Gt.dtype != np.complex64 or not Gt.flags.c_contiguous:
+        raise ValueError("Gt must be a C-contiguous complex64 array")
+    nq, n_pix = Gt.shape
+    params = cupy.asarray(params, np.float32)
+    terms = cupy.empty((len(params), nq), np.float64)
+    degree, poly = monomials(np.asarray(table))
+    qy, qx = cupy.asarray(qy, np.float32), cupy.asarray(qx, np.float32)
+    uv = cupy.ascontiguousarray(cupy.asarray(uv, np.float32))
+    run = kernel(f"fit_terms<{degree}>")
+    for lo in range(0, len(params), MAX_GRID_Y):
+        rows = params[lo : lo + MAX_GRID_Y]
+        run((nq, len(rows)), (FIT_THREADS,), (Gt, np.int64(n_pix), np.int32(step), uv, rows, qy, qx, np.int32(qx.size), poly_argument(poly),
+                                              np.float32(cutoff), np.float32(1.0 / pixel), np.float32(floor), terms[lo:]))
+    return terms
 
 
 NORMAL_WARPS = 4  # frequencies per block of normal_equations, fewer where a warp's buffer is large

@@ -17,7 +17,10 @@ the cost. A calibrated rotation with a standard error above ``WIDE_DEG``
 starts with a coarse search over turns and C10. The aperture edges of the
 overlaps are ramps one pixel wide, so the signal is smooth in the rotation.
 Then one Newton step on all four parameters (``peak``), and their standard
-errors by a jackknife over the scan frequencies.
+errors by a jackknife over the scan frequencies. The trial points of each
+stage go to one fused kernel together (a grid, the finite differences, the two
+steps of a coordinate), rotation included, so a fit is a few hundred short
+kernel launches rather than thousands of array operations.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 
 from ..device import to_host
 from . import sideband
-from .optics import Optics, chi
+from .optics import Optics, chi_table
 from .sideband import Spectrum
 
 FINEST = 1 / 32
@@ -54,20 +57,21 @@ def quantum(optics: Optics) -> float:
     return optics.wavelength_A / (2 * alpha**2)
 
 
-def refine(score, start: np.ndarray, step: float) -> tuple[np.ndarray, float]:
-    """Coordinate ascent of ``score`` from ``start``, steps halved from ``step`` to ``step * FINEST``."""
+def refine(score: Callable[[np.ndarray], np.ndarray], start: np.ndarray, step: float) -> tuple[np.ndarray, float]:
+    """Coordinate ascent from ``start``, steps halved from ``step`` to ``step * FINEST``: along each axis in turn
+    the step up, else the step down, is taken where it raises the score. ``score`` gives the values of a batch
+    of points (rows): the two steps of an axis are evaluated together."""
     best = np.array(start, dtype=np.float64)
-    value = score(best)
+    value = float(score(best[None])[0])
     h = step
     while h >= step * FINEST:
         moved = False
         for axis in range(len(best)):
-            for sign in (1, -1):
-                trial = best.copy()
-                trial[axis] += sign * h
-                v = score(trial)
+            trials = np.repeat(best[None], 2, axis=0)
+            trials[:, axis] += (h, -h)
+            for trial, v in zip(trials, score(trials)):
                 if v > value:
-                    best, value, moved = trial, v, True
+                    best, value, moved = trial, float(v), True
                     break
         if not moved:
             h /= 2
@@ -76,56 +80,38 @@ def refine(score, start: np.ndarray, step: float) -> tuple[np.ndarray, float]:
 
 class Signal:
     """The coherent SSB signal sum_Q |sum_k w G conj(Gamma) / |Gamma|| on a few scan frequencies (w: the part
-    of the pixel inside an overlap), as a function of (C10, C12a, C12b), the rest of the optics (rotation
-    included) fixed.
+    of the pixel inside an overlap) as a function of trial rows (C10, C12a, C12b, rotation_deg), the rest of
+    the optics fixed, evaluated for a batch of rows at once by one fused kernel (``fit_terms`` of
+    ``phase.cpu`` / ``phase.cuda``).
 
-    chi is linear in the coefficients: chi = pi lambda [C10 (kx^2 + ky^2) + C12a (kx^2 - ky^2)
-    + C12b 2 kx ky] + the other terms, so the phase differences chi(k) - chi(k - Q) and
-    chi(k + Q) - chi(k) of Gamma are three fixed arrays each, weighted by the coefficients
-    (plus a fixed part): an evaluation costs two complex exponentials per (k, Q), not three
-    aberration functions.
+    chi is quadratic in k in these coefficients: chi = pi lambda [C10 (kx^2 + ky^2) + C12a (kx^2 - ky^2)
+    + C12b 2 kx ky] + the other terms, so its differences across Q are differenced exactly in the kernel,
+    and the rotation turns the pixels' k there: a new rotation costs nothing more than a new defocus.
     """
 
-    def __init__(self, G, qy, qx, ky: np.ndarray, kx: np.ndarray, optics: Optics, xp=np):
-        self.G = G
-        self.xp = xp
-        qy, qx = qy[None, :, None], qx[None, None, :]
-        y, x = xp.asarray(ky)[:, None, None], xp.asarray(kx)[:, None, None]
+    def __init__(self, G, qy: np.ndarray, qx: np.ndarray, k0: tuple[np.ndarray, np.ndarray], optics: Optics, xp=np):
+        n_pix = G.shape[0]
+        self.xp, self.kernels = xp, sideband.sum_kernels(xp)
+        self.Gt = xp.ascontiguousarray(G.reshape(n_pix, -1).T)
+        self.uv = xp.asarray(np.stack([np.asarray(k0[0], np.float64), np.asarray(k0[1], np.float64)], axis=1))
+        self.qy, self.qx = np.asarray(qy, np.float64), np.asarray(qx, np.float64)
         rest = optics.with_(aberrations={k: v for k, v in optics.aberrations.items() if k not in ("C10", "C12", "phi12")})
-        lam, cutoff = optics.wavelength_A, optics.semiangle_mrad * 1e-3
+        self.table = chi_table(rest)
+        self.scale = np.pi * optics.wavelength_A
+        self.cutoff, self.pixel = optics.aperture_k, optics.k_per_pixel()
 
-        def basis(bx, by):
-            return (xp.stack([bx * bx + by * by, bx * bx - by * by, 2 * bx * by]) * (np.pi * lam)).astype(xp.float32)
+    def terms(self, rows: np.ndarray, step: int = 1):
+        """|sum_k G conj(Gamma) / |Gamma|| per scan frequency (``xp`` array (len(rows), n_q)) for each trial row
+        (C10, C12a, C12b, rotation_deg), over every ``step``-th bright-field pixel: the signal is their sum."""
+        rows = np.asarray(rows, np.float64).reshape(-1, 4)
+        turn = np.radians(rows[:, 3])
+        params = np.column_stack([rows[:, :3] * self.scale, np.cos(turn), np.sin(turn)])
+        return self.kernels.fit_terms(self.Gt, self.uv, params, self.qy, self.qx, self.table, self.cutoff, self.pixel,
+                                      sideband.GAMMA_FLOOR, step)
 
-        pixel = optics.k_per_pixel()
-
-        def inside(bx, by):
-            """The part of a detector pixel at (bx, by) inside the aperture: a ramp one pixel wide across its edge."""
-            return xp.clip((cutoff / lam - xp.hypot(bx, by)) / pixel + 0.5, 0, 1).astype(xp.float32)
-
-        here, minus, plus = (x, y), (x - qx, y - qy), (x + qx, y + qy)
-        self.minus_basis = basis(*here) - basis(*minus)
-        self.plus_basis = basis(*plus) - basis(*here)
-        self.minus_fixed = (chi(*here, rest, xp) - chi(*minus, rest, xp)).astype(xp.float32)
-        self.plus_fixed = (chi(*plus, rest, xp) - chi(*here, rest, xp)).astype(xp.float32)
-        self.minus_overlap = inside(*here) * inside(*minus)
-        self.plus_overlap = inside(*here) * inside(*plus)
-        self.weight = xp.maximum(self.minus_overlap, self.plus_overlap)
-
-    def __call__(self, p: np.ndarray, pixels=slice(None)) -> float:
-        return float(self.terms(p, pixels).sum())
-
-    def terms(self, p: np.ndarray, pixels=slice(None)):
-        """|sum_k G conj(Gamma) / |Gamma|| per scan frequency (``xp`` array): the signal is their sum."""
-        xp = self.xp
-        c = [np.float32(v) for v in p]
-        minus = c[0] * self.minus_basis[0, pixels] + c[1] * self.minus_basis[1, pixels] + c[2] * self.minus_basis[2, pixels] + self.minus_fixed[pixels]
-        plus = c[0] * self.plus_basis[0, pixels] + c[1] * self.plus_basis[1, pixels] + c[2] * self.plus_basis[2, pixels] + self.plus_fixed[pixels]
-        gamma = self.minus_overlap[pixels] * xp.exp(np.complex64(1j) * minus) - self.plus_overlap[pixels] * xp.exp(np.complex64(1j) * plus)
-        size = xp.abs(gamma)
-        kept = size > sideband.GAMMA_FLOOR
-        total = xp.where(kept, self.G[pixels] * xp.conj(gamma) * (self.weight[pixels] / xp.where(kept, size, np.float32(1))), np.complex64(0)).sum(axis=0)
-        return xp.abs(total)
+    def __call__(self, rows: np.ndarray, step: int = 1) -> np.ndarray:
+        """The signal of each trial row (float64, on the host)."""
+        return np.asarray(to_host(self.terms(rows, step).sum(axis=1)), np.float64)
 
 
 def paired_frequencies(rows: int, cols: int, stride: int) -> np.ndarray:
@@ -145,7 +131,8 @@ def paired_frequencies(rows: int, cols: int, stride: int) -> np.ndarray:
 def peak(terms_at: Callable[[np.ndarray], np.ndarray], centre: np.ndarray, steps: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the maximum, its covariance) of a sum of per-frequency terms near ``centre``.
 
-    Gradient and curvature of each term by central differences of ``terms_at(x)`` with ``steps``; the maximum
+    Gradient and curvature of each term by central differences of ``terms_at(points)`` (a row of terms per
+    point, all of them asked at once) with ``steps``; the maximum
     is one Newton step from ``centre`` (at most two steps along any axis): the searches refine one parameter
     group at a time, which stops short of the joint peak where they are correlated (rotation, C10 and C12),
     and stop on bumps of the signal finer than the steps (0.1 deg of rotation on noise-free data).
@@ -156,13 +143,13 @@ def peak(terms_at: Callable[[np.ndarray], np.ndarray], centre: np.ndarray, steps
     ``labels`` are one sample. Infinite where the curvature makes no peak without some frequency."""
     n = len(centre)
     unit = np.eye(n, dtype=np.int64)
-    seen: dict[tuple, np.ndarray] = {}
+    offsets = [0 * unit[0]] + [s * unit[i] for i in range(n) for s in (1, -1)]
+    offsets += [si * unit[i] + sj * unit[j] for i in range(n) for j in range(i) for si in (1, -1) for sj in (1, -1)]
+    values = np.asarray(terms_at(centre + np.array(offsets) * steps))
+    seen = {tuple(int(v) for v in offset): row for offset, row in zip(offsets, values)}
 
     def f(offset: np.ndarray) -> np.ndarray:
-        key = tuple(int(v) for v in offset)
-        if key not in seen:
-            seen[key] = terms_at(centre + offset * steps).ravel()
-        return seen[key]
+        return seen[tuple(int(v) for v in offset)]
 
     _, group = np.unique(labels.ravel(), return_inverse=True)
     samples = int(group.max()) + 1
@@ -189,67 +176,52 @@ def peak(terms_at: Callable[[np.ndarray], np.ndarray], centre: np.ndarray, steps
     return centre + step, spread.T @ spread * (samples - 1) / samples
 
 
-def fit(spec: Spectrum, k_at: Callable[[float], tuple[np.ndarray, np.ndarray]], optics: Optics, c10_range_A: float, xp=np) -> dict:
+def fit(spec: Spectrum, k0: tuple[np.ndarray, np.ndarray], optics: Optics, c10_range_A: float, xp=np) -> dict:
     """``optics`` with the rotation_deg and (C10, C12, phi12) that maximise the SSB signal and their standard
-    errors (``uncertainties``), the signal there and the evaluations it took. ``k_at(rotation_deg)`` gives
-    the bright-field pixels' (k_y, k_x) under that rotation."""
+    errors (``uncertainties``), the signal there and the trial points it evaluated. ``k0`` is the bright-field
+    pixels' (k_y, k_x) at rotation_deg 0 (``sideband.bright_field_pixels``): at rotation t they are turned by t."""
     q = quantum(optics)
     rows, cols = spec.scan_shape
     stride = max(1, math.ceil(max(rows, cols) / Q_SIDE))
     G = spec.G[:, ::stride, ::stride] * np.float32(spec.scale)
-    qy = xp.asarray(np.fft.fftfreq(rows, optics.scan_step_A)[::stride])
-    qx = xp.asarray(np.fft.rfftfreq(cols, optics.scan_step_A)[::stride])
+    qy = np.fft.fftfreq(rows, optics.scan_step_A)[::stride]
+    qx = np.fft.rfftfreq(cols, optics.scan_step_A)[::stride]
+    signal = Signal(G, qy, qx, k0, optics, xp)
     evaluations = [0]
 
-    def signal_at(rotation: float, pixels=slice(None)) -> Signal:
-        ky, kx = k_at(rotation)
-        return Signal(G[pixels], qy, qx, ky[pixels], kx[pixels], optics.with_(rotation_deg=rotation), xp)
+    def scores(points: np.ndarray, step: int = 1) -> np.ndarray:
+        evaluations[0] += len(points)
+        return signal(points, step)
 
-    def aberration_score(signal: Signal, pixels):
-        def score(p):
-            evaluations[0] += 1
-            return signal(p, pixels)
-        return score
+    def at_rotation(rotation: float, step: int = 1):
+        """The score of aberration rows (C10, C12a, C12b) at ``rotation``."""
+        return lambda p: scores(np.column_stack([p, np.full(len(p), rotation)]), step)
 
-    def rotation_score(terms: np.ndarray, pixels):
-        def score(p):
-            evaluations[0] += 1
-            return signal_at(float(p[0]), pixels)(terms)
-        return score
+    def with_aberrations(p: np.ndarray, step: int = 1):
+        """The score of rotation rows (rotation_deg,) with the aberrations ``p``."""
+        return lambda turns: scores(np.column_stack([np.repeat(p[None], len(turns), axis=0), turns]), step)
 
     rotation = float(optics.rotation_deg)
     start = optics.aberrations.get("C10", 0.0)
     grid = np.arange(start - c10_range_A, start + c10_range_A + q / 2, q)
     if optics.uncertainties.get("rotation_deg", 0.0) > WIDE_DEG:  # too rough to start from: turns and C10 on a few pixels
-        few = slice(None, None, 4)
-        scores = {}
-        for turn in rotation + np.arange(-90, 90, WIDE_STEP_DEG):  # (t + 180, -C) fits as well: calibrate's twin stays
-            wide = signal_at(float(turn), few)
-            evaluations[0] += len(grid)
-            scores |= {(float(turn), float(c)): wide(np.array([c, 0.0, 0.0])) for c in grid}
-        rotation = max(scores, key=scores.get)[0]
-    signal = signal_at(rotation)
-    coarse_score = aberration_score(signal, slice(None, None, 2))
-    coarse = [coarse_score(np.array([c, 0.0, 0.0])) for c in grid]
-    best, _ = refine(aberration_score(signal, slice(None)), np.array([grid[int(np.argmax(coarse))], 0.0, 0.0]), q / 2)
+        turns = rotation + np.arange(-90, 90, WIDE_STEP_DEG)  # (t + 180, -C) fits as well: calibrate's twin stays
+        pairs = np.array([(c, 0.0, 0.0, t) for t in turns for c in grid])
+        rotation = float(pairs[int(np.argmax(scores(pairs, 4))), 3])
+    coarse = at_rotation(rotation, 2)(np.column_stack([grid, np.zeros((len(grid), 2))]))
+    best, _ = refine(at_rotation(rotation), np.array([grid[int(np.argmax(coarse))], 0.0, 0.0]), q / 2)
     turns = rotation + np.arange(-ROTATION_RANGE_DEG, ROTATION_RANGE_DEG + 0.5, 1.0)
-    turn_score = rotation_score(best, slice(None, None, 2))
-    rotation = float(turns[int(np.argmax([turn_score([t]) for t in turns]))])
-    rotation = float(refine(rotation_score(best, slice(None)), np.array([rotation]), 0.5)[0][0])
-    signal = signal_at(rotation)
-    best, value = refine(aberration_score(signal, slice(None)), best, q / 4)
+    rotation = float(turns[int(np.argmax(with_aberrations(best, 2)(turns[:, None])))])
+    rotation = float(refine(with_aberrations(best), np.array([rotation]), 0.5)[0][0])
+    best, value = refine(at_rotation(rotation), best, q / 4)
     steps = np.array([q / 16, q / 16, q / 16, 0.25])  # finite-difference steps: a fraction of the peak's width
-    signals = {rotation: signal}
 
-    def terms_at(x: np.ndarray) -> np.ndarray:
-        evaluations[0] += 1
-        turn = float(x[3])
-        if turn not in signals:
-            signals[turn] = signal_at(turn)
-        return np.asarray(to_host(signals[turn].terms(x[:3])), np.float64)
+    def terms_at(points: np.ndarray) -> np.ndarray:
+        evaluations[0] += len(points)
+        return np.asarray(to_host(signal.terms(points)), np.float64)
 
     top, cov = peak(terms_at, np.array([*best, rotation]), steps, paired_frequencies(rows, cols, stride))
-    best, rotation, value = top[:3], float(top[3]), float(terms_at(top).sum())
+    best, rotation, value = top[:3], float(top[3]), float(terms_at(top[None]).sum())
     c12a, c12b = best[1], best[2]
     c12 = math.hypot(c12a, c12b)
     resolution = q / 4 * FINEST  # no finer than the search resolves

@@ -3,7 +3,6 @@ signal (``phase.fit``), on its owner from the kept G (``sideband.spectrum``)."""
 
 from __future__ import annotations
 
-import numpy as np
 
 from ..phase import fit, sideband
 from ..phase.optics import Optics
@@ -30,11 +29,8 @@ class FitAberrations(Query):
     def run(ctx: Context, residents: list[Resident], optics: Optics, c10_range_A: float) -> list[dict]:
         fits = []
         for r in residents:
-
-            def k_at(rotation_deg: float, det_shape=r.det_shape) -> tuple[np.ndarray, np.ndarray]:
-                return sideband.bright_field_pixels(optics.with_(rotation_deg=rotation_deg), det_shape)[1:]
-
-            fits.append(fit.fit(spectrum(ctx, r, optics)[0], k_at, optics, c10_range_A, r.xp))
+            k0 = sideband.bright_field_pixels(optics.with_(rotation_deg=0.0), r.det_shape)[1:]
+            fits.append(fit.fit(spectrum(ctx, r, optics)[0], k0, optics, c10_range_A, r.xp))
         return fits
 
     def assemble(self, parts: list[dict]) -> list[Optics]:
