@@ -136,8 +136,9 @@ __device__ __forceinline__ float inside(float r, float cutoff, float inv_pixel) 
 // differenced exactly, the rest by chi<N>), Gamma = o- exp(i d-) - o+ exp(i d+), and
 //   terms[p, q] = | sum_k max(o-, o+) G(k, q) conj(Gamma) / |Gamma| |   over |Gamma| > floor.
 // Evaluated in float32, summed in float64 (each thread, then the block's warps in a fixed order).
+// Threads of a block (a multiple of 32): qgpu_dask/phase/cuda.py launches fit_terms with as many.
 #ifndef FIT_THREADS
-#error "FIT_THREADS (a multiple of 32) comes from qgpu_dask/phase/cuda.py, which launches fit_terms with as many threads"
+#error "FIT_THREADS comes from qgpu_dask/phase/cuda.py"
 #endif
 
 template <int N>
