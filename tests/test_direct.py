@@ -13,6 +13,9 @@ from qgpu_dask.phase import cpu, direct, simulate
 from qgpu_dask.phase.calibration import correlation
 from qgpu_dask.phase.optics import chi, chi_table, interaction_constant, probe_spectrum
 from qgpu_dask.phase.sideband import Spectrum
+from qgpu_dask.queries.results import RESULT_PREFIX, memory_of, result_array, target_of
+from qgpu_dask.service.handoff import token
+from qgpu_dask.service.shard import Shard
 
 OPTICS = qd.Optics(300e3, 20.0, 1.0, det_sampling_mrad=1.0, rotation_deg=0.0, flip=False, bf_center_px=(0.0, 0.0),
                    aberrations={"C10": -50.0, "C12": 20.0, "phi12": 0.3})
@@ -223,6 +226,30 @@ def test_direct_ptycho_of_a_series(svc, names, coarse_scan):
     assert (result.phase[0] == result.phase[1]).all() and (result.amplitude[0] == result.amplitude[1]).all()  # dense, compressed
     again = series.direct_ptycho(cal, "complex", upsampling=2, strength=0.05)
     assert not again.prepared and not (again.phase == result.phase).all()
+
+
+def test_direct_ptycho_images_go_straight_into_the_clients_result(svc, names):
+    """A series' images of at least SEGMENT_BYTES: each owner writes its acquisitions' images into the client's
+    result (a segment in /dev/shm), equal to those an acquisition alone gets inline."""
+    rng = np.random.default_rng(3)
+    data = [rng.poisson(2.0, (96, 96, 16, 16)).astype(np.uint16) for _ in range(4)]
+    series = qd.Series(svc, [svc.put(d, name=names()) for d in data])
+    assert len({a.owner for a in series}) > 1
+    cal = qd.Optics(300e3, 20.0, 1.0, det_sampling_mrad=3.0, rotation_deg=0.0, flip=False, bf_center_px=(8.0, 8.0))
+    result = series.direct_ptycho(cal, "complex", upsampling=2, strength=0.1)
+    assert result.phase.shape == result.amplitude.shape == (4, 192, 192) and result.phase.dtype == np.float32
+    assert memory_of(result.phase).name.startswith(RESULT_PREFIX)
+    for i, acq in enumerate(series):
+        alone = acq.direct_ptycho(cal, "complex", upsampling=2, strength=0.1)  # 295 KB: inline
+        assert memory_of(alone.phase).name is None
+        assert (alone.phase == result.phase[i]).all() and (alone.amplitude == result.amplitude[i]).all()
+    out = result_array((4, 2, 192, 192), np.float32)
+    out[:] = 7
+    mine = [i for i, a in enumerate(series) if a.owner == series[0].owner]
+    reply = svc.router.call(series[0].owner, Shard.ask, "direct_ptycho", [series.names[i] for i in mine], cal, "complex", 2, 0.1,
+                            handoff=token(), into=(target_of(out), mine)).result()
+    assert [images for images, _ in reply] == [None] * len(mine)  # the images were written, not sent
+    assert (out[mine, 0] == result.phase[mine]).all() and (np.delete(out, mine, axis=0) == 7).all()
 
 
 def test_complex_method_sees_absorption(svc, names, coarse_scan):

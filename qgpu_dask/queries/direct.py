@@ -10,13 +10,14 @@ from dataclasses import replace
 import numpy as np
 from dask.utils import format_bytes
 
-from ..device import synchronize, to_host
+from ..device import synchronize
 from ..phase import direct
 from ..phase.direct import DirectResult
 from ..phase.optics import Optics
 from ..resident import Resident
-from .base import Context, Query, register
+from .base import Context, Query, placed, register
 from .preparations import PreparedCache
+from .results import result_array
 from .sideband import KEEPS, check_optics, spectrum
 
 
@@ -33,11 +34,23 @@ class DirectPtycho(Query):
     def __init__(self, series, optics: Optics, method: str = "phase", upsampling="auto", strength: float = 0.1):
         check_optics(optics)
         direct.check_method(method)
-        direct.upsampling_of(optics, upsampling)
+        u = direct.upsampling_of(optics, upsampling)
         self.args = (optics, method, upsampling, direct.check_strength(strength))
+        rows, cols = series.same("scan_shape")
+        self.images_shape = (2 if method == "complex" else 1, rows * u, cols * u)  # phase, then amplitude
+        self.settings = (method, u, self.args[3])
+        self.out: np.ndarray | None = None
+
+    def destination(self, n: int) -> np.ndarray:
+        """The (n, 1 or 2, rows * u, cols * u) float32 images (phase, and amplitude for method "complex")."""
+        self.out = result_array((n, *self.images_shape), np.float32)
+        return self.out
 
     @staticmethod
-    def run(ctx: Context, residents: list[Resident], optics: Optics, method: str, upsampling, strength: float) -> list[DirectResult]:
+    def run(ctx: Context, residents: list[Resident], optics: Optics, method: str, upsampling, strength: float) -> list[tuple]:
+        """(images (1 or 2, rows * u, cols * u) float32 on the device: phase, then amplitude; whether this call
+        prepared the equations) per resident: the images go from the device straight into the client's result
+        where it is on this host (``written``)."""
         prepared: PreparedCache = ctx.kept["ssb_cache"]
         u = direct.upsampling_of(optics, upsampling)
         key = "direct:" + direct.optics_key(optics, u)
@@ -51,20 +64,31 @@ class DirectPtycho(Query):
                                  "use a smaller upsampling")
             return direct.prepare(*spectrum(ctx, r, optics), optics, found, method, r.xp)
 
-        results = []
+        parts = []
         for r in residents:
             prepared.retain(r.name, "direct:", key)
             prep, made = prepared.get(r.name, f"{key}:{method}", lambda r=r: prepare(r))
             result = direct.solve(prep, strength, r.xp)
-            results.append(replace(result, phase=to_host(result.phase), amplitude=to_host(result.amplitude), prepared=made))
+            images = [result.phase] if result.amplitude is None else [result.phase, result.amplitude]
+            parts.append((r.xp.stack(images), made))
         synchronize()
-        return results
+        return parts
 
-    def assemble(self, parts: list[DirectResult]) -> DirectResult:
-        """One DirectResult stacking the images of the series; ``prepared`` if any acquisition's equations were made now."""
-        first = parts[0]
-        amplitude = np.stack([r.amplitude for r in parts]) if first.amplitude is not None else None
-        return replace(first, phase=np.stack([r.phase for r in parts]), amplitude=amplitude, prepared=any(r.prepared for r in parts))
+    @staticmethod
+    def written(reply: list[tuple], write) -> list[tuple]:
+        """The reply less the images written into the client's result."""
+        return [(None if write([i], images[None]) else images, made) for i, (images, made) in enumerate(reply)]
+
+    def assemble(self, parts: list[tuple]) -> DirectResult:
+        """One DirectResult of the series' images (the client's result, with the parts not written there placed
+        in it); ``prepared`` if any acquisition's equations were made now."""
+        n = len(parts)
+        out = self.out
+        if out is None or len(out) != n:
+            out = result_array((n, *self.images_shape), np.float32)
+        placed(out, [(i, images) for i, (images, _) in enumerate(parts) if images is not None])
+        method, u, strength = self.settings
+        return DirectResult(out[:, 0], out[:, 1] if len(out[0]) == 2 else None, method, u, strength, prepared=any(made for _, made in parts))
 
     def single(self, result: DirectResult) -> DirectResult:
         amplitude = result.amplitude[0] if result.amplitude is not None else None
