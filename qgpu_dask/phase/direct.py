@@ -2,9 +2,14 @@
 
 Coarse scan frequency j aliases to the fine frequencies J_m = j + m N
 (m in {0..u-1}^2, folded into [-Nu/2, Nu/2)), q_m = J_m / (N scan_step);
-only aliases with lambda |q_m| < 2 alpha carry signal, and those of j = 0
-(multiples of the scan frequency) are left at 0: the unscattered beam sits
-there. For a weak object
+only aliases with lambda |q_m| < 2 alpha carry signal. The aliases of j = 0
+(multiples of the scan frequency, where a crystal scanned a whole number of
+positions per cell puts half its reflections) share their equations with the
+unscattered beam: its term c |psi(k)|^2, c free, is projected out of them
+(``beam_system``), and the first-order model fits them worse than the others
+(the mean pattern also holds the second-order, incoherent scattering), so
+their prior is ``BEAM_PRIOR`` times as strong; the fine grid's Nyquist row and
+column (two frequencies in one) are left at 0 there. For a weak object
 O = 1 + eps, to first order
 G(k, j) = u^-2 sum_m [Gamma_plus(k, q_m) eps(J_m) + Gamma_minus(k, q_m) conj(eps(-J_m))],
 Gamma_plus = conj(psi(k)) psi(k - q), Gamma_minus = psi(k) conj(psi(k + q))
@@ -32,11 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from .optics import Optics, chi, chi_table
+from .optics import Optics, chi, chi_table, probe_spectrum
 from .parallax import check_upsampling
 from .sideband import Spectrum, sum_kernels
 
 METHODS = ("phase", "complex")
+BEAM_PRIOR = 10.0  # the prior of j = 0's aliases against the others': on abTEM SrTiO3 at 8 and 16 scan positions
+# over 4 cells, 3x and 30x gave lower fine-grid correlations at some upsampling (docs/physics.md)
 
 
 @dataclass
@@ -119,7 +126,13 @@ class Aliases:
     scan_shape: tuple[int, int]
     upsampling: int
     groups: list[AliasGroup]
+    beam: AliasGroup | None  # j = 0's carrying aliases (one frequency), solved beside the unscattered beam
     share: Any
+
+    @property
+    def all_groups(self) -> list[AliasGroup]:
+        """The groups, then the beam's: the order of the prepared systems."""
+        return self.groups + ([self.beam] if self.beam is not None else [])
 
 
 def aliases(scan_shape: tuple[int, int], optics: Optics, u: int, xp=np) -> Aliases:
@@ -133,7 +146,9 @@ def aliases(scan_shape: tuple[int, int], optics: Optics, u: int, xp=np) -> Alias
     qy = xp.where(fine_r >= (fine_shape[0] + 1) // 2, fine_r - fine_shape[0], fine_r) / (rows * optics.scan_step_A)
     qx = xp.where(fine_c >= (fine_shape[1] + 1) // 2, fine_c - fine_shape[1], fine_c) / (cols * optics.scan_step_A)
     valid = qy**2 + qx**2 < (2 * optics.aperture_k) ** 2
-    valid[0] = False  # j = 0 holds the unscattered beam: its aliases (multiples of the scan frequency) are not seen apart from it
+    nyquist = (2 * fine_r[0] == fine_shape[0]) | (2 * fine_c[0] == fine_shape[1])
+    beside_beam = valid[0] & ~nyquist & ((fine_r[0] != 0) | (fine_c[0] != 0))  # j = 0: its aliases less q = 0, the beam
+    valid[0] = False
     count = valid.sum(axis=1)
     groups = []
     for d in (c for c in xp.unique(count).tolist() if c > 0):
@@ -146,18 +161,24 @@ def aliases(scan_shape: tuple[int, int], optics: Optics, u: int, xp=np) -> Alias
         r, c = take(fine_r), take(fine_c)
         groups.append(AliasGroup(d, freq, xp.stack([take(qy), take(qx)], axis=-1), (r * fine_shape[1] + c).ravel(),
                                  ((-r % fine_shape[0]) * fine_shape[1] + (-c % fine_shape[1])).ravel()))
+    beam = None
+    if bool(beside_beam.any()):
+        at = xp.nonzero(beside_beam)[0]
+        r, c = fine_r[0, at], fine_c[0, at]
+        beam = AliasGroup(int(at.size), xp.zeros(1, xp.int64), xp.stack([qy[0, at], qx[0, at]], axis=-1)[None], r * fine_shape[1] + c,
+                          (-r % fine_shape[0]) * fine_shape[1] + (-c % fine_shape[1]))
     reached = sum((xp.bincount(g.here_at, minlength=fine_shape[0] * fine_shape[1])
-                   + xp.bincount(g.mirror_at, minlength=fine_shape[0] * fine_shape[1]) for g in groups),
+                   + xp.bincount(g.mirror_at, minlength=fine_shape[0] * fine_shape[1]) for g in groups + ([beam] if beam else [])),
                   xp.zeros(fine_shape[0] * fine_shape[1], xp.int64))
     share = xp.where(reached > 0, 1.0 / xp.maximum(reached, 1), 0.0).reshape(fine_shape)
-    return Aliases((rows, cols), u, groups, share)
+    return Aliases((rows, cols), u, groups, beam, share)
 
 
 def equations_bytes(found: Aliases, method: str) -> int:
     """Device bytes ``prepare`` and ``solve`` hold at their peak: the Gram, its scaled copy and a solve's
     copy, complex128."""
     per = 2 if method == "complex" else 1
-    return 3 * 16 * sum(int(g.freq.size) * (per * g.count) ** 2 for g in found.groups)
+    return 3 * 16 * sum(int(g.freq.size) * (per * g.count) ** 2 for g in found.all_groups)
 
 
 @dataclass
@@ -195,6 +216,29 @@ def pixel_weights(spec: Spectrum, xp=np):
     return 1.0 / xp.maximum(mean_intensity, 1e-12)
 
 
+def beam_system(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, weights, optics: Optics, found: Aliases, method: str, xp=np) -> System:
+    """The equations of j = 0's aliases (``found.beam``), from explicit columns on G's device: g = G(k, 0) holds
+    the unscattered beam c |psi(k)|^2 beside them, c free, so the weighted projection onto |psi|^2 is taken out
+    of g and of every column (the least squares over c done first); scaled for a prior BEAM_PRIOR times the
+    others'."""
+    beam, u2 = found.beam, found.upsampling**2
+    ky, kx = xp.asarray(ky, xp.float64)[:, None], xp.asarray(kx, xp.float64)[:, None]
+    qy, qx = beam.q[0, :, 0][None, :], beam.q[0, :, 1][None, :]
+    here = probe_spectrum(kx, ky, optics, xp)
+    plus = xp.conj(here) * probe_spectrum(kx - qx, ky - qy, optics, xp) / u2
+    minus = here * xp.conj(probe_spectrum(kx + qx, ky + qy, optics, xp)) / u2
+    T = xp.concatenate([plus, minus], axis=1) if method == "complex" else 1j * (plus - minus)
+    g = xp.asarray(spec.G[:, 0, 0], xp.complex128) * spec.scale
+    a = xp.abs(here[:, 0]) ** 2
+    wa = weights * a
+    T = T - a[:, None] * (wa @ T)[None, :] / float(wa @ a)
+    g = g - a * (wa @ g) / float(wa @ a)
+    TW = T.conj().T * weights
+    scale = 1 / (1 + (beam.q[..., 0] ** 2 + beam.q[..., 1] ** 2) / optics.aperture_k**2) / math.sqrt(BEAM_PRIOR)
+    scale = xp.concatenate([scale, scale], axis=1) if method == "complex" else scale
+    return System(scale[:, :, None] * (TW @ T)[None] * scale[:, None, :], scale * (TW @ g)[None], scale)
+
+
 def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, found: Aliases, method: str, xp=np) -> Prepared:
     """The normal equations of ``method`` for the aliases ``found``, built and scaled on G's device."""
     kmax = optics.aperture_k
@@ -209,8 +253,11 @@ def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, foun
         systems.append(System(scale[:, :, None] * gram * scale[:, None, :], scale * rhs * spec.scale, scale))
     diagonal = sum(float(xp.real(xp.diagonal(s.matrix, axis1=1, axis2=2)).sum()) for s in systems)
     unknowns = sum(s.scale.size for s in systems)
-    here_at = xp.concatenate([g.here_at for g in found.groups]) if found.groups else xp.zeros(0, xp.int64)
-    mirror_at = xp.concatenate([g.mirror_at for g in found.groups]) if found.groups else xp.zeros(0, xp.int64)
+    if found.beam is not None:  # after the level: the strength means what it meant without it
+        systems.append(beam_system(spec, ky, kx, weights, optics, found, method, xp))
+    groups = found.all_groups
+    here_at = xp.concatenate([g.here_at for g in groups]) if groups else xp.zeros(0, xp.int64)
+    mirror_at = xp.concatenate([g.mirror_at for g in groups]) if groups else xp.zeros(0, xp.int64)
     return Prepared(method, found, systems, here_at, mirror_at, diagonal / unknowns if unknowns else 1.0)
 
 
