@@ -24,6 +24,7 @@ pattern; exact integer moment images), never from the counts themselves:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -90,6 +91,25 @@ def mirrored(component: np.ndarray, odd_axis: int) -> np.ndarray:
     return np.concatenate([top, signs[0] * top[::-1]], axis=0)
 
 
+@dataclass
+class Band:
+    """The scan frequencies 0 < |Q| <= band_k of a reflected field's spectrum: where (``inside``), |Q| and its
+    direction (uy, ux) there."""
+
+    inside: np.ndarray
+    q: np.ndarray
+    uy: np.ndarray
+    ux: np.ndarray
+
+    @staticmethod
+    def of(shape: tuple[int, int], scan_step_A: float, band_k: float) -> "Band":
+        qy = np.fft.fftfreq(shape[0], scan_step_A)[:, None]
+        qx = np.fft.fftfreq(shape[1], scan_step_A)[None, :]
+        q = np.hypot(qy, qx)
+        inside = (q > 0) & (q <= band_k)
+        return Band(inside, q[inside], (qy / np.where(q > 0, q, 1.0))[inside], (qx / np.where(q > 0, q, 1.0))[inside])
+
+
 class Turned:
     """A centre-of-mass field's Fourier components across and along Q after any turn t, on the scan
     frequencies 0 < |Q| <= ``band_k`` (1/A; 2 alpha / lambda, beyond which the CoM carries no signal).
@@ -100,19 +120,24 @@ class Turned:
     same at every turn.
     """
 
-    def __init__(self, field: np.ndarray, flip: bool, scan_step_A: float, band_k: float):
-        r, c = (field[1], field[0]) if flip else (field[0], field[1])
-        rr, cc, cr, rc = (np.fft.fft2(mirrored(f, axis)) for f, axis in ((r, 0), (c, 1), (c, 0), (r, 1)))
-        qy = np.fft.fftfreq(rr.shape[0], scan_step_A)[:, None]
-        qx = np.fft.fftfreq(rr.shape[1], scan_step_A)[None, :]
-        q = np.hypot(qy, qx)
-        self.inside = (q > 0) & (q <= band_k)
-        self.q = q[self.inside]
-        uy, ux = (qy / np.where(q > 0, q, 1.0))[self.inside], (qx / np.where(q > 0, q, 1.0))[self.inside]
-        rr, cc, cr, rc = rr[self.inside], cc[self.inside], cr[self.inside], rc[self.inside]
+    def __init__(self, spectra: dict[tuple[int, int], np.ndarray], flip: bool, band: Band, power: np.ndarray):
+        r, c = (1, 0) if flip else (0, 1)  # the flip swaps the field's components: the same four spectra in other roles
+        rr, cc, cr, rc = spectra[r, 0], spectra[c, 1], spectra[c, 0], spectra[r, 1]
+        self.inside, self.q = band.inside, band.q
+        uy, ux = band.uy, band.ux
         self.a, self.b = ux * rr - uy * cc, ux * cr + uy * rc
         self.c, self.d = uy * rr + ux * cc, ux * rc - uy * cr
-        self.power = np.abs(rr) ** 2 + np.abs(cc) ** 2 + np.abs(cr) ** 2 + np.abs(rc) ** 2
+        self.power = power  # the four spectra's summed power: the same at every turn and flip
+
+    @staticmethod
+    def both(field: np.ndarray, scan_step_A: float, band_k: float) -> dict[bool, "Turned"]:
+        """The field's ``Turned`` without and with the flip, from one set of four spectra (each component
+        reflected across each axis), taken on the band once."""
+        spectra = {(i, axis): np.fft.fft2(mirrored(field[i], axis)) for i in (0, 1) for axis in (0, 1)}
+        band = Band.of(spectra[0, 0].shape, scan_step_A, band_k)
+        spectra = {key: value[band.inside] for key, value in spectra.items()}
+        power = np.abs(spectra[0, 0]) ** 2 + np.abs(spectra[1, 1]) ** 2 + np.abs(spectra[1, 0]) ** 2 + np.abs(spectra[0, 1]) ** 2
+        return {flip: Turned(spectra, flip, band, power) for flip in (False, True)}
 
     def across(self, angle_deg: float) -> np.ndarray:
         t = math.radians(angle_deg)
@@ -170,7 +195,7 @@ def rotation_search(com: np.ndarray, optics: Optics) -> tuple[dict, np.ndarray, 
     of the band weighted alike measures the noise by its least curl; the second weights each frequency by
     signal / (signal + noise)."""
     field = np.nan_to_num(com - np.nanmean(com, axis=(1, 2), keepdims=True))
-    turned = {flip: Turned(field, flip, optics.scan_step_A, 2 * optics.aperture_k) for flip in (False, True)}
+    turned = Turned.both(field, optics.scan_step_A, 2 * optics.aperture_k)
     noise = min(least_curl(t, np.ones(t.q.shape))[1] / t.q.size for t in turned.values())
     weight = turned[False].signal_weights(noise)  # the four spectra are the same with the flip: so are the weights
     found = {}
