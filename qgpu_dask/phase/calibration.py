@@ -93,21 +93,27 @@ def mirrored(component: np.ndarray, odd_axis: int) -> np.ndarray:
 
 @dataclass
 class Band:
-    """The scan frequencies 0 < |Q| <= band_k of a reflected field's spectrum: where (``inside``), |Q| and its
-    direction (uy, ux) there."""
+    """The scan frequencies 0 < |Q| <= band_k of a real reflected field's half spectrum (its rfft2; the other
+    half is the conjugate): where (``inside``), |Q| and its direction (uy, ux) there, and how many frequencies
+    of the whole plane each stands for (``count``: 2, or 1 on the self-conjugate columns q_x = 0 and Nyquist),
+    which every sum over the band weighs by."""
 
     inside: np.ndarray
     q: np.ndarray
     uy: np.ndarray
     ux: np.ndarray
+    count: np.ndarray
 
     @staticmethod
     def of(shape: tuple[int, int], scan_step_A: float, band_k: float) -> "Band":
+        """The band of a real field of ``shape`` (even sides, as a reflected field's are)."""
         qy = np.fft.fftfreq(shape[0], scan_step_A)[:, None]
-        qx = np.fft.fftfreq(shape[1], scan_step_A)[None, :]
+        qx = np.fft.rfftfreq(shape[1], scan_step_A)[None, :]
         q = np.hypot(qy, qx)
         inside = (q > 0) & (q <= band_k)
-        return Band(inside, q[inside], (qy / np.where(q > 0, q, 1.0))[inside], (qx / np.where(q > 0, q, 1.0))[inside])
+        columns = np.arange(qx.size)[None, :]
+        count = np.where((columns == 0) | (2 * columns == shape[1]), 1.0, 2.0) * np.ones_like(q)
+        return Band(inside, q[inside], (qy / np.where(q > 0, q, 1.0))[inside], (qx / np.where(q > 0, q, 1.0))[inside], count[inside])
 
 
 class Turned:
@@ -123,7 +129,7 @@ class Turned:
     def __init__(self, spectra: dict[tuple[int, int], np.ndarray], flip: bool, band: Band, power: np.ndarray):
         r, c = (1, 0) if flip else (0, 1)  # the flip swaps the field's components: the same four spectra in other roles
         rr, cc, cr, rc = spectra[r, 0], spectra[c, 1], spectra[c, 0], spectra[r, 1]
-        self.inside, self.q = band.inside, band.q
+        self.inside, self.q, self.count = band.inside, band.q, band.count
         uy, ux = band.uy, band.ux
         self.a, self.b = ux * rr - uy * cc, ux * cr + uy * rc
         self.c, self.d = uy * rr + ux * cc, ux * rc - uy * cr
@@ -131,10 +137,11 @@ class Turned:
 
     @staticmethod
     def both(field: np.ndarray, scan_step_A: float, band_k: float) -> dict[bool, "Turned"]:
-        """The field's ``Turned`` without and with the flip, from one set of four spectra (each component
+        """The field's ``Turned`` without and with the flip, from one set of four half spectra (each component
         reflected across each axis), taken on the band once."""
-        spectra = {(i, axis): np.fft.fft2(mirrored(field[i], axis)) for i in (0, 1) for axis in (0, 1)}
-        band = Band.of(spectra[0, 0].shape, scan_step_A, band_k)
+        reflected = {(i, axis): mirrored(field[i], axis) for i in (0, 1) for axis in (0, 1)}
+        spectra = {key: np.fft.rfft2(value) for key, value in reflected.items()}
+        band = Band.of(reflected[0, 0].shape, scan_step_A, band_k)
         spectra = {key: value[band.inside] for key, value in spectra.items()}
         power = np.abs(spectra[0, 0]) ** 2 + np.abs(spectra[1, 1]) ** 2 + np.abs(spectra[1, 0]) ** 2 + np.abs(spectra[0, 1]) ** 2
         return {flip: Turned(spectra, flip, band, power) for flip in (False, True)}
@@ -149,6 +156,7 @@ class Turned:
 
     def curl(self, weight: np.ndarray):
         """The ``weight``ed power across Q as a function of t (deg): three sums answer every angle."""
+        weight = weight * self.count
         aa = float((weight * np.abs(self.a) ** 2).sum())
         bb = float((weight * np.abs(self.b) ** 2).sum())
         ab = float((weight * (self.a * self.b.conj()).real).sum())
@@ -170,9 +178,9 @@ class Turned:
         """Correlation of the iCoM phase (-i along / |Q|) at the turn with the ``adf`` image (reflected evenly, as
         the field is), both weighted by ``weight``: > 0 when atoms come out bright in both."""
         phase = -1j * self.along(angle_deg) / self.q * weight
-        image = np.fft.fft2(even(adf))[self.inside] * weight
-        norm = math.sqrt(float((np.abs(phase) ** 2).sum() * (np.abs(image) ** 2).sum()))
-        return float((phase * image.conj()).real.sum() / norm) if norm else 0.0
+        image = np.fft.rfft2(even(adf))[self.inside] * weight
+        norm = math.sqrt(float((self.count * np.abs(phase) ** 2).sum() * (self.count * np.abs(image) ** 2).sum()))
+        return float((self.count * (phase * image.conj()).real).sum() / norm) if norm else 0.0
 
 
 def even(image: np.ndarray) -> np.ndarray:
@@ -196,27 +204,28 @@ def rotation_search(com: np.ndarray, optics: Optics) -> tuple[dict, np.ndarray, 
     signal / (signal + noise)."""
     field = np.nan_to_num(com - np.nanmean(com, axis=(1, 2), keepdims=True))
     turned = Turned.both(field, optics.scan_step_A, 2 * optics.aperture_k)
-    noise = min(least_curl(t, np.ones(t.q.shape))[1] / t.q.size for t in turned.values())
+    noise = min(least_curl(t, np.ones(t.q.shape))[1] / t.count.sum() for t in turned.values())
     weight = turned[False].signal_weights(noise)  # the four spectra are the same with the flip: so are the weights
     found = {}
     for flip, t in turned.items():
         angle, curl = least_curl(t, weight)
         across, along = np.abs(t.across(angle)) ** 2, np.abs(t.along(angle)) ** 2
-        total = float((weight * (across + along)).sum())
+        total = float((weight * t.count * (across + along)).sum())
         found[flip] = (angle - 180 if angle > 90 else angle, curl / total if total else 1.0,  # the fine search may step past 90
-                       turn_error(weight, across, along, noise))
+                       turn_error(weight * t.count, weight**2 * t.count, across, along, noise))
     return turned, weight, found
 
 
-def turn_error(weight: np.ndarray, across: np.ndarray, along: np.ndarray, noise: float) -> float:
+def turn_error(weight: np.ndarray, weight2: np.ndarray, across: np.ndarray, along: np.ndarray, noise: float) -> float:
     """Standard error (deg) of the least weighted curl's angle: near it the curl is sum w |a - t b|^2 (a across Q,
     b along), so t = sum w Re(a conj b) / sum w |b|^2 with a pure noise of power ``noise``; the curvature is
-    sum w (|b|^2 - |a|^2) (noise removed). Every frequency of the reflected field appears four times (its
+    sum w (|b|^2 - |a|^2) (noise removed). ``weight`` is w and ``weight2`` w^2, each times the frequencies of
+    the plane a band frequency stands for. Every frequency of the reflected field appears four times (its
     mirror images), hence the factor 4 on the variance. 180 where the curvature shows no minimum."""
     curvature = float((weight * (along - across)).sum())
     if curvature <= 0:
         return 180.0
-    variance = 4 * noise / 2 * float((weight**2 * along).sum()) / curvature**2
+    variance = 4 * noise / 2 * float((weight2 * along).sum()) / curvature**2
     return min(math.degrees(math.sqrt(variance)), 180.0)
 
 
