@@ -91,7 +91,7 @@ class Signal:
 
     def __init__(self, G, qy: np.ndarray, qx: np.ndarray, k0: tuple[np.ndarray, np.ndarray], optics: Optics, xp=np):
         n_pix = G.shape[0]
-        self.xp, self.kernels = xp, sideband.sum_kernels(xp)
+        self.kernels = sideband.sum_kernels(xp)
         self.Gt = xp.ascontiguousarray(G.reshape(n_pix, -1).T)
         self.uv = xp.asarray(np.stack([np.asarray(k0[0], np.float64), np.asarray(k0[1], np.float64)], axis=1))
         self.qy, self.qx = np.asarray(qy, np.float64), np.asarray(qx, np.float64)
@@ -132,10 +132,9 @@ def peak(terms_at: Callable[[np.ndarray], np.ndarray], centre: np.ndarray, steps
     """(the maximum, its covariance) of a sum of per-frequency terms near ``centre``.
 
     Gradient and curvature of each term by central differences of ``terms_at(points)`` (a row of terms per
-    point, all of them asked at once) with ``steps``; the maximum
-    is one Newton step from ``centre`` (at most two steps along any axis): the searches refine one parameter
-    group at a time, which stops short of the joint peak where they are correlated (rotation, C10 and C12),
-    and stop on bumps of the signal finer than the steps (0.1 deg of rotation on noise-free data).
+    point, all asked at once) with ``steps``; the maximum is one Newton step from ``centre`` (at most two
+    steps along any axis): the searches refine one parameter group at a time, which stops short of the joint
+    peak where they are correlated (rotation, C10 and C12), and stop on bumps of the signal finer than the steps (0.1 deg of rotation on noise-free data).
     The covariance is the jackknife's over the scan frequencies (each left out in turn, its Newton step
     recomputed): their terms are independent samples (Poisson noise is white over the scan, and the object's
     errors differ from one frequency to the next), and leaving one out also counts how few of them hold the
