@@ -234,9 +234,16 @@ def beam_system(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, weights, optics:
     T = T - a[:, None] * (wa @ T)[None, :] / float(wa @ a)
     g = g - a * (wa @ g) / float(wa @ a)
     TW = T.conj().T * weights
-    scale = 1 / (1 + (beam.q[..., 0] ** 2 + beam.q[..., 1] ** 2) / optics.aperture_k**2) / math.sqrt(BEAM_PRIOR)
+    return scaled((TW @ T)[None], (TW @ g)[None], beam.q, optics.aperture_k, method, xp, BEAM_PRIOR)
+
+
+def scaled(gram, rhs, q, kmax: float, method: str, xp=np, prior: float = 1.0) -> System:
+    """A group's Gram (n, C, C) and right side (n, C) at its aliases' q (n, count, 2) as the System solved for
+    the prior ``prior`` x (1 + |q|^2 / kmax^2)^2: scaled by D^-1/2 on both sides (both columns of an alias,
+    for the complex method)."""
+    scale = 1 / (1 + (q[..., 0] ** 2 + q[..., 1] ** 2) / kmax**2) / math.sqrt(prior)
     scale = xp.concatenate([scale, scale], axis=1) if method == "complex" else scale
-    return System(scale[:, :, None] * (TW @ T)[None] * scale[:, None, :], scale * (TW @ g)[None], scale)
+    return System(scale[:, :, None] * gram * scale[:, None, :], scale * rhs, scale)
 
 
 def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, found: Aliases, method: str, xp=np) -> Prepared:
@@ -248,9 +255,7 @@ def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, foun
     for g in found.groups:
         gram, rhs = kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, g.freq, g.q, method == "complex",
                                              found.upsampling, kmax**2)
-        scale = 1 / (1 + (g.q[..., 0] ** 2 + g.q[..., 1] ** 2) / kmax**2)
-        scale = xp.concatenate([scale, scale], axis=1) if method == "complex" else scale
-        systems.append(System(scale[:, :, None] * gram * scale[:, None, :], scale * rhs * spec.scale, scale))
+        systems.append(scaled(gram, rhs * spec.scale, g.q, kmax, method, xp))
     diagonal = sum(float(xp.real(xp.diagonal(s.matrix, axis1=1, axis2=2)).sum()) for s in systems)
     unknowns = sum(s.scale.size for s in systems)
     if found.beam is not None:  # after the level: the strength means what it meant without it
