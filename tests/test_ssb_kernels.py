@@ -169,18 +169,21 @@ def plain_fit_terms(G, k0, qy, qx, rows, step):
 
 
 def fit_arguments(G, k0, qy, qx, rows):
-    """``fit_terms``'s arguments as ``phase.fit.Signal`` makes them (the rest of chi: OPTICS without C10 and C12)."""
+    """``fit_terms``'s arguments as ``phase.fit.Signal`` makes them, the fixed ones (``fit_setup``'s) as a tuple (the
+    rest of chi: OPTICS without C10 and C12)."""
     rest = FIT_OPTICS.with_(aberrations={k: v for k, v in FIT_OPTICS.aberrations.items() if k not in ("C10", "C12", "phi12")})
     t = np.radians(rows[:, 3])
     params = np.column_stack([rows[:, :3] * np.pi * FIT_OPTICS.wavelength_A, np.cos(t), np.sin(t)])
     Gt = np.ascontiguousarray(G.reshape(len(G), -1).T)
-    return Gt, np.stack(k0, axis=1), params, qy, qx, chi_table(rest), FIT_OPTICS.aperture_k, FIT_OPTICS.k_per_pixel(), sideband.GAMMA_FLOOR
+    fixed = np.stack(k0, axis=1), qy, qx, chi_table(rest)
+    return Gt, fixed, params, FIT_OPTICS.aperture_k, FIT_OPTICS.k_per_pixel(), sideband.GAMMA_FLOOR
 
 
 @pytest.mark.parametrize("step", [1, 3])
 def test_cpu_fit_terms_against_the_plain_signal(step):
     G, k0, qy, qx, rows = fit_inputs()
-    terms = cpu.fit_terms(*fit_arguments(G, k0, qy, qx, rows), step)
+    Gt, fixed, *rest = fit_arguments(G, k0, qy, qx, rows)
+    terms = cpu.fit_terms(Gt, cpu.fit_setup(*fixed), *rest, step)
     reference = plain_fit_terms(G, k0, qy, qx, rows, step)
     assert (reference > 0).sum() == reference.size - len(rows) and terms.shape == reference.shape  # zero at Q = 0 only
     assert np.abs(terms - reference).max() <= 1e-9 * reference.max()
@@ -195,8 +198,8 @@ def test_cuda_fit_terms_against_the_cpu_twin(step):
     from qgpu_dask.phase import cuda
 
     G, k0, qy, qx, rows = fit_inputs(5)
-    Gt, *rest = fit_arguments(G, k0, qy, qx, rows)
-    terms = cpu.fit_terms(Gt, *rest, step)
-    on_gpu = cuda.fit_terms(cupy.asarray(Gt), *rest, step).get()
+    Gt, fixed, *rest = fit_arguments(G, k0, qy, qx, rows)
+    terms = cpu.fit_terms(Gt, cpu.fit_setup(*fixed), *rest, step)
+    on_gpu = cuda.fit_terms(cupy.asarray(Gt), cuda.fit_setup(*fixed), *rest, step).get()
     # chi and Gamma in float32 registers: agreement to float32 rounding of the phases (about 1e-6 rad of ~100)
     assert np.abs(on_gpu - terms).max() <= 1e-4 * terms.max()

@@ -118,17 +118,23 @@ def fit_terms_loop(Gt, uv, params, qy, qx, table, has_rest, cutoff, inv_pixel, f
         terms[p, q] = abs(total)
 
 
-def fit_terms(Gt, uv, params, qy, qx, table, cutoff: float, pixel: float, floor: float, step: int) -> np.ndarray:
+def fit_setup(uv, qy, qx, table) -> tuple:
+    """``fit_terms``'s fixed arguments, made once per fit: ``uv`` (n_pix, 2) the bright-field pixels' k_y, k_x
+    before the rotation (1/A), the scan frequencies ``qy`` and ``qx``, the rest of chi as ``table``
+    (``optics.chi_table``)."""
+    table = np.asarray(table, np.complex128)
+    return np.asarray(uv, np.float64), np.asarray(qy, np.float64), np.asarray(qx, np.float64), table, bool(np.any(table != 0))
+
+
+def fit_terms(Gt, setup: tuple, params, cutoff: float, pixel: float, floor: float, step: int) -> np.ndarray:
     """The coherent SSB signal's terms (P, nq) float64 for the trial rows ``params`` (P, 5): (pi lambda C10,
     pi lambda C12a, pi lambda C12b, cos t, sin t of the detector rotation t), over every ``step``-th pixel of
-    ``uv`` (n_pix, 2) (its k_y, k_x before the rotation, 1/A) and Gt (nq, n_pix) complex64 (G at the scan
-    frequencies (qy[i // len(qx)], qx[i % len(qx)])), the rest of chi from ``table`` (``optics.chi_table``);
-    the aperture's radius ``cutoff`` and a pixel's width ``pixel`` in 1/A. Contract in kernels/ssb.cu
-    (fit_terms), which evaluates in float32 where this is float64."""
+    ``setup`` (``fit_setup``) and Gt (nq, n_pix) complex64 (G at the scan frequencies (qy[i // len(qx)],
+    qx[i % len(qx)])); the aperture's radius ``cutoff`` and a pixel's width ``pixel`` in 1/A. Contract in
+    kernels/ssb.cu (fit_terms), which evaluates in float32 where this is float64."""
+    uv, qy, qx, table, has_rest = setup
     terms = np.empty((len(params), Gt.shape[0]), np.float64)
-    table = np.asarray(table, np.complex128)
-    fit_terms_loop(Gt, np.asarray(uv, np.float64), np.asarray(params, np.float64), np.asarray(qy, np.float64), np.asarray(qx, np.float64),
-                   table, bool(np.any(table != 0)), float(cutoff), 1.0 / pixel, float(floor), int(step), terms)
+    fit_terms_loop(Gt, uv, np.asarray(params, np.float64), qy, qx, table, has_rest, float(cutoff), 1.0 / pixel, float(floor), int(step), terms)
     return terms
 
 

@@ -72,21 +72,27 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     return sums[0] + 1j * sums[1], sums[2]
 
 
-def fit_terms(Gt, uv, params, qy, qx, table, cutoff: float, pixel: float, floor: float, step: int) -> cupy.ndarray:
+def fit_setup(uv, qy, qx, table) -> tuple:
+    """The twin of ``phase.cpu.fit_setup``: the pixels and frequencies on the device in float32 and chi's rest
+    as the kernel's polynomial, made once per fit rather than at each of its launches."""
+    degree, poly = monomials(np.asarray(table))
+    uv = cupy.ascontiguousarray(cupy.asarray(uv, np.float32))
+    return uv, cupy.asarray(qy, np.float32), cupy.asarray(qx, np.float32), degree, poly_argument(poly)
+
+
+def fit_terms(Gt, setup: tuple, params, cutoff: float, pixel: float, floor: float, step: int) -> cupy.ndarray:
     """The twin of ``phase.cpu.fit_terms`` (see there): the fit's signal terms (P, nq) float64 on the device,
     one block per (frequency, trial), in float32 summed in float64."""
     if Gt.dtype != np.complex64 or not Gt.flags.c_contiguous:
         raise ValueError("Gt must be a C-contiguous complex64 array")
+    uv, qy, qx, degree, poly = setup
     nq, n_pix = Gt.shape
     params = cupy.asarray(params, np.float32)
     terms = cupy.empty((len(params), nq), np.float64)
-    degree, poly = monomials(np.asarray(table))
-    qy, qx = cupy.asarray(qy, np.float32), cupy.asarray(qx, np.float32)
-    uv = cupy.ascontiguousarray(cupy.asarray(uv, np.float32))
     run = kernel(f"fit_terms<{degree}>")
     for lo in range(0, len(params), MAX_GRID_Y):
         rows = params[lo : lo + MAX_GRID_Y]
-        run((nq, len(rows)), (FIT_THREADS,), (Gt, np.int64(n_pix), np.int32(step), uv, rows, qy, qx, np.int32(qx.size), poly_argument(poly),
+        run((nq, len(rows)), (FIT_THREADS,), (Gt, np.int64(n_pix), np.int32(step), uv, rows, qy, qx, np.int32(qx.size), poly,
                                               np.float32(cutoff), np.float32(1.0 / pixel), np.float32(floor), terms[lo:]))
     return terms
 

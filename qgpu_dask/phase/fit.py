@@ -93,10 +93,9 @@ class Signal:
         n_pix = G.shape[0]
         self.kernels = sideband.sum_kernels(xp)
         self.Gt = xp.ascontiguousarray(G.reshape(n_pix, -1).T)
-        self.uv = xp.asarray(np.stack([np.asarray(k0[0], np.float64), np.asarray(k0[1], np.float64)], axis=1))
-        self.qy, self.qx = np.asarray(qy, np.float64), np.asarray(qx, np.float64)
+        uv = np.stack([np.asarray(k0[0], np.float64), np.asarray(k0[1], np.float64)], axis=1)
         rest = optics.with_(aberrations={k: v for k, v in optics.aberrations.items() if k not in ("C10", "C12", "phi12")})
-        self.table = chi_table(rest)
+        self.setup = self.kernels.fit_setup(uv, qy, qx, chi_table(rest))
         self.scale = np.pi * optics.wavelength_A
         self.cutoff, self.pixel = optics.aperture_k, optics.k_per_pixel()
 
@@ -106,8 +105,7 @@ class Signal:
         rows = np.asarray(rows, np.float64).reshape(-1, 4)
         turn = np.radians(rows[:, 3])
         params = np.column_stack([rows[:, :3] * self.scale, np.cos(turn), np.sin(turn)])
-        return self.kernels.fit_terms(self.Gt, self.uv, params, self.qy, self.qx, self.table, self.cutoff, self.pixel,
-                                      sideband.GAMMA_FLOOR, step)
+        return self.kernels.fit_terms(self.Gt, self.setup, params, self.cutoff, self.pixel, sideband.GAMMA_FLOOR, step)
 
     def __call__(self, rows: np.ndarray, step: int = 1) -> np.ndarray:
         """The signal of each trial row (float64, on the host)."""
