@@ -108,6 +108,38 @@ def test_normal_equations_against_explicit_matrices():
                 assert np.abs(rhs[f] - b).max() <= 1e-9 * np.abs(b).max()
 
 
+def shifted_systems(rng, n: int, C: int, rank: int):
+    """n Hermitian positive semi-definite C x C matrices of the given rank (singular below C) and right sides."""
+    A = rng.normal(size=(n, rank, C)) + 1j * rng.normal(size=(n, rank, C))
+    return np.einsum("nki,nkj->nij", A.conj(), A), rng.normal(size=(n, C)) + 1j * rng.normal(size=(n, C))
+
+
+@pytest.mark.parametrize("C, rank", [(1, 1), (5, 5), (14, 14), (7, 3)])
+def test_shifted_solve_against_numpy(C, rank):
+    """The Cholesky solve of (M + s I) x = b equals np.linalg.solve to rounding times the condition number,
+    singular M and small shifts included."""
+    matrix, rhs = shifted_systems(np.random.default_rng(C), 50, C, rank)
+    for shift in (1e-6, 0.1, 10.0):
+        shifted = matrix + shift * np.eye(C)
+        want = np.linalg.solve(shifted, rhs[..., None])[..., 0]
+        got = cpu.shifted_solve(matrix, rhs, shift)
+        error = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+        assert got.shape == want.shape and (error <= 1e-14 * np.linalg.cond(shifted)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
+def test_cuda_shifted_solve_against_the_cpu_twin():
+    import cupy
+
+    from qgpu_dask.phase import cuda
+
+    matrix, rhs = shifted_systems(np.random.default_rng(3), 300, 6, 6)
+    want = cpu.shifted_solve(matrix, rhs, 0.05)
+    got = cuda.shifted_solve(cupy.asarray(matrix), cupy.asarray(rhs), 0.05).get()
+    assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("method", ["phase", "complex"])
 def test_strengths_solve_the_regularized_equations(method):
     """Each strength's unknowns equal np.linalg.solve of (A + s level D) x = b from explicit matrices."""

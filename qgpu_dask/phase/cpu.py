@@ -1,6 +1,6 @@
 """The SSB kernels on the CPU (Numba), twins of kernels/ssb.cu: the sideband sum, the aberration fit's signal
-(``fit_terms``) and the normal equations of direct ptychography (``normal_equations``, contracts in their
-docstrings).
+(``fit_terms``), the normal equations of direct ptychography (``normal_equations``) and their solve at one
+strength (``shifted_solve``), contracts in their docstrings.
 
 Contract of ``sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor)``, shared with
 ``qgpu_dask.phase.cuda``: it takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each
@@ -187,3 +187,41 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
                           np.asarray(chi_k, np.float64), np.asarray(table, np.complex128), np.asarray(freq, np.int64),
                           np.asarray(alias_q, np.float64), bool(complex_method), 1.0 / upsampling**2, float(kmax2), gram, rhs)
     return gram, rhs
+
+
+@numba.njit(parallel=True, cache=True)
+def shifted_solve_loop(matrix, rhs, shift, out):
+    n, C = rhs.shape
+    for f in numba.prange(n):
+        L = np.empty((C, C), np.complex128)
+        y = np.empty(C, np.complex128)
+        for j in range(C):  # L L^H = matrix + shift I, column by column
+            d = matrix[f, j, j].real + shift
+            for k in range(j):
+                d -= L[j, k].real ** 2 + L[j, k].imag ** 2
+            d = math.sqrt(max(d, shift))  # a pivot of M + s I is >= s when M >= 0: only rounding could take it lower
+            L[j, j] = d
+            for i in range(j + 1, C):
+                v = matrix[f, i, j]
+                for k in range(j):
+                    v -= L[i, k] * np.conj(L[j, k])
+                L[i, j] = v / d
+        for i in range(C):  # L y = rhs
+            v = rhs[f, i]
+            for k in range(i):
+                v -= L[i, k] * y[k]
+            y[i] = v / L[i, i].real
+        for i in range(C - 1, -1, -1):  # L^H x = y
+            v = y[i]
+            for k in range(i + 1, C):
+                v -= np.conj(L[k, i]) * out[f, k]
+            out[f, i] = v / L[i, i].real
+
+
+def shifted_solve(matrix, rhs, shift: float) -> np.ndarray:
+    """x (n, C) complex128 with (matrix + shift I) x = rhs for each of n Hermitian positive semi-definite
+    ``matrix`` (n, C, C) (only its lower triangle is read) and ``shift`` > 0: a Cholesky factorisation per system,
+    the regularized solve of direct ptychography at one strength (``phase.direct.unknowns``)."""
+    out = np.empty(rhs.shape, np.complex128)
+    shifted_solve_loop(np.asarray(matrix, np.complex128), np.asarray(rhs, np.complex128), float(shift), out)
+    return out

@@ -1,5 +1,6 @@
 """The SSB kernels on the GPU (kernels/ssb.cu), twins of ``qgpu_dask.phase.cpu``: the sideband sum over
-bright-field pixels, the aberration fit's signal and the normal equations of direct ptychography.
+bright-field pixels, the aberration fit's signal and the normal equations of direct ptychography and their
+solve.
 
 Same contracts as the CPU twins (see their docstrings). chi and Gamma are evaluated in float32 registers
 (the phases they give differ from float64 by about 1e-6 rad), the aperture tests as in float64 and the sums
@@ -152,3 +153,8 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     total = n * cols * (cols + 1)
     kernel(f"normal_gram<{cols}>")((math.ceil(total / THREADS),), (THREADS,), (yy, np.int64(n), gram, rhs))
     return gram, rhs
+
+
+def shifted_solve(matrix, rhs, shift: float) -> cupy.ndarray:
+    """The twin of ``phase.cpu.shifted_solve``: (matrix + shift I) x = rhs per system, by CuPy's batched solve."""
+    return cupy.linalg.solve(matrix + shift * cupy.eye(matrix.shape[-1]), rhs[..., None])[..., 0]

@@ -269,8 +269,8 @@ def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, foun
 def unknowns(prep: Prepared, strength: float, xp=np) -> list:
     """Each group's unknowns (n, C) at ``strength``: the batched solve of (M + s I) y = D^-1/2 b, x = D^-1/2 y."""
     s = strength * prep.level
-    return [sys.scale * xp.linalg.solve(sys.matrix + s * xp.eye(sys.scale.shape[1]), sys.rhs[..., None])[..., 0]
-            for sys in prep.systems]
+    kernels = sum_kernels(xp)
+    return [sys.scale * kernels.shifted_solve(sys.matrix, sys.rhs, s) for sys in prep.systems]
 
 
 def solve(prep: Prepared, strength: float, xp=np) -> DirectResult:
