@@ -81,22 +81,44 @@ def to_scan(com: np.ndarray, rotation_deg: float, flip: bool) -> np.ndarray:
     return np.stack([math.cos(t) * rows - math.sin(t) * cols, math.sin(t) * rows + math.cos(t) * cols])
 
 
-def mirrored(component: np.ndarray, odd_axis: int) -> np.ndarray:
-    """One component of a gradient field reflected across the far edges into a periodic field of twice the size:
-    odd across ``odd_axis`` (the axis it is the derivative along), even across the other. It is the gradient of
-    the evenly reflected potential, so a curl-free field stays curl-free and its FFT sees no edge."""
-    signs = [1.0, 1.0]
-    signs[odd_axis] = -1.0
-    top = np.concatenate([component, signs[1] * component[:, ::-1]], axis=1)
-    return np.concatenate([top, signs[0] * top[::-1]], axis=0)
+def cosine_sums(x: np.ndarray, axis: int) -> np.ndarray:
+    """y[k] = 2 sum_n x[n] cos(pi k (2 n + 1) / (2 N)) along ``axis`` (length N) for k = 0..N (y[N] = 0): the
+    DCT-II, from one N-point FFT of the even samples followed by the odd ones reversed."""
+    x = np.moveaxis(x, axis, -1)
+    n = x.shape[-1]
+    spectrum = np.fft.fft(np.concatenate([x[..., ::2], x[..., 1::2][..., ::-1]], axis=-1), axis=-1)
+    y = 2 * (spectrum * np.exp(-0.5j * np.pi * np.arange(n) / n)).real
+    return np.moveaxis(np.concatenate([y, np.zeros_like(y[..., :1])], axis=-1), -1, axis)
+
+
+def sine_sums(x: np.ndarray, axis: int) -> np.ndarray:
+    """y[k] = 2 sum_n x[n] sin(pi k (2 n + 1) / (2 N)) along ``axis`` for k = 0..N: ``cosine_sums`` of
+    (-1)^n x taken in reverse order (sin(pi (N - k) (2 n + 1) / (2 N)) = (-1)^n cos(pi k (2 n + 1) / (2 N)))."""
+    signs = np.where(np.arange(x.shape[axis]) % 2, -1.0, 1.0).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+    return np.flip(cosine_sums(x * signs, axis), axis)
+
+
+def reflected_spectrum(component: np.ndarray, odd_axis: int) -> np.ndarray:
+    """One component of a gradient field reflected across its far edges into a periodic field of twice the size
+    (odd across ``odd_axis``, the axis it is the derivative along; even across the other: the gradient of the
+    evenly reflected potential, so a curl-free field stays curl-free and the FFT sees no edge), Fourier
+    transformed, on the quadrant 0 <= k <= N of each axis. Along an axis reflected evenly the 2N-point DFT is
+    exp(i pi k / 2N) times the cosine sums, oddly -i exp(i pi k / 2N) times the sine sums: transforms of the
+    component itself, and the other quadrants follow by symmetry (every sum over them is the quadrant's, each
+    frequency counted for its mirror images: ``Band.count``). ``odd_axis`` -1: even across both, as an image."""
+    values = component
+    for axis in (0, 1):
+        values = sine_sums(values, axis) if axis == odd_axis else cosine_sums(values, axis)
+    ramps = [np.exp(0.5j * np.pi * np.arange(n + 1) / n) * (-1j if axis == odd_axis else 1) for axis, n in enumerate(component.shape)]
+    return values * ramps[0][:, None] * ramps[1][None, :]
 
 
 @dataclass
 class Band:
-    """The scan frequencies 0 < |Q| <= band_k of a real reflected field's half spectrum (its rfft2; the other
-    half is the conjugate): where (``inside``), |Q| and its direction (uy, ux) there, and how many frequencies
-    of the whole plane each stands for (``count``: 2, or 1 on the self-conjugate columns q_x = 0 and Nyquist),
-    which every sum over the band weighs by."""
+    """The scan frequencies 0 < |Q| <= band_k on the quadrant 0 <= k <= N of a field reflected to twice the
+    size each way (the other quadrants are its mirror images): where (``inside``), |Q| and its direction (uy,
+    ux) there, and how many frequencies of the whole plane each stands for (``count``: 2 per axis, 1 on the
+    axis's k = 0 and k = N), which every sum over the band weighs by."""
 
     inside: np.ndarray
     q: np.ndarray
@@ -106,13 +128,13 @@ class Band:
 
     @staticmethod
     def of(shape: tuple[int, int], scan_step_A: float, band_k: float) -> "Band":
-        """The band of a real field of ``shape`` (even sides, as a reflected field's are)."""
-        qy = np.fft.fftfreq(shape[0], scan_step_A)[:, None]
-        qx = np.fft.rfftfreq(shape[1], scan_step_A)[None, :]
+        """The band of a field of ``shape`` reflected to twice the size each way."""
+        qy = (np.arange(shape[0] + 1) / (2 * shape[0] * scan_step_A))[:, None]
+        qx = (np.arange(shape[1] + 1) / (2 * shape[1] * scan_step_A))[None, :]
         q = np.hypot(qy, qx)
         inside = (q > 0) & (q <= band_k)
-        columns = np.arange(qx.size)[None, :]
-        count = np.where((columns == 0) | (2 * columns == shape[1]), 1.0, 2.0) * np.ones_like(q)
+        sides = [np.where((np.arange(n + 1) == 0) | (np.arange(n + 1) == n), 1.0, 2.0) for n in shape]
+        count = sides[0][:, None] * sides[1][None, :]
         return Band(inside, q[inside], (qy / np.where(q > 0, q, 1.0))[inside], (qx / np.where(q > 0, q, 1.0))[inside], count[inside])
 
 
@@ -120,7 +142,7 @@ class Turned:
     """A centre-of-mass field's Fourier components across and along Q after any turn t, on the scan
     frequencies 0 < |Q| <= ``band_k`` (1/A; 2 alpha / lambda, beyond which the CoM carries no signal).
 
-    A gradient field lies along Q. Each component is reflected into a periodic field (``mirrored``); the turned
+    A gradient field lies along Q. Each component is reflected into a periodic field (``reflected_spectrum``); the turned
     field's components are then linear in four spectra, across(t) = cos t a - sin t b and
     along(t) = cos t c + sin t d with a, b, c, d fixed arrays, and the four spectra's summed power is the
     same at every turn.
@@ -137,12 +159,10 @@ class Turned:
 
     @staticmethod
     def both(field: np.ndarray, scan_step_A: float, band_k: float) -> dict[bool, "Turned"]:
-        """The field's ``Turned`` without and with the flip, from one set of four half spectra (each component
+        """The field's ``Turned`` without and with the flip, from one set of four spectra (each component
         reflected across each axis), taken on the band once."""
-        reflected = {(i, axis): mirrored(field[i], axis) for i in (0, 1) for axis in (0, 1)}
-        spectra = {key: np.fft.rfft2(value) for key, value in reflected.items()}
-        band = Band.of(reflected[0, 0].shape, scan_step_A, band_k)
-        spectra = {key: value[band.inside] for key, value in spectra.items()}
+        band = Band.of(field.shape[1:], scan_step_A, band_k)
+        spectra = {(i, axis): reflected_spectrum(field[i], axis)[band.inside] for i in (0, 1) for axis in (0, 1)}
         power = np.abs(spectra[0, 0]) ** 2 + np.abs(spectra[1, 1]) ** 2 + np.abs(spectra[1, 0]) ** 2 + np.abs(spectra[0, 1]) ** 2
         return {flip: Turned(spectra, flip, band, power) for flip in (False, True)}
 
@@ -178,15 +198,9 @@ class Turned:
         """Correlation of the iCoM phase (-i along / |Q|) at the turn with the ``adf`` image (reflected evenly, as
         the field is), both weighted by ``weight``: > 0 when atoms come out bright in both."""
         phase = -1j * self.along(angle_deg) / self.q * weight
-        image = np.fft.rfft2(even(adf))[self.inside] * weight
+        image = reflected_spectrum(adf, -1)[self.inside] * weight
         norm = math.sqrt(float((self.count * np.abs(phase) ** 2).sum() * (self.count * np.abs(image) ** 2).sum()))
         return float((self.count * (phase * image.conj()).real).sum() / norm) if norm else 0.0
-
-
-def even(image: np.ndarray) -> np.ndarray:
-    """``image`` reflected evenly across its far edges into a periodic image of twice the size, as ``mirrored``."""
-    top = np.concatenate([image, image[:, ::-1]], axis=1)
-    return np.concatenate([top, top[::-1]], axis=0)
 
 
 def least_curl(turned: Turned, weight: np.ndarray) -> tuple[float, float]:
