@@ -91,6 +91,13 @@ def test_aliases_cover_each_fine_frequency_once():
     for g in found.groups:
         assert (np.hypot(g.q[..., 0], g.q[..., 1]) < 2 * OPTICS.aperture_k).all()
     assert set(np.unique(found.share).tolist()) <= {0.0, 0.5, 1.0}
+    assert found.nbytes >= found.share.nbytes + sum(g.here_at.nbytes for g in found.groups)
+    # kept across a change of aberrations (the shard's cache reuses them), not across one of the band or grid
+    key = direct.aliases_key(SCAN, OPTICS, U)
+    assert direct.aliases_key(SCAN, OPTICS.with_(aberrations={"C10": -80.0, "C30": 1e4}), U) == key
+    for other in (direct.aliases_key(SCAN, OPTICS, U + 1), direct.aliases_key((SCAN[0] + 2, SCAN[1]), OPTICS, U),
+                  direct.aliases_key(SCAN, OPTICS.with_(semiangle_mrad=OPTICS.semiangle_mrad + 1), U)):
+        assert other != key
 
 
 def test_normal_equations_against_explicit_matrices():

@@ -134,6 +134,16 @@ class Aliases:
         """The groups, then the beam's: the order of the prepared systems."""
         return self.groups + ([self.beam] if self.beam is not None else [])
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.share.nbytes + sum(g.freq.nbytes + g.q.nbytes + g.here_at.nbytes + g.mirror_at.nbytes for g in self.all_groups))
+
+
+def aliases_key(scan_shape: tuple[int, int], optics: Optics, u: int) -> str:
+    """What ``aliases`` depends on: the scan, the upsampling and the band (scan step, aperture, wavelength);
+    not the aberrations, so a change of them keeps the aliases."""
+    return repr((tuple(scan_shape), u, optics.scan_step_A, optics.aperture_k))
+
 
 def aliases(scan_shape: tuple[int, int], optics: Optics, u: int, xp=np) -> Aliases:
     """The aliases of every coarse frequency that carry signal (lambda |q| < 2 alpha), on ``xp``'s device."""
@@ -167,11 +177,10 @@ def aliases(scan_shape: tuple[int, int], optics: Optics, u: int, xp=np) -> Alias
         r, c = fine_r[0, at], fine_c[0, at]
         beam = AliasGroup(int(at.size), xp.zeros(1, xp.int64), xp.stack([qy[0, at], qx[0, at]], axis=-1)[None], r * fine_shape[1] + c,
                           (-r % fine_shape[0]) * fine_shape[1] + (-c % fine_shape[1]))
-    reached = sum((xp.bincount(g.here_at, minlength=fine_shape[0] * fine_shape[1])
-                   + xp.bincount(g.mirror_at, minlength=fine_shape[0] * fine_shape[1]) for g in groups + ([beam] if beam else [])),
-                  xp.zeros(fine_shape[0] * fine_shape[1], xp.int64))
-    share = xp.where(reached > 0, 1.0 / xp.maximum(reached, 1), 0.0).reshape(fine_shape)
-    return Aliases((rows, cols), u, groups, beam, share)
+    reaching = [a for g in groups + ([beam] if beam else []) for a in (g.here_at, g.mirror_at)]
+    reached = xp.bincount(xp.concatenate(reaching) if reaching else xp.zeros(0, xp.int64), minlength=fine_shape[0] * fine_shape[1])
+    inverse = xp.concatenate([xp.zeros(1), 1.0 / xp.arange(1, int(reached.max()) + 1)])  # 1 / n, and 0 where none reaches
+    return Aliases((rows, cols), u, groups, beam, inverse[reached].reshape(fine_shape))
 
 
 def equations_bytes(found: Aliases, method: str) -> int:

@@ -56,7 +56,9 @@ class DirectPtycho(Query):
         key = "direct:" + direct.optics_key(optics, u)
 
         def prepare(r: Resident) -> direct.Prepared:
-            found = direct.aliases(r.scan_shape, optics, u, r.xp)
+            geometry = "aliases:" + direct.aliases_key(r.scan_shape, optics, u)
+            prepared.retain(r.name, "aliases:", geometry)
+            found, _ = prepared.get(r.name, geometry, lambda: direct.aliases(r.scan_shape, optics, u, r.xp))
             need = direct.equations_bytes(found, method)
             if need > prepared.limit:
                 raise ValueError(f"direct ptychography of {r.name!r} at upsampling {u} ({method}) needs {format_bytes(need)} for its "
