@@ -14,6 +14,9 @@ import qgpu_dask as qd
 from qgpu_dask.phase import simulate
 from qgpu_dask.phase.calibration import correlation
 from qgpu_dask.phase.optics import interaction_constant, wavelength_A
+from qgpu_dask.queries.results import RESULT_PREFIX, memory_of, result_array, target_of
+from qgpu_dask.service.handoff import token
+from qgpu_dask.service.shard import Shard
 
 SCAN, DET, OVER, STEP = (32, 32), (64, 64), 4, 0.5
 ABERRATED = {"C10": -60.0, "C12": 20.0, "phi12": 0.5}
@@ -69,6 +72,28 @@ def test_ssb_on_a_turned_detector_and_a_series(svc, names, simulated):
     straight = acqs[1].calibrate(qd.Optics(300e3, 20.0, STEP))
     phases = series.ssb(straight)
     assert phases.shape == (2, *SCAN) and (phases[0] == phases[1]).all() and correlation(phases[0], truth) >= 0.9
+
+
+def test_ssb_images_go_straight_into_the_clients_result(svc, names):
+    """A series' phases of at least SEGMENT_BYTES: each owner writes its acquisitions' phases into the client's
+    result (a segment in /dev/shm), equal to those an acquisition alone gets inline."""
+    rng = np.random.default_rng(4)
+    data = [rng.poisson(2.0, (256, 256, 12, 12)).astype(np.uint16) for _ in range(4)]
+    series = qd.Series(svc, [svc.put(d, name=names()) for d in data])
+    assert len({a.owner for a in series}) > 1
+    cal = qd.Optics(300e3, 20.0, 1.0, det_sampling_mrad=4.0, rotation_deg=0.0, flip=False, bf_center_px=(6.0, 6.0))
+    phases = series.ssb(cal)
+    assert phases.shape == (4, 256, 256) and phases.dtype == np.float32 and memory_of(phases).name.startswith(RESULT_PREFIX)
+    for i, acq in enumerate(series):
+        alone = acq.ssb(cal)  # 256 KiB: inline
+        assert memory_of(alone).name is None and (alone == phases[i]).all()
+    out = result_array((4, 256, 256), np.float32)
+    out[:] = 7
+    mine = [i for i, a in enumerate(series) if a.owner == series[0].owner]
+    reply = svc.router.call(series[0].owner, Shard.ask, "ssb", [series.names[i] for i in mine], cal, handoff=token(),
+                            into=(target_of(out), mine)).result()
+    assert reply == [None] * len(mine)  # the phases were written, not sent
+    assert (out[mine] == phases[mine]).all() and (np.delete(out, mine, axis=0) == 7).all()
 
 
 def test_ssb_needs_calibrated_optics(svc, names, simulated):

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..device import synchronize, to_host
+from ..device import synchronize
 from ..phase import sideband
 from ..phase.optics import Optics
 from ..resident import Resident
-from .base import Context, Query, register
+from .base import Context, Query, placed, register
 from .preparations import PreparedCache, pixels_key
+from .results import result_array
 
 KEEPS = {"ssb_cache": PreparedCache}  # G and the direct equations: info()["ssb_cache_bytes"]
 
@@ -44,12 +45,30 @@ class SSB(Query):
     def __init__(self, series, optics: Optics):
         check_optics(optics)
         self.args = (optics,)
+        self.scan_shape = series.same("scan_shape")
+        self.out: np.ndarray | None = None
+
+    def destination(self, n: int) -> np.ndarray:
+        self.out = result_array((n, *self.scan_shape), np.float32)
+        return self.out
 
     @staticmethod
-    def run(ctx: Context, residents: list[Resident], optics: Optics) -> list[np.ndarray]:
-        images = [to_host(sideband.phase(*spectrum(ctx, r, optics), optics, r.xp)) for r in residents]
+    def run(ctx: Context, residents: list[Resident], optics: Optics) -> list:
+        """Each resident's phase, on its device: it goes from there straight into the client's result where
+        that is on this host (``written``)."""
+        images = [sideband.phase(*spectrum(ctx, r, optics), optics, r.xp) for r in residents]
         synchronize()
         return images
 
+    @staticmethod
+    def written(reply: list, write) -> list:
+        """The reply less the images written into the client's result."""
+        return [None if write([i], image[None]) else image for i, image in enumerate(reply)]
+
     def assemble(self, parts: list) -> np.ndarray:
-        return np.stack(parts)
+        """The client's result, with the parts not written there placed in it."""
+        out = self.out
+        if out is None or len(out) != len(parts):
+            out = result_array((len(parts), *self.scan_shape), np.float32)
+        placed(out, [(i, image) for i, image in enumerate(parts) if image is not None])
+        return out
