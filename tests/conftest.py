@@ -65,6 +65,22 @@ def host(a) -> np.ndarray:
     return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
+def asked_into(svc, series, shape: tuple[int, ...], name: str, *args) -> tuple[np.ndarray, list[int], object]:
+    """The first owner's reply to query ``name`` on its acquisitions of ``series``, asked to write into a fresh
+    float32 client result of ``shape`` (every value 7 before): (that result, those acquisitions' series
+    positions, the reply)."""
+    from qgpu_dask.queries.results import result_array, target_of
+    from qgpu_dask.service.handoff import token
+    from qgpu_dask.service.shard import Shard
+
+    out = result_array(shape, np.float32)
+    out[:] = 7
+    mine = [i for i, a in enumerate(series) if a.owner == series[0].owner]
+    reply = svc.router.call(series[0].owner, Shard.ask, name, [series.names[i] for i in mine], *args, handoff=token(),
+                            into=(target_of(out), mine)).result()
+    return out, mine, reply
+
+
 def make_service(backend: str, n_workers: int = 3, budget: str | None = "256 MiB") -> qd.Service:
     env = {"QGPU_DASK_CPU": "1"} if backend == "cpu" else {}
     cluster = LocalCluster(

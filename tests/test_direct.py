@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from conftest import cupy_available
+from conftest import asked_into, cupy_available
 from qgpu_dask.phase import cpu, direct, simulate
 from qgpu_dask.phase.calibration import correlation
 from qgpu_dask.phase.optics import chi, chi_table, interaction_constant, probe_spectrum
 from qgpu_dask.phase.sideband import Spectrum
-from qgpu_dask.queries.results import RESULT_PREFIX, memory_of, result_array, target_of
-from qgpu_dask.service.handoff import token
-from qgpu_dask.service.shard import Shard
+from qgpu_dask.queries.results import RESULT_PREFIX, memory_of
 
 OPTICS = qd.Optics(300e3, 20.0, 1.0, det_sampling_mrad=1.0, rotation_deg=0.0, flip=False, bf_center_px=(0.0, 0.0),
                    aberrations={"C10": -50.0, "C12": 20.0, "phi12": 0.3})
@@ -287,11 +285,7 @@ def test_direct_ptycho_images_go_straight_into_the_clients_result(svc, names):
         alone = acq.direct_ptycho(cal, "complex", upsampling=2, strength=0.1)  # 295 KB: inline
         assert memory_of(alone.phase).name is None
         assert (alone.phase == result.phase[i]).all() and (alone.amplitude == result.amplitude[i]).all()
-    out = result_array((4, 2, 192, 192), np.float32)
-    out[:] = 7
-    mine = [i for i, a in enumerate(series) if a.owner == series[0].owner]
-    reply = svc.router.call(series[0].owner, Shard.ask, "direct_ptycho", [series.names[i] for i in mine], cal, "complex", 2, 0.1,
-                            handoff=token(), into=(target_of(out), mine)).result()
+    out, mine, reply = asked_into(svc, series, (4, 2, 192, 192), "direct_ptycho", cal, "complex", 2, 0.1)
     assert [images for images, _ in reply] == [None] * len(mine)  # the images were written, not sent
     assert (out[mine, 0] == result.phase[mine]).all() and (np.delete(out, mine, axis=0) == 7).all()
 

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
+from conftest import asked_into
 from qgpu_dask.phase import simulate
 from qgpu_dask.phase.calibration import correlation
 from qgpu_dask.phase.optics import interaction_constant, wavelength_A
-from qgpu_dask.queries.results import RESULT_PREFIX, memory_of, result_array, target_of
-from qgpu_dask.service.handoff import token
-from qgpu_dask.service.shard import Shard
+from qgpu_dask.queries.results import RESULT_PREFIX, memory_of
 
 SCAN, DET, OVER, STEP = (32, 32), (64, 64), 4, 0.5
 ABERRATED = {"C10": -60.0, "C12": 20.0, "phi12": 0.5}
@@ -87,11 +86,7 @@ def test_ssb_images_go_straight_into_the_clients_result(svc, names):
     for i, acq in enumerate(series):
         alone = acq.ssb(cal)  # 256 KiB: inline
         assert memory_of(alone).name is None and (alone == phases[i]).all()
-    out = result_array((4, 256, 256), np.float32)
-    out[:] = 7
-    mine = [i for i, a in enumerate(series) if a.owner == series[0].owner]
-    reply = svc.router.call(series[0].owner, Shard.ask, "ssb", [series.names[i] for i in mine], cal, handoff=token(),
-                            into=(target_of(out), mine)).result()
+    out, mine, reply = asked_into(svc, series, (4, 256, 256), "ssb", cal)
     assert reply == [None] * len(mine)  # the phases were written, not sent
     assert (out[mine] == phases[mine]).all() and (np.delete(out, mine, axis=0) == 7).all()
 
