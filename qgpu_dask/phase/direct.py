@@ -216,7 +216,7 @@ class Prepared:
 
     @property
     def nbytes(self) -> int:
-        return int(sum(s.nbytes for s in self.systems) + self.here_at.nbytes + self.mirror_at.nbytes + self.found.share.nbytes)
+        return int(sum(s.nbytes for s in self.systems) + self.here_at.nbytes + self.mirror_at.nbytes + self.found.nbytes)
 
 
 def pixel_weights(spec: Spectrum, xp=np):
