@@ -233,9 +233,11 @@ def beam_system(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, weights, optics:
     beam, u2 = found.beam, found.upsampling**2
     ky, kx = xp.asarray(ky, xp.float64)[:, None], xp.asarray(kx, xp.float64)[:, None]
     qy, qx = beam.q[0, :, 0][None, :], beam.q[0, :, 1][None, :]
-    here = probe_spectrum(kx, ky, optics, xp)
-    plus = xp.conj(here) * probe_spectrum(kx - qx, ky - qy, optics, xp) / u2
-    minus = here * xp.conj(probe_spectrum(kx + qx, ky + qy, optics, xp)) / u2
+    count = qx.shape[1]  # psi at k, k - q and k + q in one evaluation (each of chi's terms is an array operation)
+    psi = probe_spectrum(xp.concatenate([kx, kx - qx, kx + qx], axis=1), xp.concatenate([ky, ky - qy, ky + qy], axis=1), optics, xp)
+    here = psi[:, :1]
+    plus = xp.conj(here) * psi[:, 1 : 1 + count] / u2
+    minus = here * xp.conj(psi[:, 1 + count :]) / u2
     T = xp.concatenate([plus, minus], axis=1) if method == "complex" else 1j * (plus - minus)
     g = xp.asarray(spec.G[:, 0, 0], xp.complex128) * spec.scale
     a = xp.abs(here[:, 0]) ** 2
