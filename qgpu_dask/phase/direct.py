@@ -242,8 +242,9 @@ def beam_system(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, weights, optics:
     g = xp.asarray(spec.G[:, 0, 0], xp.complex128) * spec.scale
     a = xp.abs(here[:, 0]) ** 2
     wa = weights * a
-    T = T - a[:, None] * (wa @ T)[None, :] / float(wa @ a)
-    g = g - a * (wa @ g) / float(wa @ a)
+    beam_norm = float(wa @ a)
+    T = T - a[:, None] * (wa @ T)[None, :] / beam_norm
+    g = g - a * (wa @ g) / beam_norm
     TW = T.conj().T * weights
     return scaled((TW @ T)[None], (TW @ g)[None], beam.q, optics.aperture_k, method, xp, BEAM_PRIOR)
 

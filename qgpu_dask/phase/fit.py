@@ -132,7 +132,8 @@ def peak(terms_at: Callable[[np.ndarray], np.ndarray], centre: np.ndarray, steps
     Gradient and curvature of each term by central differences of ``terms_at(points)`` (a row of terms per
     point, all asked at once) with ``steps``; the maximum is one Newton step from ``centre`` (at most two
     steps along any axis): the searches refine one parameter group at a time, which stops short of the joint
-    peak where they are correlated (rotation, C10 and C12), and stop on bumps of the signal finer than the steps (0.1 deg of rotation on noise-free data).
+    peak where they are correlated (rotation, C10 and C12), and stop on bumps of the signal finer than the
+    steps (0.1 deg of rotation on noise-free data).
     The covariance is the jackknife's over the scan frequencies (each left out in turn, its Newton step
     recomputed): their terms are independent samples (Poisson noise is white over the scan, and the object's
     errors differ from one frequency to the next), and leaving one out also counts how few of them hold the

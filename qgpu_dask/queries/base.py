@@ -29,6 +29,7 @@ import cloudpickle
 import numpy as np
 
 from ..resident import Resident
+from .results import result_array
 
 
 class Kept:
@@ -145,6 +146,15 @@ def placed(out: np.ndarray, rows: list[tuple[int, np.ndarray]]) -> None:
         put(rows)
         return
     list(ASSEMBLERS.map(put, [rows[j::LANES] for j in range(LANES)]))
+
+
+def filled(out: np.ndarray | None, rows: list[tuple[int, np.ndarray]], shape: tuple[int, ...], dtype) -> np.ndarray:
+    """The client's result ``out`` (its ``destination``; a new result array of ``shape`` where it is None or of
+    another length) with ``rows`` placed in it: the parts the owners did not write there."""
+    if out is None or len(out) != shape[0]:
+        out = result_array(shape, dtype)
+    placed(out, rows)
+    return out
 
 
 def ordered(replies: list, positions: list[list[int]]) -> list:

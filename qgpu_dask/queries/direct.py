@@ -15,7 +15,7 @@ from ..phase import direct
 from ..phase.direct import DirectResult
 from ..phase.optics import Optics
 from ..resident import Resident
-from .base import Context, Query, placed, register
+from .base import Context, Query, filled, register
 from .preparations import PreparedCache
 from .results import result_array
 from .sideband import KEEPS, check_optics, spectrum
@@ -84,11 +84,8 @@ class DirectPtycho(Query):
     def assemble(self, parts: list[tuple]) -> DirectResult:
         """One DirectResult of the series' images (the client's result, with the parts not written there placed
         in it); ``prepared`` if any acquisition's equations were made now."""
-        n = len(parts)
-        out = self.out
-        if out is None or len(out) != n:
-            out = result_array((n, *self.images_shape), np.float32)
-        placed(out, [(i, images) for i, (images, _) in enumerate(parts) if images is not None])
+        rows = [(i, images) for i, (images, _) in enumerate(parts) if images is not None]
+        out = filled(self.out, rows, (len(parts), *self.images_shape), np.float32)
         method, u, strength = self.settings
         return DirectResult(out[:, 0], out[:, 1] if len(out[0]) == 2 else None, method, u, strength, prepared=any(made for _, made in parts))
 

@@ -3,7 +3,6 @@ signal (``phase.fit``), on its owner from the kept G (``sideband.spectrum``)."""
 
 from __future__ import annotations
 
-
 from ..phase import fit, sideband
 from ..phase.optics import Optics
 from ..resident import Resident

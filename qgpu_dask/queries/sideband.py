@@ -11,7 +11,7 @@ from ..device import synchronize
 from ..phase import sideband
 from ..phase.optics import Optics
 from ..resident import Resident
-from .base import Context, Query, placed, register
+from .base import Context, Query, filled, register
 from .preparations import PreparedCache, pixels_key
 from .results import result_array
 
@@ -67,8 +67,4 @@ class SSB(Query):
 
     def assemble(self, parts: list) -> np.ndarray:
         """The client's result, with the parts not written there placed in it."""
-        out = self.out
-        if out is None or len(out) != len(parts):
-            out = result_array((len(parts), *self.scan_shape), np.float32)
-        placed(out, [(i, image) for i, image in enumerate(parts) if image is not None])
-        return out
+        return filled(self.out, [(i, image) for i, image in enumerate(parts) if image is not None], (len(parts), *self.scan_shape), np.float32)
