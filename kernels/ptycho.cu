@@ -89,7 +89,7 @@ __global__ void probe_sums(const float2* __restrict__ object, i64 cols, const fl
 }
 
 // A block's tile of object pixels (one thread each, TILE_COLS x TILE_ROWS threads) and, further down, the columns
-// per block of `columns` (TILE_C, one warp each), written only in qgpu_dask/phase/iterative/cuda.py (which
+// per block of `columns` (TILE_C) and the rows per block of rows_forward and rows_inverse (ROW_WARPS), written only in qgpu_dask/phase/iterative/cuda.py (which
 // launches the blocks) and passed from there as -D options (qgpu_dask/compile.py defines).
 #ifndef TILE_ROWS
 #error "TILE_ROWS comes from qgpu_dask/phase/iterative/cuda.py"
@@ -99,6 +99,9 @@ __global__ void probe_sums(const float2* __restrict__ object, i64 cols, const fl
 #endif
 #ifndef TILE_C
 #error "TILE_C comes from qgpu_dask/phase/iterative/cuda.py"
+#endif
+#ifndef ROW_WARPS
+#error "ROW_WARPS comes from qgpu_dask/phase/iterative/cuda.py"
 #endif
 
 // The object's update, gathered: every pixel of the box (rows row0.., cols col0..; a grid of tiles) adds, over the
@@ -165,23 +168,19 @@ __global__ void object_update(float2* __restrict__ object, i64 cols, i64 row0, i
 // ---------------------------------------------------------------- fused far-field update
 // The same batch as exit_waves -> cuFFT -> project -> inverse cuFFT -> probe_sums, in three passes over the
 // waves instead of nine: rows_forward (exit waves and their FFTs along rows), columns (FFTs along columns, the
-// projection, inverse FFTs along columns), rows_inverse (inverse FFTs along rows, the probe's sums). Each FFT is
-// a mixed-radix Stockham FFT (radices 2, 3, 4, 5, 8; natural order in and out) of one row or column by one warp
-// in shared memory, its stages unrolled at compile time: a kernel is made for each window (Line<N, radices...>).
+// projection, inverse FFTs along columns), rows_inverse (inverse FFTs along rows, the probe's sums). A block
+// transforms several lines at once in shared memory, each line of N = P Q points in two steps held in registers
+// (Line<Dft<P, radices...>, Dft<Q, radices...>>, natural order in and out):
+//   step 1: for each q < Q, one thread: the P-point DFT of x[Q p + q] over p, times exp(-+2 pi i q k / N) (k < P);
+//   step 2: for each k < P, one thread: the Q-point DFT of step 1's values over q, which is X[k + P s] (s < Q).
+// The P- and Q-point DFTs are mixed-radix in registers (radices 2, 3, 4, 5, 8), their twiddles compile-time
+// constants; the N-point twiddles come from a table (`roots`, float32 of float64 values). Each point is read
+// and written in shared memory twice per FFT.
 
-// Where point i of a line sits in shared memory: one pad after every 16 points, so the butterflies' strided
-// stores fall in different banks. A line of n points takes padded(n).
+// Where point i of a line sits in shared memory: one pad after every 16 points, so a line's neighbours fall in
+// different banks. A line of n points takes padded(n).
 __device__ __forceinline__ int at(int i) { return i + (i >> 4); }
 __host__ __device__ constexpr int padded(int n) { return n + (n >> 4) + 1; }
-
-// exp(-+2 pi i m / N) (forward: -), 0 <= m < N, from the fast sine and cosine (absolute error about 4e-7 on
-// [-pi, pi]): no table to read.
-template <bool INVERSE, int N>
-__device__ __forceinline__ float2 twiddle(int m) {
-    float s, c;
-    __sincosf((float)(m > N / 2 ? m - N : m) * (-6.283185307179586f / N), &s, &c);
-    return make_float2(c, INVERSE ? -s : s);
-}
 
 __device__ __forceinline__ float2 plus(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
 __device__ __forceinline__ float2 minus(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
@@ -247,96 +246,160 @@ __device__ __forceinline__ void butterfly(float2* v) {
     }
 }
 
-// Stages of one warp's N-point FFT from a (scratch b), sub-transforms of NS points done; returns where the result
-// is. The caller syncs the warp before (a filled) and after (result read).
-template <bool INVERSE, int N, int NS, int R, int... REST>
-__device__ __forceinline__ float2* fft_stages(float2* a, float2* b, int lane) {
-    constexpr int M = N / R, STEP = N / (NS * R);
-#pragma unroll
-    for (int j0 = 0; j0 < M; j0 += 32) {
-        const int j = j0 + lane;
-        if (j < M) {
-            const int js = j % NS;
-            float2 v[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                v[r] = a[at(j + r * M)];
-                if (r > 0 && NS > 1) v[r] = times(v[r], twiddle<INVERSE, N>(js * r * STEP));
-            }
-            butterfly<INVERSE, R>(v);
-            const int out = (j - js) * R + js;
-#pragma unroll
-            for (int q = 0; q < R; ++q) b[at(out + q * NS)] = v[q];
-        }
+
+// Compile-time loops: f(Index<i>{}) for BEGIN <= i < END, so each i can name a constant twiddle.
+template <int I>
+struct Index {
+    static constexpr int value = I;
+};
+template <int BEGIN, int END, class F>
+__device__ __forceinline__ void unrolled(F&& f) {
+    if constexpr (BEGIN < END) {
+        f(Index<BEGIN>{});
+        unrolled<BEGIN + 1, END>(f);
     }
-    __syncwarp();
+}
+
+// cos and sin of 2 pi j / n in float64, evaluated by the compiler (Taylor series on [-pi, pi]).
+__host__ __device__ constexpr double turn_series(int j, int n, bool sine) {
+    double x = 6.283185307179586476925 * ((double)(j % n) / n - ((j % n) * 2 > n ? 1.0 : 0.0));
+    double term = sine ? x : 1.0, sum = term;
+    for (int i = sine ? 3 : 2; i < 40; i += 2) {
+        term *= -x * x / ((double)i * (i - 1));
+        sum += term;
+    }
+    return sum;
+}
+
+// z exp(-+2 pi i J / N) (forward: -), J a compile-time constant.
+template <bool INVERSE, int N, int J>
+__device__ __forceinline__ float2 turned(float2 z) {
+    if constexpr (J % N == 0) {
+        return z;
+    } else {
+        constexpr float c = (float)turn_series(J, N, false), s = (float)turn_series(J, N, true);
+        return times(z, make_float2(c, INVERSE ? s : -s));
+    }
+}
+
+// The N-point DFT of v in registers (natural order in and out), N = R M: the R M-point DFTs of v[R m + r] over m,
+// each value times exp(-+2 pi i r k / N), then R-point butterflies across r (decimation in time).
+template <bool INVERSE, int N, int R, int... REST>
+__device__ __forceinline__ void dft(float2 (&v)[N]) {
     if constexpr (sizeof...(REST) == 0) {
-        return b;
+        static_assert(N == R, "a Dft's radices multiply to its size");
+        butterfly<INVERSE, R>(v);
     } else {
-        return fft_stages<INVERSE, N, NS * R, REST...>(b, a, lane);
+        constexpr int M = N / R;
+        float2 y[R][M];
+        unrolled<0, R>([&](auto ri) {
+            constexpr int r = decltype(ri)::value;
+            unrolled<0, M>([&](auto mi) { y[r][decltype(mi)::value] = v[R * decltype(mi)::value + r]; });
+            dft<INVERSE, M, REST...>(y[r]);
+        });
+        unrolled<0, M>([&](auto ki) {
+            constexpr int k = decltype(ki)::value;
+            float2 u[R];
+            unrolled<0, R>([&](auto ri) { u[decltype(ri)::value] = turned<INVERSE, N, decltype(ri)::value * k>(y[decltype(ri)::value][k]); });
+            butterfly<INVERSE, R>(u);
+            unrolled<0, R>([&](auto qi) { v[k + M * decltype(qi)::value] = u[decltype(qi)::value]; });
+        });
     }
 }
 
-template <bool INVERSE, int N, int... RADICES>
-__device__ __forceinline__ float2* fft(float2* a, float2* b, int lane) {
-    if constexpr (sizeof...(RADICES) == 0) {
-        return a;
-    } else {
-        return fft_stages<INVERSE, N, 1, RADICES...>(a, b, lane);
-    }
-}
-
-// An N-point line: its radices, and whether its FFT ends in the scratch (an odd number of stages).
+// An N-point DFT in registers and its radices (none for N = 1).
 template <int N, int... RADICES>
-struct Line {
-    static constexpr bool odd = sizeof...(RADICES) & 1;
+struct Dft {
+    static constexpr int n = N;
     template <bool INVERSE>
-    __device__ static float2* fft(float2* a, float2* b, int lane) {
-        return ::fft<INVERSE, N, RADICES...>(a, b, lane);
+    __device__ static void run(float2 (&v)[N]) {
+        if constexpr (sizeof...(RADICES) > 0) dft<INVERSE, N, RADICES...>(v);
     }
 };
 
-// far[k, r, :] = FFT along the row of probe[r, :] object[corner_k + (r, :)], one warp per row of the batch;
-// ROW is the Line of C points. Shared memory: 2 padded(C) per warp.
+// A line of N = P Q points (FIRST: the P-point DFT, SECOND: the Q-point one). fft transforms `lines` lines, line l
+// at data + l * pitch (point i at at(i)), in place, by all the block's threads (it syncs them: call it from every
+// thread); scratch holds lines * P * scratch_pitch points; roots[m] = exp(-2 pi i m / N).
+template <class FIRST, class SECOND>
+struct Line {
+    static constexpr int P = FIRST::n, Q = SECOND::n, N = P * Q;
+    static constexpr int scratch_pitch = Q | 1;  // odd: a step's 16 threads of a half-warp meet distinct bank pairs
+    template <bool INVERSE>
+    __device__ static void fft(float2* data, int pitch, int lines, float2* scratch, const float2* __restrict__ roots) {
+        for (int j = threadIdx.x; j < lines * Q; j += blockDim.x) {
+            int l = j / Q, q = j - l * Q;
+            const float2* x = data + l * pitch;
+            float2 v[P];
+#pragma unroll
+            for (int p = 0; p < P; ++p) v[p] = x[at(Q * p + q)];
+            FIRST::template run<INVERSE>(v);
+            float2* y = scratch + l * P * scratch_pitch + q;
+            y[0] = v[0];
+#pragma unroll
+            for (int k = 1; k < P; ++k) {
+                float2 w = roots[q * k];
+                y[k * scratch_pitch] = times(v[k], make_float2(w.x, INVERSE ? -w.y : w.y));
+            }
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j < lines * P; j += blockDim.x) {
+            int l = j / P, k = j - l * P;
+            const float2* y = scratch + (l * P + k) * scratch_pitch;
+            float2 u[Q];
+#pragma unroll
+            for (int q = 0; q < Q; ++q) u[q] = y[q];
+            SECOND::template run<INVERSE>(u);
+            float2* x = data + l * pitch;
+#pragma unroll
+            for (int s = 0; s < Q; ++s) x[at(k + P * s)] = u[s];
+        }
+        __syncthreads();
+    }
+};
+
+// far[k, r, :] = FFT along the row of probe[r, :] object[corner_k + (r, :)], ROW_WARPS rows of the batch per
+// block (a warp per row loads and stores). ROW is the Line of C points. Shared memory: ROW_WARPS padded(C) points, then
+// the FFT's scratch.
 template <class ROW>
 __global__ void rows_forward(const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe, int R, int C,
-                             const i64* __restrict__ corners, i64 first, i64 n, float2* __restrict__ far) {
+                             const i64* __restrict__ corners, i64 first, i64 n, const float2* __restrict__ roots, float2* __restrict__ far) {
     extern __shared__ float2 shared[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (row >= n * R) return;
-    i64 k = row / R;
-    int r = (int)(row - k * R);
-    const i64* corner = corners + 2 * (first + k);
-    const float2* o = object + (corner[0] + r) * cols + corner[1];
-    float2 *a = shared + 2 * warp * padded(C), *b = a + padded(C);
-    for (int s = lane; s < C; s += 32) a[at(s)] = times(probe[r * C + s], o[s]);
-    __syncwarp();
-    const float2* x = ROW::template fft<false>(a, b, lane);
-    for (int s = lane; s < C; s += 32) far[row * C + s] = x[at(s)];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5, pitch = padded(C);
+    const i64 row0 = (i64)blockIdx.x * ROW_WARPS;
+    const int count = (int)min((i64)ROW_WARPS, n * R - row0);
+    float2 *lines = shared, *scratch = shared + ROW_WARPS * pitch;
+    for (int l = warp; l < count; l += warps) {
+        i64 row = row0 + l, k = row / R;
+        int r = (int)(row - k * R);
+        const i64* corner = corners + 2 * (first + k);
+        const float2* o = object + (corner[0] + r) * cols + corner[1];
+        for (int s = lane; s < C; s += 32) lines[l * pitch + at(s)] = times(probe[r * C + s], o[s]);
+    }
+    __syncthreads();
+    ROW::template fft<false>(lines, pitch, count, scratch, roots);
+    for (int l = warp; l < count; l += warps)
+        for (int s = lane; s < C; s += 32) far[(row0 + l) * C + s] = lines[l * pitch + at(s)];
 }
 
-// For a tile of TILE_C columns of position k = blockIdx.y: FFTs along the columns (one warp each), the modulus
-// projection (as `project`, with `scale`), inverse FFTs along the columns, in place; partial[block] = the
-// tile's error sum. COLUMN is the Line of R points. Shared memory: two padded(R) columns per warp.
+// For a tile of TILE_C columns of position k = blockIdx.y: FFTs along the columns, the modulus projection (as
+// `project`, with `scale`), inverse FFTs along the columns, in place; partial[block] = the tile's error sum.
+// COLUMN is the Line of R points. Shared memory: TILE_C padded(R) points, then the FFT's scratch.
 template <class T, class COLUMN>
 __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured, int R, int C, int cr, int cs, float scale,
-                        double* __restrict__ partial) {
+                        const float2* __restrict__ roots, double* __restrict__ partial) {
     extern __shared__ float2 shared[];
     __shared__ double sums[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pitch = padded(R);
     const i64 k = blockIdx.y;
     const int s0 = blockIdx.x * TILE_C, width = min(TILE_C, C - s0);
-    float2* tile = shared;  // column c: tile + 2 c pitch (then its scratch)
+    float2 *tile = shared, *scratch = shared + TILE_C * pitch;  // column c: tile + c pitch
     float2* wave = far + k * R * C + s0;
     for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
         int r = t / TILE_C, c = t - r * TILE_C;
-        if (c < width) tile[2 * c * pitch + at(r)] = wave[(i64)r * C + c];
+        if (c < width) tile[c * pitch + at(r)] = wave[(i64)r * C + c];
     }
     __syncthreads();
-    float2 *a = tile + 2 * warp * pitch, *b = a + pitch;
-    if (warp < width) COLUMN::template fft<false>(a, b, lane);
-    __syncthreads();
+    COLUMN::template fft<false>(tile, pitch, width, scratch, roots);
     double error = 0.0;
     const T* pattern = measured + k * R * C;
     for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
@@ -344,7 +407,7 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
         if (c < width) {
             int ar = r + cr >= R ? r + cr - R : r + cr, s = s0 + c, as = s + cs >= C ? s + cs - C : s + cs;
             float amp = amplitude_of(pattern[(i64)ar * C + as]);
-            float2* f = tile + 2 * c * pitch + (COLUMN::odd ? pitch : 0) + at(r);
+            float2* f = tile + c * pitch + at(r);
             float m = sqrtf(norm2(*f));
             float d = m - amp;
             error += (double)(d * d);
@@ -360,30 +423,25 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
         for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
         if (lane == 0) partial[(i64)blockIdx.y * gridDim.x + blockIdx.x] = error;
     }
-    if (warp < width) {
-        if (COLUMN::odd) COLUMN::template fft<true>(b, a, lane);
-        else COLUMN::template fft<true>(a, b, lane);
-    }
-    __syncthreads();
-    for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {  // two FFTs of as many stages: back in the column's first half
+    COLUMN::template fft<true>(tile, pitch, width, scratch, roots);
+    for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
         int r = t / TILE_C, c = t - r * TILE_C;
-        if (c < width) wave[(i64)r * C + c] = tile[2 * c * pitch + at(r)];
+        if (c < width) wave[(i64)r * C + c] = tile[c * pitch + at(r)];
     }
 }
 
 // Inverse FFTs along the rows, in place: far becomes the updated waves; and the probe's sums as probe_sums',
-// by groups of per_group positions (blockIdx.y), one warp per row r (of the group's positions in order).
-// ROW is the Line of C points, SLOTS >= C / 32 the row's pixels each lane sums. Shared memory: 2 padded(C) per
-// warp.
+// by groups of per_group positions (blockIdx.y), ROW_WARPS rows r per block (a warp each) for
+// each of the group's positions in order. ROW is the Line of C points, SLOTS >= C / 32 the row's pixels each lane
+// sums. Shared memory: ROW_WARPS padded(C) points, then the FFT's scratch.
 template <int SLOTS, class ROW>
 __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe,
                              int R, int C, const i64* __restrict__ corners, i64 first, i64 n, int per_group,
-                             float2* __restrict__ numerator, float* __restrict__ denominator) {
+                             const float2* __restrict__ roots, float2* __restrict__ numerator, float* __restrict__ denominator) {
     extern __shared__ float2 shared[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int r = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (r >= R) return;
-    float2 *a = shared + 2 * warp * padded(C), *b = a + padded(C);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pitch = padded(C);
+    const int r0 = blockIdx.x * ROW_WARPS, count = min(ROW_WARPS, R - r0), r = r0 + warp;
+    float2 *lines = shared, *scratch = shared + ROW_WARPS * pitch, *mine = lines + warp * pitch;
     float2 top[SLOTS];
     float bottom[SLOTS];
 #pragma unroll
@@ -394,25 +452,29 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
     i64 lo = (i64)blockIdx.y * per_group, hi = min(n, lo + per_group);
     for (i64 k = lo; k < hi; ++k) {
         float2* wave = far + (k * R + r) * C;
-        for (int s = lane; s < C; s += 32) a[at(s)] = wave[s];
-        __syncwarp();
-        const float2* u = ROW::template fft<true>(a, b, lane);
-        const i64* corner = corners + 2 * (first + k);
-        const float2* o = object + (corner[0] + r) * cols + corner[1];
+        if (warp < count)
+            for (int s = lane; s < C; s += 32) mine[at(s)] = wave[s];
+        __syncthreads();
+        ROW::template fft<true>(lines, pitch, count, scratch, roots);
+        if (warp < count) {
+            const i64* corner = corners + 2 * (first + k);
+            const float2* o = object + (corner[0] + r) * cols + corner[1];
 #pragma unroll
-        for (int i = 0; i < SLOTS; ++i) {
-            int s = lane + 32 * i;
-            if (s < C) {
-                float2 v = u[at(s)], ob = o[s], po = times(probe[r * C + s], ob);
-                wave[s] = v;
-                float2 t = conj_times(ob, make_float2(v.x - po.x, v.y - po.y));
-                top[i].x += t.x;
-                top[i].y += t.y;
-                bottom[i] += norm2(ob);
+            for (int i = 0; i < SLOTS; ++i) {
+                int s = lane + 32 * i;
+                if (s < C) {
+                    float2 v = mine[at(s)], ob = o[s], po = times(probe[r * C + s], ob);
+                    wave[s] = v;
+                    float2 t = conj_times(ob, make_float2(v.x - po.x, v.y - po.y));
+                    top[i].x += t.x;
+                    top[i].y += t.y;
+                    bottom[i] += norm2(ob);
+                }
             }
         }
-        __syncwarp();
+        __syncthreads();
     }
+    if (warp >= count) return;
 #pragma unroll
     for (int i = 0; i < SLOTS; ++i) {
         int s = lane + 32 * i;

@@ -7,7 +7,9 @@ position order. Launches go to the current stream and nothing waits for the host
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import cupy
 import cupyx.scipy.fft
@@ -20,28 +22,62 @@ TILE_ROWS, TILE_COLS = 8, 32  # a block's tile of object pixels in object_update
 THREADS = TILE_ROWS * TILE_COLS  # threads per block
 PER_GROUP = 32  # positions per partial sum of the probe's (probe_sums)
 FUSED_GROUP = 8  # the same in rows_inverse, which runs one warp per row and group
-TILE_C = 8  # columns per block of `columns`, one warp each
-ROW_WARPS = 8  # rows per block of rows_forward and rows_inverse
-RADICES = (8, 4, 2, 3, 5)  # kernels/ptycho.cu butterfly; a line takes as many 8s, then 4s, as it can
+TILE_C = 8  # columns per block of `columns`
+ROW_WARPS = 8  # rows per block of rows_forward and rows_inverse, a warp each for loads and stores
+RADICES = (8, 4, 2, 3, 5)  # kernels/ptycho.cu butterfly; a DFT takes as many 8s, then 4s, as it can
+MAX_DFT = 32  # the most points of a thread's DFT in registers (a line of N = P Q points takes P- and Q-point ones)
 MAX_FFT = 512  # the longest row or column the fused kernels take (shared memory)
-DEFINES = compile.defines(TILE_ROWS=TILE_ROWS, TILE_COLS=TILE_COLS, TILE_C=TILE_C)  # the constants kernels/ptycho.cu takes from Python
+DEFINES = compile.defines(TILE_ROWS=TILE_ROWS, TILE_COLS=TILE_COLS, TILE_C=TILE_C, ROW_WARPS=ROW_WARPS)  # the constants kernels/ptycho.cu takes from Python
 
 
 def kernel(name: str) -> cupy.RawKernel:
     return compile.kernel("ptycho.cu", name, DEFINES)
 
 
-def line(n: int) -> str | None:
-    """The kernels' Line<n, radices...> of an n-point Stockham FFT (RADICES, largest first), or None when n has
-    a prime factor above 5 or exceeds MAX_FFT (the batch then goes through cuFFT)."""
+@dataclass(frozen=True)
+class Line:
+    """The kernels' two-step FFT of an n-point line, n = P Q (kernels/ptycho.cu Line): P-point DFTs, then
+    Q-point ones, each in a thread's registers."""
+
+    P: int
+    Q: int
+
+    @property
+    def name(self) -> str:
+        return f"Line<{dft(self.P)}, {dft(self.Q)}>"
+
+    def shared_points(self, lines: int) -> int:
+        """Shared-memory points of ``lines`` lines and their FFT's scratch."""
+        return lines * (padded(self.P * self.Q) + self.P * (self.Q | 1))
+
+
+def dft(n: int) -> str:
+    """The kernels' Dft<n, radices...> (RADICES, largest first); n has no prime factor above 5."""
     radices, rest = [], n
     for r in RADICES:
         while rest % r == 0:
             radices.append(r)
             rest //= r
+    return f"Dft<{', '.join(map(str, [n, *radices]))}>"
+
+
+def line(n: int) -> Line | None:
+    """The kernels' Line of an n-point FFT (P >= Q, as near each other as they come, both at most MAX_DFT), or None
+    when n has a prime factor above 5 or exceeds MAX_FFT (the batch then goes through cuFFT)."""
+    rest = n
+    for r in (2, 3, 5):
+        while rest % r == 0:
+            rest //= r
     if rest != 1 or n > MAX_FFT:
         return None
-    return f"Line<{', '.join(map(str, [n, *radices]))}>"
+    P = min(p for p in range(1, n + 1) if n % p == 0 and p * p >= n)
+    return Line(P, n // P) if P <= MAX_DFT else None
+
+
+@functools.cache
+def roots(n: int, device: int) -> cupy.ndarray:
+    """exp(-2 pi i m / n) for m < n, complex64 of float64 values: the N-point twiddles of a Line's two steps."""
+    return cupy.asarray(np.exp(-2j * np.pi * np.arange(n) / n).astype(np.complex64))
 
 
 def padded(n: int) -> int:
@@ -61,23 +97,26 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
         probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
         return updated, error
     measured_type = measured_ctype(measured)
+    device = cupy.cuda.Device().id
     wave = cupy.empty((batch.n, R, C), np.complex64)
     cols, first, n = np.int64(obj.shape[1]), np.int64(batch.first), np.int64(batch.n)
-    row_smem = 2 * ROW_WARPS * padded(C) * 8
-    kernel(f"rows_forward<{row}>")((math.ceil(batch.n * R / ROW_WARPS),), (32 * ROW_WARPS,),
-                                   (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, wave), shared_mem=row_smem)
+    row_smem = row.shared_points(ROW_WARPS) * 8
+    kernel(f"rows_forward<{row.name}>")((math.ceil(batch.n * R / ROW_WARPS),), (32 * ROW_WARPS,),
+                                        (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, roots(C, device), wave),
+                                        shared_mem=row_smem)
     tiles = (math.ceil(C / TILE_C), batch.n)
     partial = cupy.empty(tiles[0] * tiles[1], np.float64)
-    kernel(f"columns<{measured_type}, {column}>")(
+    kernel(f"columns<{measured_type}, {column.name}>")(
         tiles, (32 * TILE_C,), (wave, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R),
-                                np.int32(center[1] % C), np.float32(scale), partial),
-        shared_mem=2 * TILE_C * padded(R) * 8)
+                                np.int32(center[1] % C), np.float32(scale), roots(R, device), partial),
+        shared_mem=column.shared_points(TILE_C) * 8)
     groups = math.ceil(batch.n / FUSED_GROUP)
     top = cupy.empty((groups, R * C), np.complex64)
     bottom = cupy.empty((groups, R * C), np.float32)
-    kernel(f"rows_inverse<{math.ceil(C / 32)}, {row}>")((math.ceil(R / ROW_WARPS), groups), (32 * ROW_WARPS,),
-                                            (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP),
-                                             top, bottom), shared_mem=row_smem)
+    kernel(f"rows_inverse<{math.ceil(C / 32)}, {row.name}>")(
+        (math.ceil(R / ROW_WARPS), groups), (32 * ROW_WARPS,),
+        (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP), roots(C, device), top, bottom),
+        shared_mem=row_smem)
     add_group_sums(top, bottom, numerator, denominator)
     return wave, partial.sum()
 
