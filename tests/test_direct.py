@@ -134,12 +134,13 @@ def test_shifted_solve_against_numpy(C, rank):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
-def test_cuda_shifted_solve_against_the_cpu_twin():
+@pytest.mark.parametrize("C, n", [(1, 3), (6, 300), (16, 130), (17, 20)], ids=["1", "6", "16", "17-cusolver"])
+def test_cuda_shifted_solve_against_the_cpu_twin(C, n):
     import cupy
 
     from qgpu_dask.phase import cuda
 
-    matrix, rhs = shifted_systems(np.random.default_rng(3), 300, 6, 6)
+    matrix, rhs = shifted_systems(np.random.default_rng(C), n, C, C)
     want = cpu.shifted_solve(matrix, rhs, 0.05)
     got = cuda.shifted_solve(cupy.asarray(matrix), cupy.asarray(rhs), 0.05).get()
     assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()

@@ -155,6 +155,19 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     return gram, rhs
 
 
+SOLVE_THREADS = 128  # systems per block of shifted_solve, one thread each
+MAX_SOLVE = 16  # the largest system shifted_solve's kernel factorises in a thread's registers (beyond, it spills)
+
+
 def shifted_solve(matrix, rhs, shift: float) -> cupy.ndarray:
-    """The twin of ``phase.cpu.shifted_solve``: (matrix + shift I) x = rhs per system, by CuPy's batched solve."""
-    return cupy.linalg.solve(matrix + shift * cupy.eye(matrix.shape[-1]), rhs[..., None])[..., 0]
+    """The twin of ``phase.cpu.shifted_solve``: a Cholesky factorisation per thread (kernels/ssb.cu shifted_solve)
+    up to MAX_SOLVE unknowns, CuPy's batched solve beyond."""
+    n, C = rhs.shape
+    if C > MAX_SOLVE:
+        return cupy.linalg.solve(matrix + shift * cupy.eye(C), rhs[..., None])[..., 0]
+    x = cupy.empty((n, C), np.complex128)
+    if n:
+        kernel(f"shifted_solve<{C}>")((math.ceil(n / SOLVE_THREADS),), (SOLVE_THREADS,),
+                                      (cupy.ascontiguousarray(matrix, np.complex128), cupy.ascontiguousarray(rhs, np.complex128),
+                                       np.int64(n), np.float64(shift), x))
+    return x
