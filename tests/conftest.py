@@ -65,6 +65,21 @@ def host(a) -> np.ndarray:
     return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
+def compiling_module(name: str):
+    """The module ``name`` that compiles a kernel source, imported where CuPy is missing too, with empty stand-ins
+    for CuPy bound in it: its constants and pure functions work, nothing that launches does (nothing on a CPU
+    calls that)."""
+    import importlib
+    import importlib.util
+    import types
+
+    with pytest.MonkeyPatch.context() as patch:
+        if importlib.util.find_spec("cupy") is None:
+            for stand_in in ("cupy", "cupyx", "cupyx.scipy", "cupyx.scipy.fft"):
+                patch.setitem(sys.modules, stand_in, types.ModuleType(stand_in))
+        return importlib.import_module(name)
+
+
 def asked_into(svc, series, shape: tuple[int, ...], name: str, *args) -> tuple[np.ndarray, list[int], object]:
     """The first owner's reply to query ``name`` on its acquisitions of ``series``, asked to write into a fresh
     float32 client result of ``shape`` (every value 7 before): (that result, those acquisitions' series

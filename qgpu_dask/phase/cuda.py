@@ -1,6 +1,6 @@
 """The SSB kernels on the GPU (kernels/ssb.cu), twins of ``qgpu_dask.phase.cpu``: the sideband sum over
-bright-field pixels, the aberration fit's signal and the normal equations of direct ptychography and their
-solve.
+bright-field pixels, the aberration fit's signal and the normal equations of direct ptychography, and their
+solve (from ``phase.solve_cuda``).
 
 Same contracts as the CPU twins (see their docstrings). chi and Gamma are evaluated in float32 registers
 (the phases they give differ from float64 by about 1e-6 rad), the aperture tests as in float64 and the sums
@@ -15,6 +15,7 @@ import cupy
 import numpy as np
 
 from .. import compile
+from . import solve_cuda
 
 THREADS = 256
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
@@ -155,19 +156,4 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     return gram, rhs
 
 
-SOLVE_THREADS = 128  # systems per block of shifted_solve, one thread each
-MAX_SOLVE = 16  # the largest system shifted_solve's kernel factorises in a thread's registers (beyond, it spills)
-
-
-def shifted_solve(matrix, rhs, shift: float) -> cupy.ndarray:
-    """The twin of ``phase.cpu.shifted_solve``: a Cholesky factorisation per thread (kernels/ssb.cu shifted_solve)
-    up to MAX_SOLVE unknowns, CuPy's batched solve beyond."""
-    n, C = rhs.shape
-    if C > MAX_SOLVE:
-        return cupy.linalg.solve(matrix + shift * cupy.eye(C), rhs[..., None])[..., 0]
-    x = cupy.empty((n, C), np.complex128)
-    if n:
-        kernel(f"shifted_solve<{C}>")((math.ceil(n / SOLVE_THREADS),), (SOLVE_THREADS,),
-                                      (cupy.ascontiguousarray(matrix, np.complex128), cupy.ascontiguousarray(rhs, np.complex128),
-                                       np.int64(n), np.float64(shift), x))
-    return x
+shifted_solve = solve_cuda.shifted_solve  # its own source (kernels/solve.cu) and module

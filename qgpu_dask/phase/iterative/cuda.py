@@ -85,38 +85,55 @@ def padded(n: int) -> int:
     return n + (n >> 4) + 1
 
 
-def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int, int], scale: float, numerator, denominator):
-    """The twin's ``updated_waves``: in three fused passes (kernels/ptycho.cu rows_forward, columns, rows_inverse)
-    where both window sides have a ``line``, else step by step through cuFFT."""
-    R, C = probe.shape
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: its name expression, grid, threads per block and dynamic shared memory (bytes)."""
+
+    name: str
+    grid: tuple[int, ...]
+    threads: int
+    shared_bytes: int
+
+
+def fused_launches(R: int, C: int, n: int, measured_type: str) -> tuple[Launch, Launch, Launch] | None:
+    """rows_forward, columns and rows_inverse for a batch of n positions of R x C windows (measured patterns of
+    C type ``measured_type``), or None where a side has no ``line`` (the batch then goes through cuFFT)."""
     column, row = line(R), line(C)
     if column is None or row is None:
+        return None
+    row_smem = row.shared_points(ROW_WARPS) * 8
+    return (Launch(f"rows_forward<{row.name}>", (math.ceil(n * R / ROW_WARPS),), 32 * ROW_WARPS, row_smem),
+            Launch(f"columns<{measured_type}, {column.name}>", (math.ceil(C / TILE_C), n), 32 * TILE_C, column.shared_points(TILE_C) * 8),
+            Launch(f"rows_inverse<{math.ceil(C / 32)}, {row.name}>", (math.ceil(R / ROW_WARPS), math.ceil(n / FUSED_GROUP)), 32 * ROW_WARPS,
+                   row_smem))
+
+
+def run(launch: Launch, args: tuple) -> None:
+    kernel(launch.name)(launch.grid, (launch.threads,), args, shared_mem=launch.shared_bytes)
+
+
+def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int, int], scale: float, numerator, denominator):
+    """The twin's ``updated_waves``: in three fused passes (kernels/ptycho.cu rows_forward, columns, rows_inverse,
+    ``fused_launches``) where both window sides have a ``line``, else step by step through cuFFT."""
+    R, C = probe.shape
+    launches = fused_launches(R, C, batch.n, measured_ctype(measured))
+    if launches is None:
         far = fft2(exit_waves(obj, probe, corners, batch))
         error = project(far, measured, center, scale)
         updated = ifft2(far)
         probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
         return updated, error
-    measured_type = measured_ctype(measured)
+    forward, columns, inverse = launches
     device = cupy.cuda.Device().id
     wave = cupy.empty((batch.n, R, C), np.complex64)
     cols, first, n = np.int64(obj.shape[1]), np.int64(batch.first), np.int64(batch.n)
-    row_smem = row.shared_points(ROW_WARPS) * 8
-    kernel(f"rows_forward<{row.name}>")((math.ceil(batch.n * R / ROW_WARPS),), (32 * ROW_WARPS,),
-                                        (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, roots(C, device), wave),
-                                        shared_mem=row_smem)
-    tiles = (math.ceil(C / TILE_C), batch.n)
-    partial = cupy.empty(tiles[0] * tiles[1], np.float64)
-    kernel(f"columns<{measured_type}, {column.name}>")(
-        tiles, (32 * TILE_C,), (wave, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R),
-                                np.int32(center[1] % C), np.float32(scale), roots(R, device), partial),
-        shared_mem=column.shared_points(TILE_C) * 8)
-    groups = math.ceil(batch.n / FUSED_GROUP)
-    top = cupy.empty((groups, R * C), np.complex64)
-    bottom = cupy.empty((groups, R * C), np.float32)
-    kernel(f"rows_inverse<{math.ceil(C / 32)}, {row.name}>")(
-        (math.ceil(R / ROW_WARPS), groups), (32 * ROW_WARPS,),
-        (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP), roots(C, device), top, bottom),
-        shared_mem=row_smem)
+    run(forward, (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, roots(C, device), wave))
+    partial = cupy.empty(math.prod(columns.grid), np.float64)
+    run(columns, (wave, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R), np.int32(center[1] % C),
+                  np.float32(scale), roots(R, device), partial))
+    top = cupy.empty((inverse.grid[1], R * C), np.complex64)
+    bottom = cupy.empty((inverse.grid[1], R * C), np.float32)
+    run(inverse, (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP), roots(C, device), top, bottom))
     add_group_sums(top, bottom, numerator, denominator)
     return wave, partial.sum()
 
