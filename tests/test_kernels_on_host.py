@@ -8,7 +8,6 @@ CUDA modules make (``fused_launches``), their constants the same -D options (``D
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 import re
 import shutil
@@ -35,7 +34,6 @@ def host_source(file: str) -> str:
     return SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(host_shared);", (ROOT / "kernels" / file).read_text())
 
 
-@functools.cache
 def library(file: str, defines: tuple[str, ...], entry: str, tmp: Path) -> ctypes.CDLL:
     """``entry`` (extern "C" functions launching the kernels) compiled with kernels/``file`` into a library."""
     (tmp / file).write_text(host_source(file))
