@@ -76,7 +76,8 @@ def line(n: int) -> Line | None:
 
 @functools.cache
 def roots(n: int, device: int) -> cupy.ndarray:
-    """exp(-2 pi i m / n) for m < n, complex64 of float64 values: the N-point twiddles of a Line's two steps."""
+    """exp(-2 pi i m / n) for m < n, complex64 of float64 values: the N-point twiddles of a Line's two steps, one
+    table per ``device`` (the cache's key: an array lives on the GPU that made it)."""
     return cupy.asarray(np.exp(-2j * np.pi * np.arange(n) / n).astype(np.complex64))
 
 
