@@ -88,6 +88,12 @@ typedef long long i64;
 #ifndef TILE_BYTES
 #error "TILE_BYTES comes from qgpu_dask/resident/cuda/compressed.py"
 #endif
+#ifndef DECODE_ROWS
+#error "DECODE_ROWS comes from qgpu_dask/resident/cuda/compressed.py"
+#endif
+#ifndef LUT_PITCH
+#error "LUT_PITCH comes from qgpu_dask/resident/cuda/compressed.py"
+#endif
 
 struct Model {
     const u8* run;
@@ -507,6 +513,7 @@ struct WordReader {
     const uint4* line;
     uint4 buf;
     int k;  // index of the next word in buf, 0..7
+    WordReader() = default;
     __device__ explicit WordReader(const u8* at)
         : line(reinterpret_cast<const uint4*>(reinterpret_cast<size_t>(at) & ~(size_t)15)),
           k((int)(reinterpret_cast<size_t>(at) & 15) >> 1) {
@@ -572,96 +579,150 @@ __device__ PixelTables thread_tables(const Model& m, int p, void* smem, int tabl
     return copy_tables(m, p, cums + threadIdx.x * table_stride, luts + threadIdx.x * 2 * LUT_SIZE);
 }
 
-// Nonzero counts of stream (b, p), each handed to emit(position, count). Returns 0 or an error code. A rANS
+// A stream decoded in pieces: open it, then advance(upto, emit) hands emit(position, count) every nonzero count
+// before position upto, in order, and stops there (a rANS stream between two symbols), so a decoder can take a
+// stream a few rows at a time; finish() checks that a rANS stream decoded to its end ended where it should. Each
+// returns 0 or an error code.
+struct Cursor {
+    const Model& m;
+    const PixelTables& tb;
+    const u8* pl;
+    i64 start, length;
+    int form, n;
+    int i = 0;  // the next position (RAW, CONSTANT, ANS)
+    // ANS: the state, the words not read yet, whether a value symbol is next (its run is read), the end token read
+    WordReader word;
+    u32 x = 0;
+    int left = 0;
+    bool value_due = false, ended = false;
+    // SPARSE: the next entry, the entries, the last position
+    i64 j = 0, nnz = 0;
+    int last = -1;
+
+    __device__ Cursor(const Model& model, const PixelTables& tables) : m(model), tb(tables) {}
+
+    __device__ int open(const Streams& st, int b, int p, int n_positions) {
+        i64 end;
+        stream_bounds(st, b, p, start, end, form);
+        length = end - start;
+        pl = st.payload;
+        n = n_positions;
+        const int isz = m.itemsize;
+        if (length < 0 || start < 0 || end > st.payload_bytes) return E_LENGTH;
+        if (form == EMPTY) return length == 0 ? 0 : E_LENGTH;
+        if (form == CONSTANT) {
+            if (length != 4) return E_LENGTH;
+            u32 v = get_le(pl, start, 4);
+            return v == 0 || v > m.maxval ? E_VALUE : 0;
+        }
+        if (form == RAW) return length == even((i64)n * isz) ? 0 : E_LENGTH;
+        if (form == SPARSE) {
+            nnz = length / (2 + isz);
+            return length != even(nnz * (2 + isz)) || nnz > n ? E_LENGTH : 0;
+        }
+        if (form != ANS) return E_FORM;
+        if ((length & 1) || length < 4) return E_LENGTH;
+        word = WordReader(pl + start);
+        x = word.next();
+        x |= word.next() << 16;
+        left = (int)(length / 2) - 2;
+        return x < STATE_LOW ? E_STATE : 0;
+    }
+
+    // The state renormalised after a symbol: false if the stream has no word left for it.
+    __device__ __forceinline__ bool refill() {
+        if (x >= STATE_LOW) return true;
+        if (left == 0) return false;
+        x = (x << 16) | word.next();
+        --left;
+        return true;
+    }
+
+    // PIECES: a value whose run reaches upto waits for the next advance (its symbol not read yet); otherwise it
+    // is read and emitted with its run, and the stream stops at the first run that starts at or after upto.
+    template <bool PIECES, class Emit>
+    __device__ int advance(int upto, Emit& emit) {
+        const int stop = min(upto, n), isz = m.itemsize;
+        if (form == CONSTANT) {
+            u32 v = get_le(pl, start, 4);
+            for (; i < stop; ++i) emit(i, v);
+            return 0;
+        }
+        if (form == RAW) {
+            for (; i < stop; ++i) {
+                u32 v = get_le(pl, start + (i64)isz * i, isz);
+                if (v) emit(i, v);
+            }
+            return 0;
+        }
+        if (form == SPARSE) {
+            for (; j < nnz; ++j) {
+                int at = (int)get_le(pl, start + 2 * j, 2);
+                if (at <= last || at >= n) return E_SPARSE;
+                if (at >= stop) return 0;
+                last = at;
+                emit(at, get_le(pl, start + 2 * nnz + isz * j, isz));
+            }
+            return 0;
+        }
+        if (form != ANS) return 0;
+        const int run = tb.run, nv = tb.nv;
+        while (true) {
+            if (!value_due) {
+                if (ended || i >= stop) return 0;
+                if (run > 0) {
+                    int r = get_symbol(x, tb.rt, tb.rlut);
+                    if (!refill()) return E_TRUNCATED;
+                    if (r == run + 1) {
+                        ended = true;
+                        return 0;
+                    }
+                    i += r;
+                    if (i >= n) return E_POSITION;
+                    if (r == run) continue;
+                }
+                value_due = true;
+            }
+            if (PIECES && i >= stop) return 0;
+            int s = get_symbol(x, tb.vt, tb.vlut);
+            if (!refill()) return E_TRUNCATED;
+            u64 v = (u64)s + (run > 0 ? 1 : 0);
+            if (s == nv) {
+                u64 excess = 0;
+                for (int c = 0; c < m.chunks; ++c) {
+                    excess |= (u64)(x & 0xFFFFu) << (16 * c);
+                    x >>= 16;
+                    if (left == 0) return E_TRUNCATED;
+                    x = (x << 16) | word.next();
+                    --left;
+                }
+                v += excess;
+            }
+            if (v > m.maxval) return E_VALUE;
+            if (v) emit(i, (u32)v);
+            ++i;
+            value_due = false;
+        }
+    }
+
+    // After advance: a rANS stream advanced to its end (every position, or its end token) has its first state
+    // back and every word read; one stopped before that is not checked.
+    __device__ int finish() const {
+        if (form != ANS || (!ended && i < n)) return 0;
+        return x != STATE_LOW || left != 0 ? E_STATE : 0;
+    }
+};
+
+// Nonzero counts of stream (b, p), each handed to emit(position, count). Returns 0 or an error code. The
 // stream is decoded and checked up to position upto only (from there on nothing is emitted or checked):
 // a frame needs the tokens before its position, on average half of its block's.
 template <class Emit>
 __device__ int decode_stream(const Streams& st, const Model& m, const PixelTables& tb, int b, int p, int n, Emit& emit,
                              int upto = 0x7FFFFFFF) {
-    i64 start, end;
-    int form;
-    stream_bounds(st, b, p, start, end, form);
-    i64 length = end - start;
-    if (length < 0 || start < 0 || end > st.payload_bytes) return E_LENGTH;
-    const u8* pl = st.payload;
-    int isz = m.itemsize;
-    if (form == EMPTY) return length == 0 ? 0 : E_LENGTH;
-    if (form == CONSTANT) {
-        if (length != 4) return E_LENGTH;
-        u32 v = get_le(pl, start, 4);
-        if (v == 0 || v > m.maxval) return E_VALUE;
-        for (int i = 0; i < n; ++i) emit(i, v);
-        return 0;
-    }
-    if (form == RAW) {
-        if (length != even((i64)n * isz)) return E_LENGTH;
-        for (int i = 0; i < n; ++i) {
-            u32 v = get_le(pl, start + (i64)isz * i, isz);
-            if (v) emit(i, v);
-        }
-        return 0;
-    }
-    if (form == SPARSE) {
-        i64 nnz = length / (2 + isz);
-        if (length != even(nnz * (2 + isz)) || nnz > n) return E_LENGTH;
-        int last = -1;
-        for (i64 j = 0; j < nnz; ++j) {
-            int i = (int)get_le(pl, start + 2 * j, 2);
-            if (i <= last || i >= n) return E_SPARSE;
-            last = i;
-            emit(i, get_le(pl, start + 2 * nnz + isz * j, isz));
-        }
-        return 0;
-    }
-    if (form != ANS) return E_FORM;
-    if ((length & 1) || length < 4) return E_LENGTH;
-    WordReader word(pl + start);
-    u32 x = word.next();
-    x |= word.next() << 16;
-    if (x < STATE_LOW) return E_STATE;
-    int left = (int)(length / 2) - 2;  // words not read yet
-    const int run = tb.run, nv = tb.nv;
-    const u16 *vt = tb.vt, *rt = tb.rt;
-    const u8 *vlut = tb.vlut, *rlut = tb.rlut;
-    int i = 0;
-    while (i < n) {
-        if (i >= upto) return 0;
-        if (run > 0) {
-            int r = get_symbol(x, rt, rlut);
-            if (x < STATE_LOW) {
-                if (left == 0) return E_TRUNCATED;
-                x = (x << 16) | word.next();
-                --left;
-            }
-            if (r == run + 1) break;
-            i += r;
-            if (i >= n) return E_POSITION;
-            if (r == run) continue;
-        }
-        int s = get_symbol(x, vt, vlut);
-        if (x < STATE_LOW) {
-            if (left == 0) return E_TRUNCATED;
-            x = (x << 16) | word.next();
-            --left;
-        }
-        u64 v = (u64)s + (run > 0 ? 1 : 0);
-        if (s == nv) {
-            u64 excess = 0;
-            for (int c = 0; c < m.chunks; ++c) {
-                excess |= (u64)(x & 0xFFFFu) << (16 * c);
-                x >>= 16;
-                if (left == 0) return E_TRUNCATED;
-                x = (x << 16) | word.next();
-                --left;
-            }
-            v += excess;
-        }
-        if (v > m.maxval) return E_VALUE;
-        if (v) emit(i, (u32)v);
-        ++i;
-    }
-    if (x != STATE_LOW || left != 0) return E_STATE;
-    return 0;
+    Cursor c(m, tb);
+    int code = c.open(st, b, p, n);
+    if (!code) code = c.advance<false>(upto, emit);
+    return code ? code : c.finish();
 }
 
 // First error by stream: err holds (stream << ERROR_CODE_BITS) | code, ~0 when none.
@@ -851,6 +912,96 @@ __global__ void decode(STREAM_PARAMS, i64 n_frames, int block, int table_stride,
     int from = (int)max((i64)0, frame_lo - lo), to = (int)min((i64)block, frame_hi - lo);
     DenseEmit<T, AMPLITUDE> emit{out + k * pixel_stride + (lo + from - frame_lo) * frame_stride, frame_stride, from, to};
     int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
+    if (code) report(err, b, p, st.frame_len, code);
+}
+
+// This warp's 32 pixels from p0 (those below frame_len): their tables and LUTs copied to the warp's shared memory
+// together (the LUTs in 16-byte loads, both in neighbouring addresses), lane q's at cums + q * stride and
+// luts + q * LUT_PITCH; stride (u16 entries) and LUT_PITCH (bytes) an odd number of words, so the lanes'
+// searches fall in different banks. Every lane of the warp calls it.
+__device__ PixelTables warp_tables(const Model& m, int p0, int frame_len, int stride, u16* cums, u8* luts) {
+    const int lane = threadIdx.x & 31, p = p0 + lane, pixels = min(32, frame_len - p0);
+    const bool has = lane < pixels;
+    u32 first = has ? m.table_start[p] : 0;
+    int entries = has ? table_entries(m, p) : 0;
+#pragma unroll 4
+    for (int e = lane; e < 32 * stride; e += 32) {
+        int q = e / stride, j = e - q * stride;
+        u32 from = __shfl_sync(0xFFFFFFFFu, first, q);
+        int count = __shfl_sync(0xFFFFFFFFu, entries, q);
+        if (j < count) cums[e] = m.cum[from + j];
+    }
+    const int lines = 2 * LUT_SIZE / 16;  // 16-byte lines of a pixel's two LUTs
+    const uint4* src = reinterpret_cast<const uint4*>(m.lut + (i64)p0 * 2 * LUT_SIZE);
+#pragma unroll 4
+    for (int e = lane; e < 32 * lines; e += 32) {
+        int q = e / lines;
+        if (q < pixels) {
+            uint4 v = __ldg(src + e);
+            u32* to = reinterpret_cast<u32*>(luts + q * LUT_PITCH) + 4 * (e - q * lines);
+            to[0] = v.x;
+            to[1] = v.y;
+            to[2] = v.z;
+            to[3] = v.w;
+        }
+    }
+    __syncwarp();
+    const u16* vt = cums + lane * stride;
+    const u8* vlut = luts + lane * LUT_PITCH;
+    int nv = has ? m.values[p] : 0;
+    return PixelTables{has ? m.run[p] : 0, nv, vt, vt + nv + 2, vlut, vlut + LUT_SIZE};
+}
+
+// A lane's counts of DECODE_ROWS positions from c0, in its column of the warp's tile (counts before c0: none).
+struct RowEmit {
+    u32* column;  // the lane's first row; rows are 32 words apart
+    int c0;
+    __device__ void operator()(int pos, u32 v) {
+        if (pos >= c0) column[(pos - c0) * 32] = v;
+    }
+};
+
+// Every pixel's counts of frames [frame_lo, frame_hi) into out ((frame_hi - frame_lo) x frame_len, every value
+// written: no zeroing pass), or float T sqrt(count) (AMPLITUDE). A warp takes 32 neighbouring pixels of one scan
+// block (blockIdx.y from first_block): each lane decodes its stream DECODE_ROWS positions at a time into its
+// column of the warp's tile, then the warp stores those rows, 32 neighbouring values a store (not one scattered
+// store per nonzero count). Shared memory per warp (decode_rows_bytes in resident/cuda/compressed.py): the tile
+// (DECODE_ROWS x 32 u32), then 32 tables of stride u16 entries, then 32 LUTs of LUT_PITCH bytes.
+template <class T, bool AMPLITUDE>
+__global__ void decode_rows(STREAM_PARAMS, i64 n_frames, int block, int stride, int first_block, i64 frame_lo, i64 frame_hi, T* out,
+                            u64* err) {
+    MAKE_STREAMS
+    extern __shared__ unsigned long long smem_words[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32* tile = reinterpret_cast<u32*>(reinterpret_cast<u8*>(smem_words) +
+                                       (i64)warp * (DECODE_ROWS * 32 * 4 + 32 * 2 * stride + 32 * LUT_PITCH));
+    u16* cums = reinterpret_cast<u16*>(tile + DECODE_ROWS * 32);
+    const int p0 = blockIdx.x * blockDim.x + warp * 32, p = p0 + lane;
+    if (p0 >= st.frame_len) return;  // the whole warp
+    PixelTables tb = warp_tables(model, p0, st.frame_len, stride, cums, reinterpret_cast<u8*>(cums + 32 * stride));
+    const bool has = p < st.frame_len;
+    const int b = first_block + blockIdx.y;
+    const i64 lo = (i64)b * block;
+    const int n = (int)min((i64)block, n_frames - lo);
+    const int from = (int)max((i64)0, frame_lo - lo), to = (int)min((i64)n, frame_hi - lo);
+    Cursor c(model, tb);
+    int code = has ? c.open(st, b, p, n) : 0;
+    u32* column = tile + lane;
+    for (int r = 0; r < DECODE_ROWS; ++r) column[r * 32] = 0;
+    RowEmit emit{column, 0};
+    for (int c0 = from; c0 < to; c0 += DECODE_ROWS) {
+        const int rows = min(DECODE_ROWS, to - c0);
+        emit.c0 = c0;
+        if (has && !code) code = c.advance<true>(c0 + rows, emit);
+        __syncwarp();
+        T* row = out + (lo + c0 - frame_lo) * st.frame_len + p;
+        for (int r = 0; r < rows; ++r) {
+            u32 v = column[r * 32];
+            column[r * 32] = 0;
+            if (has) row[(i64)r * st.frame_len] = AMPLITUDE ? (T)sqrtf((float)v) : (T)v;
+        }
+    }
+    if (has && !code && to == n) code = c.finish();
     if (code) report(err, b, p, st.frame_len, code);
 }
 

@@ -1,11 +1,13 @@
 // CUDA kernels of kernels/*.cu run on the host, for tests on machines without a GPU (tests/test_kernels_on_host.py):
-// one std::thread per CUDA thread of a block, __syncthreads a barrier of the block, __syncwarp and
-// __shfl_down_sync barriers of the warp, blocks one after another. Shared memory: a kernel's `extern
-// __shared__` array is rewritten (by the test) to point at host_shared, its fixed __shared__ arrays become
-// function statics (one block runs at a time).
+// one std::thread per CUDA thread of a block, __syncthreads a barrier of the block, __syncwarp and the warp's
+// shuffles, votes and reductions barriers of the warp, atomics std::atomic_ref, blocks one after another. Shared
+// memory: a kernel's `extern __shared__` array is rewritten (by the test) to point at host_shared, its fixed
+// __shared__ arrays become function statics (one block runs at a time).
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -18,6 +20,7 @@
 #define __shared__ static
 
 struct float2 { float x, y; };
+struct uint4 { unsigned int x, y, z, w; };
 struct double2 { double x, y; };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct Dim { int x = 1, y = 1, z = 1; };
@@ -30,23 +33,79 @@ alignas(16) unsigned char host_shared[1 << 20];
 namespace host {
 inline std::unique_ptr<std::barrier<>> block;
 inline std::vector<std::unique_ptr<std::barrier<>>> warps;
-inline double exchange[32][32];
+inline unsigned long long words[32][32];
+inline std::atomic<int> any;
 }  // namespace host
 
 inline void __syncthreads() { host::block->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { host::warps[threadIdx.x / 32]->arrive_and_wait(); }
-inline double __shfl_down_sync(unsigned, double v, int offset) {
+// Lane `from`'s value of v (any type of up to 8 bytes), every lane of the warp calling it.
+template <class T>
+T shuffled(T v, int from) {
+    static_assert(sizeof(T) <= 8);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    host::exchange[warp][lane] = v;
+    std::memcpy(&host::words[warp][lane], &v, sizeof(T));
     __syncwarp();
-    double got = lane + offset < 32 ? host::exchange[warp][lane + offset] : v;
+    T got;
+    std::memcpy(&got, &host::words[warp][from], sizeof(T));
     __syncwarp();
     return got;
 }
-inline unsigned __ballot_sync(unsigned, int p) { return p; }
+template <class T>
+T __shfl_sync(unsigned, T v, int from) { return shuffled(v, from); }
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int mask) { return shuffled(v, (threadIdx.x % 32) ^ mask); }
+inline double __shfl_down_sync(unsigned, double v, int offset) {
+    int lane = threadIdx.x % 32;
+    return shuffled(v, lane + offset < 32 ? lane + offset : lane);
+}
+inline unsigned __reduce_add_sync(unsigned, unsigned v) {
+    unsigned total = 0;
+    for (int lane = 0; lane < 32; ++lane) total += shuffled(v, lane);
+    return total;
+}
+inline int __all_sync(unsigned, int p) {
+    int all = 1;
+    for (int lane = 0; lane < 32; ++lane) all &= shuffled(p != 0, lane);
+    return all;
+}
+inline int __syncthreads_or(int p) {
+    __syncthreads();
+    if (threadIdx.x == 0) host::any = 0;
+    __syncthreads();
+    if (p) host::any = 1;
+    __syncthreads();
+    return host::any.load();
+}
+inline unsigned __ballot_sync(unsigned, int p) {
+    unsigned bits = 0;
+    for (int lane = 0; lane < 32; ++lane) bits |= (unsigned)shuffled(p != 0, lane) << lane;
+    return bits;
+}
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
-inline i64 min(i64 a, i64 b) { return a < b ? a : b; }
-inline int min(int a, int b) { return a < b ? a : b; }
+template <class T>
+T __ldg(const T* at) { return *at; }
+template <class T>
+T atomicAdd(T* at, T v) { return std::atomic_ref<T>(*at).fetch_add(v); }
+template <class T>
+T atomicMin(T* at, T v) {
+    std::atomic_ref<T> a(*at);
+    T old = a.load();
+    while (v < old && !a.compare_exchange_weak(old, v)) {}
+    return old;
+}
+template <class T>
+T atomicMax(T* at, T v) {
+    std::atomic_ref<T> a(*at);
+    T old = a.load();
+    while (v > old && !a.compare_exchange_weak(old, v)) {}
+    return old;
+}
+template <class T>
+T min(T a, T b) { return a < b ? a : b; }
+template <class T>
+T max(T a, T b) { return a > b ? a : b; }
+inline float sqrtf(float v) { return std::sqrt(v); }
 using std::fmax;
 using std::sqrt;
 

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from conftest import compiling_module
+from qgpu_dask.formats import codec
 from qgpu_dask.phase import cpu as phase_cpu
+from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.phase.iterative import cpu
 from qgpu_dask.phase.iterative.geometry import Geometry
 from qgpu_dask.phase.iterative.update import batch_of
@@ -26,7 +28,7 @@ from qgpu_dask.phase.iterative.update import batch_of
 ROOT = Path(__file__).resolve().parents[1]
 COMPILER = shutil.which("g++")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="needs a C++20 compiler (g++)")
-SHARED = re.compile(r"extern __shared__ (\w+) (\w+)\[\];")
+SHARED = re.compile(r"extern __shared__ (\w+(?: \w+)*) (\w+)\[\];")
 
 
 def host_source(file: str) -> str:
@@ -108,3 +110,128 @@ extern "C" void solve(const double2* matrix, const double2* rhs, i64 n, double s
     library("solve.cu", solve.DEFINES, entry, tmp_path).solve(pointer(matrix), pointer(rhs), ctypes.c_int64(n), ctypes.c_double(0.05), pointer(x))
     want = phase_cpu.shifted_solve(matrix, rhs, 0.05)
     assert np.abs(x - want).max() <= 1e-9 * np.abs(want).max()
+
+
+def every_form(rng) -> np.ndarray:
+    """uint16 counts whose streams take every form: empty, constant, sparse, rANS in value and run mode, raw."""
+    flat = np.zeros((1600, 45), np.uint16)
+    flat[:, 6:] = rng.poisson(0.5, (1600, 39))  # run mode
+    flat[:, 40:] = rng.poisson(3.0, (1600, 5))  # value mode
+    flat[:, 1] = 65535  # constant
+    flat[:, 2] = rng.poisson(1.0, 1600)
+    flat[:, 3] = rng.integers(0, 65536, 1600)  # raw
+    flat[:1000, 4] = rng.poisson(5.0, 1000)  # the later blocks sparse
+    flat[[1200, 1500], 4] = 3
+    flat[::97, 44] = 40000  # escapes
+    return flat
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    """The compressed kernels' host library, its CUDA module, and a resident of every form with its LUTs."""
+    cuda = compiling_module("qgpu_dask.resident.cuda.compressed")
+    rng = np.random.default_rng(11)
+    flat = every_form(rng)
+    resident = CompressedCounts.encode("t", flat, (40, 40, 5, 9))
+    assert all(resident.forms()[name] > 0 for name in codec.FORM_NAMES), resident.forms()
+    params = """const unsigned* index, const unsigned long long* base, const unsigned char* payload, i64 payload_bytes, int frame_len,
+    const unsigned char* run, const unsigned char* values, const unsigned* table_start, const unsigned short* cum,
+    const unsigned char* lut, int chunks, int itemsize, unsigned maxval, i64 n_frames, int block, int stride"""
+    args = "index, base, payload, payload_bytes, frame_len, run, values, table_start, cum, lut, chunks, itemsize, maxval, n_frames, block, stride"
+    entry = f"""
+extern "C" void luts(const unsigned char* run, const unsigned char* values, const unsigned* table_start, const unsigned short* cum,
+                     int frame_len, unsigned char* lut) {{
+    launch(Dim{{(frame_len * 2 * LUT_SIZE + 255) / 256}}, 256, [&] {{ build_lut(run, values, table_start, cum, frame_len, lut); }});
+}}
+extern "C" void rows(int amplitude, int gx, int gy, int threads, {params}, int first, i64 lo, i64 hi, void* out,
+                     unsigned long long* err) {{
+    launch(Dim{{gx, gy}}, threads, [&] {{
+        if (amplitude) decode_rows<float, true>({args}, first, lo, hi, (float*)out, err);
+        else decode_rows<unsigned short, false>({args}, first, lo, hi, (unsigned short*)out, err);
+    }});
+}}
+extern "C" void one_frame(int gx, {params}, i64 f, const int* order, unsigned* out, unsigned long long* err) {{
+    launch(Dim{{gx}}, 128, [&] {{ frame({args}, f, order, out, err); }});
+}}
+extern "C" void pixels(int gx, int gy, {params}, int first, int n_blocks, i64 lo, i64 hi, const i64* pixels, i64 n_pix,
+                       unsigned short* out, unsigned long long* err) {{
+    launch(Dim{{gx, gy}}, 128, [&] {{
+        decode<unsigned short, false>({args}, first, n_blocks, lo, hi, pixels, n_pix, hi - lo, 1, out, err);
+    }});
+}}"""
+    lib = library("compressed.cu", cuda.DEFINES, entry, tmp_path_factory.mktemp("compressed"))
+    model, streams = resident.model, resident.streams
+    lut = np.zeros(resident.frame_len * 2 * cuda.LUT_SIZE, np.uint8)
+    lib.luts(pointer(model.run), pointer(model.values), pointer(model.table_start), pointer(model.cum), resident.frame_len, pointer(lut))
+    payload = np.zeros(-(-streams.payload.size // 16) * 16, np.uint8)  # the decoders read whole 16-byte lines
+    payload[: streams.payload.size] = streams.payload
+    keep = [streams.index, streams.block_base, payload, lut]
+
+    def common(stride: int) -> list:
+        return [pointer(streams.index), pointer(streams.block_base), pointer(payload), ctypes.c_int64(streams.payload.size), resident.frame_len,
+                pointer(model.run), pointer(model.values), pointer(model.table_start), pointer(model.cum), pointer(lut), 1, 2,
+                ctypes.c_uint(65535), ctypes.c_int64(resident.n_frames), resident.block, stride]
+
+    return lib, cuda, resident, flat, common, keep
+
+
+@pytest.mark.parametrize("frames", [(0, 1600), (100, 1013), (1023, 1025), (1599, 1600)])
+@pytest.mark.parametrize("amplitude", [False, True])
+def test_decode_rows_against_the_counts(decoders, frames, amplitude):
+    """decode_rows as decode_frames launches it: every value of the rows written (zeros too, no zeroing pass),
+    ranges starting and ending inside scan blocks, partial warps (45 pixels), every stream form."""
+    lib, cuda, resident, flat, common, _ = decoders
+    lo, hi = frames
+    blocks, threads, stride, smem = cuda.rows_launch(resident.frame_len, resident.block, lo, hi, cuda.table_stride(resident.model.run, resident.model.values))
+    assert smem <= 48 * 1024 and stride % 4 == 2
+    out = np.full((hi - lo, resident.frame_len), 7, np.float32 if amplitude else np.uint16)
+    err = np.full(1, cuda.NO_ERROR, np.uint64)
+    lib.rows(int(amplitude), *blocks, threads, *common(stride), lo // resident.block, ctypes.c_int64(lo), ctypes.c_int64(hi), pointer(out),
+             pointer(err))
+    assert int(err[0]) == cuda.NO_ERROR
+    want = flat[lo:hi]
+    assert (out == (np.sqrt(want.astype(np.float32)) if amplitude else want)).all()
+
+
+def test_decode_of_listed_pixels_against_the_counts(decoders):
+    """The pixel-major decode kernel, which now shares decode_rows' stream cursor, over a range of frames."""
+    lib, cuda, resident, flat, common, _ = decoders
+    lo, hi = 300, 1400
+    pixels = np.array([44, 0, 3, 17, 4, 1, 2, 40], np.int64)
+    out = np.zeros((pixels.size, hi - lo), np.uint16)
+    err = np.full(1, cuda.NO_ERROR, np.uint64)
+    first, last = lo // resident.block, -(-hi // resident.block)
+    lib.pixels(cuda.grid(pixels.size, 128), last - first, *common(cuda.table_stride(resident.model.run, resident.model.values)), first, last - first, ctypes.c_int64(lo),
+               ctypes.c_int64(hi), pointer(pixels), ctypes.c_int64(pixels.size), pointer(out), pointer(err))
+    assert int(err[0]) == cuda.NO_ERROR
+    assert (out == flat[lo:hi, pixels].T).all()
+
+
+def test_frame_kernel_against_the_counts(decoders):
+    """One frame of every pixel (run-mode streams decoded up to the frame only), first, inner and last frames."""
+    lib, cuda, resident, flat, common, _ = decoders
+    order = np.concatenate([np.flatnonzero(resident.model.run == 0), np.flatnonzero(resident.model.run > 0)]).astype(np.int32)
+    for f in (0, 511, 700, 1599):
+        out = np.zeros(resident.frame_len, np.uint32)
+        err = np.full(1, cuda.NO_ERROR, np.uint64)
+        lib.one_frame(cuda.grid(resident.frame_len, 128), *common(cuda.table_stride(resident.model.run, resident.model.values)),
+                      ctypes.c_int64(f), pointer(order), pointer(out), pointer(err))
+        assert int(err[0]) == cuda.NO_ERROR and (out == flat[f]).all()
+
+
+def test_decode_rows_reports_a_damaged_stream(decoders):
+    """A flipped bit of a rANS stream: the error word names that stream (scan block, pixel) and its kind."""
+    lib, cuda, resident, flat, common, keep = decoders
+    index, payload = keep[0], keep[2]
+    b, p = map(int, np.argwhere((index >> codec.FORM_SHIFT) == codec.ANS)[3])
+    start = int(keep[1][b]) + int(index[b, p] & codec.OFFSET_MASK)
+    payload[start + 5] ^= 0x10
+    try:
+        blocks, threads, stride, _ = cuda.rows_launch(resident.frame_len, resident.block, 0, resident.n_frames, cuda.table_stride(resident.model.run, resident.model.values))
+        out = np.zeros(flat.shape, np.uint16)
+        err = np.full(1, cuda.NO_ERROR, np.uint64)
+        lib.rows(0, *blocks, threads, *common(stride), 0, ctypes.c_int64(0), ctypes.c_int64(resident.n_frames), pointer(out), pointer(err))
+    finally:
+        payload[start + 5] ^= 0x10
+    with pytest.raises(ValueError, match=f"scan block {b}, detector pixel {p}"):
+        cuda.check_word(int(err[0]), resident.frame_len)

@@ -1059,24 +1059,24 @@ def decode_all(streams: Streams, model: Model, dtype, frames: tuple[int, int] | 
     return decode_pixels(streams, model, np.arange(streams.index.shape[1]), dtype, pixel_major=False, frames=frames)
 
 
-def frames_target(frames: tuple[int, int], n_frames: int, frame_len: int, out, amplitude: bool) -> tuple[int, int, tuple]:
-    """(lo, hi, strides) of ``decode_frames`` into ``out``, checked to be (hi - lo, frame_len) (float32 for
-    amplitudes) and zeroed."""
+def frames_target(frames: tuple[int, int], n_frames: int, frame_len: int, out, amplitude: bool) -> tuple[int, int]:
+    """(lo, hi) of ``decode_frames`` into ``out``, checked to be a C-contiguous (hi - lo, frame_len) array (float32
+    for amplitudes)."""
     lo, hi, shape, strides = decoded_layout(frames, n_frames, frame_len, False)
-    if out.shape != shape or (amplitude and out.dtype != np.float32):
-        raise ValueError(f"out must be {shape}{' float32' if amplitude else ''}, got {out.shape} {out.dtype}")
-    out.fill(0)
-    return lo, hi, strides
+    if out.shape != shape or (amplitude and out.dtype != np.float32) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {shape}{' float32' if amplitude else ''} array, got {out.shape} {out.dtype}")
+    return lo, hi
 
 
 def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: np.ndarray, amplitude: bool):
     """Every pixel's counts of ``frames`` = (lo, hi) into ``out`` ((hi - lo, frame_len), zeroed here), or float32
     sqrt(counts) with ``amplitude``; ``done()`` (here a no-op: malformed streams raise at once)."""
     frame_len = streams.index.shape[1]
-    lo, hi, strides = frames_target(frames, model.n_frames, frame_len, out, amplitude)
+    lo, hi = frames_target(frames, model.n_frames, frame_len, out, amplitude)
+    out.fill(0)
     if hi > lo:
         run_checked(decode_loop, streams, model, lanes(frame_len), lo // model.block, -(-hi // model.block), lo, hi, np.arange(frame_len, dtype=np.int64),
-                    strides[0], strides[1], out.reshape(-1))
+                    1, frame_len, out.reshape(-1))
     if amplitude:
         np.sqrt(out, out=out)
     return lambda: None

@@ -34,6 +34,9 @@ NO_ERROR = 2**64 - 1
 ERROR_CODE_BITS = 8  # a kernel's error word: (stream << ERROR_CODE_BITS) | code, NO_ERROR when none
 LUT_SIZE = 64  # starting symbols per table of a pixel's lookup tables
 TILE_BYTES = 16 * 1024  # counts an encoder CTA stages in shared memory at a time (two such buffers)
+DECODE_ROWS = 16  # positions decode_rows decodes into a warp's tile before storing them
+DECODE_WARPS = 4  # warps of a decode_rows block
+LUT_PITCH = 2 * LUT_SIZE + 4  # bytes between two pixels' LUTs in decode_rows' shared memory: an odd number of words
 CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
 DECODED_TYPES = {**CTYPES, np.dtype(np.float32): "float"}  # what decoded counts may be written as
 DEFINES = compile.defines(  # the constants kernels/compressed.cu takes from Python
@@ -60,6 +63,8 @@ DEFINES = compile.defines(  # the constants kernels/compressed.cu takes from Pyt
     LUT_SIZE=LUT_SIZE,
     ERROR_CODE_BITS=ERROR_CODE_BITS,
     TILE_BYTES=TILE_BYTES,
+    DECODE_ROWS=DECODE_ROWS,
+    LUT_PITCH=LUT_PITCH,
     DESC_WORDS=twin.DESC_WORDS,
 )
 
@@ -109,7 +114,7 @@ class Streams(twin.Streams):
 
 def table_stride(run, values) -> int:
     """u16 entries that hold any pixel's value and run tables (even, so the LUT copies stay aligned)."""
-    entries = values.astype(np.int64) + 2 + cupy.where(run > 0, run.astype(np.int64) + 3, 0)
+    entries = values.astype(np.int64) + 2 + (run > 0) * (run.astype(np.int64) + 3)  # NumPy or CuPy arrays
     return int(entries.max()) + 1 & ~1
 
 
@@ -433,14 +438,34 @@ def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bo
 
 
 def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: cupy.ndarray, amplitude: bool):
-    """Every pixel's counts of ``frames`` = (lo, hi) into ``out`` ((hi - lo, frame_len), zeroed here), or float32
-    sqrt(counts) with ``amplitude``, launched on the current stream: ``done()`` raises for a malformed stream
-    once the decode is through, waiting for nothing else (the feed decodes ahead of its consumer so)."""
+    """Every pixel's counts of ``frames`` = (lo, hi) into ``out`` ((hi - lo, frame_len), every value written), or
+    float32 sqrt(counts) with ``amplitude``, launched on the current stream: ``done()`` raises for a malformed
+    stream once the decode is through, waiting for nothing else (the feed decodes ahead of its consumer so)."""
     frame_len = streams.index.shape[1]
-    lo, hi, strides = twin.frames_target(frames, model.n_frames, frame_len, out, amplitude)
+    lo, hi = twin.frames_target(frames, model.n_frames, frame_len, out, amplitude)
     if hi <= lo:
         return lambda: None
-    return raise_error_later(launch_decode(streams, model, all_pixels(frame_len), lo, hi, strides, out, amplitude), frame_len)
+    blocks, threads, stride, smem = rows_launch(frame_len, model.block, lo, hi, model.table_stride)
+    err = cupy.full(1, NO_ERROR, dtype=np.uint64)
+    kernel(f"decode_rows<{DECODED_TYPES[out.dtype]}, {'true' if amplitude else 'false'}>")(
+        blocks, (threads,),
+        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(stride), np.int32(lo // model.block),
+         np.int64(lo), np.int64(hi), out, err),
+        shared_mem=smem,
+    )
+    return raise_error_later(err, frame_len)
+
+
+def rows_launch(frame_len: int, block: int, lo: int, hi: int, table_stride: int) -> tuple[tuple[int, int], int, int, int]:
+    """decode_rows over frames [lo, hi): (grid, threads a block, u16 entries a pixel's tables take, shared
+    memory bytes). The tables' stride is the model's (even) made an odd number of words."""
+    stride = table_stride | 2
+    return (grid(frame_len, 32 * DECODE_WARPS), -(-hi // block) - lo // block), 32 * DECODE_WARPS, stride, DECODE_WARPS * decode_rows_bytes(stride)
+
+
+def decode_rows_bytes(stride: int) -> int:
+    """Shared memory of one decode_rows warp: its tile of counts, 32 tables of ``stride`` entries, 32 LUTs."""
+    return DECODE_ROWS * 32 * 4 + 32 * 2 * stride + 32 * LUT_PITCH
 
 
 @functools.cache
