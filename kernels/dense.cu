@@ -51,6 +51,9 @@ typedef long long i64;
 #ifndef READ_BLOCKS_PER_SM
 #error "READ_BLOCKS_PER_SM comes from qgpu_dask/resident/cuda/dense.py"
 #endif
+#ifndef IMAGE_FRAMES
+#error "IMAGE_FRAMES comes from qgpu_dask/resident/cuda/dense.py"
+#endif
 
 // ---------------------------------------------------------------- helpers
 
@@ -412,25 +415,35 @@ read_sum(const T* __restrict__ data, long long n_vec, long long tail,
 // ---------------------------------------------------------------- pixel images
 
 // out[k, f] = data[f, pixels[k]] as float: the images of chosen detector pixels, each contiguous
-// (SSB and parallax take them so). A 32 x 32 tile of (frames, pixels) goes through shared memory, so
-// both the gather along each frame and the writes along each image are coalesced. Block 32 x 8.
+// (SSB and parallax take them so). A tile of IMAGE_FRAMES frames x 32 pixels goes through shared memory, so
+// both the gather along each frame and the writes along each image are coalesced; each thread has
+// IMAGE_FRAMES / 8 loads in flight at once (a 32 x 32 tile, four, left the H200 at 1.5 TB/s: too few bytes
+// in flight for the memory's latency). Block 32 x 8.
 template <class T>
 __global__ void pixel_images(const T* __restrict__ data, i64 n_frames, int frame_len, const i64* __restrict__ pixels, int n_pix,
                              float* __restrict__ out) {
-    __shared__ float tile[32][33];
-    i64 f0 = (i64)blockIdx.x * 32;
+    __shared__ float tile[IMAGE_FRAMES][33];
+    i64 f0 = (i64)blockIdx.x * IMAGE_FRAMES;
     int k0 = blockIdx.y * 32;
     int tx = threadIdx.x, ty = threadIdx.y;
     int k = k0 + tx;
     i64 p = k < n_pix ? pixels[k] : 0;
-    for (int j = ty; j < 32; j += 8) {
-        i64 f = f0 + j;
-        tile[j][tx] = (f < n_frames && k < n_pix) ? (float)data[f * frame_len + p] : 0.f;
+    float v[IMAGE_FRAMES / 8];
+#pragma unroll
+    for (int i = 0; i < IMAGE_FRAMES / 8; ++i) {
+        i64 f = f0 + ty + 8 * i;
+        v[i] = (f < n_frames && k < n_pix) ? (float)data[f * frame_len + p] : 0.f;
     }
+#pragma unroll
+    for (int i = 0; i < IMAGE_FRAMES / 8; ++i) tile[ty + 8 * i][tx] = v[i];
     __syncthreads();
-    for (int j = ty; j < 32; j += 8) {
-        int kk = k0 + j;
-        i64 f = f0 + tx;
-        if (kk < n_pix && f < n_frames) out[(i64)kk * n_frames + f] = tile[tx][j];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int kk = k0 + ty + 8 * i;
+#pragma unroll
+        for (int m = 0; m < IMAGE_FRAMES / 32; ++m) {
+            i64 f = f0 + tx + 32 * m;
+            if (kk < n_pix && f < n_frames) out[(i64)kk * n_frames + f] = tile[tx + 32 * m][ty + 8 * i];
+        }
     }
 }

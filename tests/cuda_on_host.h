@@ -18,8 +18,12 @@
 #define __forceinline__ inline
 #define __restrict__
 #define __shared__ static
+#define __noinline__
+#define __align__(n) alignas(n)
+#define __launch_bounds__(...)
 
 struct float2 { float x, y; };
+struct uint2 { unsigned int x, y; };
 struct uint4 { unsigned int x, y, z, w; };
 struct double2 { double x, y; };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
@@ -27,6 +31,7 @@ struct Dim { int x = 1, y = 1, z = 1; };
 typedef long long i64;
 
 thread_local Dim threadIdx, blockIdx;
+thread_local int linear;  // the thread's index in its block, x fastest: its warp is linear / 32
 Dim blockDim, gridDim;
 alignas(16) unsigned char host_shared[1 << 20];
 
@@ -38,12 +43,12 @@ inline std::atomic<int> any;
 }  // namespace host
 
 inline void __syncthreads() { host::block->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { host::warps[threadIdx.x / 32]->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { host::warps[linear / 32]->arrive_and_wait(); }
 // Lane `from`'s value of v (any type of up to 8 bytes), every lane of the warp calling it.
 template <class T>
 T shuffled(T v, int from) {
     static_assert(sizeof(T) <= 8);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int warp = linear / 32, lane = linear % 32;
     std::memcpy(&host::words[warp][lane], &v, sizeof(T));
     __syncwarp();
     T got;
@@ -54,9 +59,9 @@ T shuffled(T v, int from) {
 template <class T>
 T __shfl_sync(unsigned, T v, int from) { return shuffled(v, from); }
 template <class T>
-T __shfl_xor_sync(unsigned, T v, int mask) { return shuffled(v, (threadIdx.x % 32) ^ mask); }
+T __shfl_xor_sync(unsigned, T v, int mask) { return shuffled(v, (linear % 32) ^ mask); }
 inline double __shfl_down_sync(unsigned, double v, int offset) {
-    int lane = threadIdx.x % 32;
+    int lane = linear % 32;
     return shuffled(v, lane + offset < 32 ? lane + offset : lane);
 }
 inline unsigned __reduce_add_sync(unsigned, unsigned v) {
@@ -71,7 +76,7 @@ inline int __all_sync(unsigned, int p) {
 }
 inline int __syncthreads_or(int p) {
     __syncthreads();
-    if (threadIdx.x == 0) host::any = 0;
+    if (linear == 0) host::any = 0;
     __syncthreads();
     if (p) host::any = 1;
     __syncthreads();
@@ -85,6 +90,8 @@ inline unsigned __ballot_sync(unsigned, int p) {
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 template <class T>
 T __ldg(const T* at) { return *at; }
+template <class T>
+T __ldcs(const T* at) { return *at; }
 template <class T>
 T atomicAdd(T* at, T v) { return std::atomic_ref<T>(*at).fetch_add(v); }
 template <class T>
@@ -109,11 +116,12 @@ inline float sqrtf(float v) { return std::sqrt(v); }
 using std::fmax;
 using std::sqrt;
 
-// Every block of grid, each with `threads` host threads running kernel() (whole warps: threads % 32 == 0).
+// Every block of grid, each with block.x * block.y host threads running kernel() (whole warps).
 template <class Kernel>
-void launch(Dim grid, int threads, Kernel&& kernel) {
+void launch(Dim grid, Dim block, Kernel&& kernel) {
     gridDim = grid;
-    blockDim = Dim{threads, 1, 1};
+    blockDim = block;
+    const int threads = block.x * block.y * block.z;
     for (int by = 0; by < grid.y; ++by)
         for (int bx = 0; bx < grid.x; ++bx) {
             host::block = std::make_unique<std::barrier<>>(threads);
@@ -122,10 +130,13 @@ void launch(Dim grid, int threads, Kernel&& kernel) {
             std::vector<std::thread> team;
             for (int t = 0; t < threads; ++t)
                 team.emplace_back([&, t, bx, by] {
-                    threadIdx = Dim{t, 0, 0};
+                    linear = t;
+                    threadIdx = Dim{t % block.x, t / block.x % block.y, t / (block.x * block.y)};
                     blockIdx = Dim{bx, by, 0};
                     kernel();
                 });
             for (auto& thread : team) thread.join();
         }
 }
+template <class Kernel>
+void launch(Dim grid, int threads, Kernel&& kernel) { launch(grid, Dim{threads, 1, 1}, kernel); }

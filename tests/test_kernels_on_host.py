@@ -28,7 +28,7 @@ from qgpu_dask.phase.iterative.update import batch_of
 ROOT = Path(__file__).resolve().parents[1]
 COMPILER = shutil.which("g++")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="needs a C++20 compiler (g++)")
-SHARED = re.compile(r"extern __shared__ (\w+(?: \w+)*) (\w+)\[\];")
+SHARED = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?(\w+(?: \w+)*) (\w+)\[\];")
 
 
 def host_source(file: str) -> str:
@@ -235,3 +235,22 @@ def test_decode_rows_reports_a_damaged_stream(decoders):
         payload[start + 5] ^= 0x10
     with pytest.raises(ValueError, match=f"scan block {b}, detector pixel {p}"):
         cuda.check_word(int(err[0]), resident.frame_len)
+
+
+@pytest.mark.parametrize("n_frames", [300, 128])
+def test_pixel_images_against_the_counts(n_frames, tmp_path):
+    """pixel_images as resident/cuda/dense.py launches it: a last tile of fewer frames and of fewer pixels,
+    pixels in any order."""
+    dense = compiling_module("qgpu_dask.resident.cuda.dense")
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 60000, (n_frames, 57), dtype=np.uint16)
+    pixels = np.concatenate([np.arange(10, 40), [3, 56, 0, 41, 7]]).astype(np.int64)
+    entry = f"""
+extern "C" void images(const unsigned short* data, i64 n_frames, int frame_len, const i64* pixels, int n_pix, float* out) {{
+    launch(Dim{{{math.ceil(n_frames / dense.IMAGE_FRAMES)}, {math.ceil(pixels.size / 32)}}}, Dim{{32, 8}},
+           [&] {{ pixel_images<unsigned short>(data, n_frames, frame_len, pixels, n_pix, out); }});
+}}"""
+    out = np.full((pixels.size, n_frames), 7, np.float32)
+    library("dense.cu", dense.DEFINES, entry, tmp_path).images(pointer(data), ctypes.c_int64(n_frames), data.shape[1], pointer(pixels),
+                                                               pixels.size, pointer(out))
+    assert (out == data[:, pixels].T.astype(np.float32)).all()

@@ -63,6 +63,7 @@ ROI_THREADS = 256
 ROI_BLOCKS_PER_SM = 4  # 4 blocks per SM always fit
 READ_THREADS = 512
 READ_BLOCKS_PER_SM = 2
+IMAGE_FRAMES = 128  # frames of a pixel_images tile (a multiple of 32)
 DEFINES = compile.defines(  # the constants kernels/dense.cu takes from Python (with QGPU_LOAD, set per compile)
     MASK_THREADS=MASK_THREADS,
     MASK_BLOCKS_PER_SM=MASK_BLOCKS_PER_SM,
@@ -70,6 +71,7 @@ DEFINES = compile.defines(  # the constants kernels/dense.cu takes from Python (
     ROI_BLOCKS_PER_SM=ROI_BLOCKS_PER_SM,
     READ_THREADS=READ_THREADS,
     READ_BLOCKS_PER_SM=READ_BLOCKS_PER_SM,
+    IMAGE_FRAMES=IMAGE_FRAMES,
 )
 
 
@@ -361,7 +363,7 @@ def pixel_images(data: cupy.ndarray, pixels: np.ndarray) -> cupy.ndarray:
     out = cupy.empty((pixels.size, n_frames), dtype=np.float32)
     if pixels.size and n_frames:
         kernel(f"pixel_images<{ctype(data.dtype)}>")(
-            (math.ceil(n_frames / 32), math.ceil(pixels.size / 32)), (32, 8),
+            (math.ceil(n_frames / IMAGE_FRAMES), math.ceil(pixels.size / 32)), (32, 8),
             (data, np.int64(n_frames), np.int32(frame_len), cupy.asarray(pixels), np.int32(pixels.size), out),
         )
     return out
