@@ -7,6 +7,7 @@ Constants a kernel shares with Python are written once, in Python, and reach the
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import cupy
@@ -30,9 +31,18 @@ def defines(**constants: int | str) -> tuple[str, ...]:
     return tuple(f"-D{name}={value}" for name, value in constants.items())
 
 
+INCLUDE = re.compile(r'^#include "(\w+\.cuh)"$', re.MULTILINE)
+
+
+def inlined(text: str, folder: Path) -> str:
+    """A kernel source with its ``#include "name.cuh"`` lines (headers of ``folder``) replaced by the headers'
+    text, so a compiled source is one string: CuPy's cache keys on it, and a changed header compiles again."""
+    return INCLUDE.sub(lambda m: inlined((folder / m.group(1)).read_text(), folder), text)
+
+
 @functools.cache
 def source(file: str) -> str:
-    return (kernel_dir() / file).read_text()
+    return inlined((kernel_dir() / file).read_text(), kernel_dir())
 
 
 @functools.cache

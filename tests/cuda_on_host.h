@@ -23,6 +23,7 @@
 #define __launch_bounds__(...)
 
 struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
 struct uint2 { unsigned int x, y; };
 struct uint4 { unsigned int x, y, z, w; };
 struct double2 { double x, y; };
@@ -113,6 +114,10 @@ T min(T a, T b) { return a < b ? a : b; }
 template <class T>
 T max(T a, T b) { return a > b ? a : b; }
 inline float sqrtf(float v) { return std::sqrt(v); }
+inline void __sincosf(float v, float* s, float* c) {
+    *s = std::sin(v);
+    *c = std::cos(v);
+}
 using std::fmax;
 using std::sqrt;
 

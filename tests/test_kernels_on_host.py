@@ -32,8 +32,10 @@ SHARED = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?(\w+(?: \w+)*) (\w
 
 
 def host_source(file: str) -> str:
-    """kernels/``file`` with its dynamic shared memory pointed at the host's buffer."""
-    return SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(host_shared);", (ROOT / "kernels" / file).read_text())
+    """kernels/``file``, its headers inlined as for NVRTC, with its dynamic shared memory pointed at the host's buffer."""
+    compile = compiling_module("qgpu_dask.compile")
+    text = compile.inlined((ROOT / "kernels" / file).read_text(), ROOT / "kernels")
+    return SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(host_shared);", text)
 
 
 def library(file: str, defines: tuple[str, ...], entry: str, tmp: Path) -> ctypes.CDLL:
@@ -78,7 +80,7 @@ extern "C" void fused(const float2* obj, i64 cols, const float2* probe, int R, i
         {inverse.name}(wave, obj, cols, probe, R, C, corners, first, n, {cuda.FUSED_GROUP}, roots_c, top, bottom); }});
 }}"""
     fused = library("ptycho.cu", cuda.DEFINES, entry, tmp_path).fused
-    roots = lambda m: np.exp(-2j * np.pi * np.arange(m) / m).astype(np.complex64)  # as cuda.roots makes them
+    roots = lambda m: np.exp(-2j * np.pi * np.arange(m) / m).astype(np.complex64)  # as line_fft.roots makes them
     wave = np.zeros((batch.n, R, C), np.complex64)
     partial = np.zeros(math.prod(columns.grid))
     top = np.zeros((inverse.grid[1], R, C), np.complex64)
@@ -254,3 +256,30 @@ extern "C" void images(const unsigned short* data, i64 n_frames, int frame_len, 
     library("dense.cu", dense.DEFINES, entry, tmp_path).images(pointer(data), ctypes.c_int64(n_frames), data.shape[1], pointer(pixels),
                                                                pixels.size, pointer(out))
     assert (out == data[:, pixels].T.astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("scan", [(24, 20), (25, 15), (16, 64)], ids=["24x20", "25x15", "16x64"])
+def test_scan_spectrum_kernels_against_rfft2(scan, tmp_path):
+    """spectrum_rows then spectrum_columns as scan_spectrum launches them, against NumPy's rfft2 of the pixels'
+    images: two scan rows in one complex FFT (an odd row count leaves the last alone), odd and even sides, a last
+    block of fewer pixels and of fewer columns, pixels in any order."""
+    cuda = compiling_module("qgpu_dask.phase.cuda")
+    rows, cols = scan
+    rng = np.random.default_rng(rows)
+    counts = rng.poisson(30.0, (rows * cols, 50)).astype(np.uint16)
+    pixels = np.concatenate([np.arange(20, 31), [0, 49, 7]]).astype(np.int64)
+    (rows_name, rows_grid, threads, _), (columns_name, columns_grid, _, _) = cuda.spectrum_launches(rows, cols, pixels.size, "unsigned short")
+    dim = lambda grid: "Dim{" + ", ".join(map(str, grid)) + "}"
+    entry = f"""
+extern "C" void spectrum(const unsigned short* counts, int frame_len, const i64* pixels, i64 n_pix, int rows, int cols,
+                         const float2* roots_c, const float2* roots_r, float2* G) {{
+    launch({dim(rows_grid)}, {threads}, [&] {{ {rows_name}(counts, frame_len, pixels, n_pix, rows, cols, roots_c, G); }});
+    launch({dim(columns_grid)}, {threads}, [&] {{ {columns_name}(G, rows, cols / 2 + 1, roots_r); }});
+}}"""
+    roots = lambda m: np.exp(-2j * np.pi * np.arange(m) / m).astype(np.complex64)  # as line_fft.roots makes them
+    G = np.zeros((pixels.size, rows, cols // 2 + 1), np.complex64)
+    keep = [roots(cols), roots(rows)]
+    library("ssb.cu", cuda.DEFINES, entry, tmp_path).spectrum(pointer(counts), counts.shape[1], pointer(pixels), ctypes.c_int64(pixels.size),
+                                                             rows, cols, pointer(keep[0]), pointer(keep[1]), pointer(G))
+    want = np.fft.rfft2(counts[:, pixels].T.reshape(-1, rows, cols).astype(np.float64))
+    assert np.abs(G - want).max() <= 2e-6 * np.abs(want).max()

@@ -80,6 +80,23 @@ def test_pixel_images_on_the_gpu():
         assert images.dtype == np.float32 and images.flags.c_contiguous and (images.get() == expected).all(), resident.layout
 
 
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("scan", [(24, 20), (9, 11)], ids=["kernels", "cuFFT"])
+def test_spectrum_of_dense_counts_on_the_gpu(scan):
+    """G of dense counts on a GPU (straight from the frames by the spectrum kernels where the scan's sides allow,
+    else images through cuFFT) against the CPU's rfft2 of the images, in float64 on the CPU."""
+    import cupy
+
+    rng = np.random.default_rng(4)
+    counts = rng.poisson(20.0, (*scan, 12, 10)).astype(np.uint16)
+    pixels = np.array([0, 7, 8, 9, 44, 45, 119, 3])
+    want = sideband.spectrum(residents(counts)[0], pixels)
+    got = sideband.spectrum(residents(counts, cupy)[0], pixels)
+    assert got.G.shape == want.G.shape and np.abs(got.G.get() - want.G).max() <= 2e-6 * np.abs(want.G).max()
+    assert abs(got.scale - want.scale) <= 1e-6 * want.scale
+
+
 def test_chi_table_evaluation_in_the_cpu_twin():
     x, y = 0.31, -0.47
     assert abs(cpu.chi_at(x, y, chi_table(OPTICS)) - float(chi(x, y, OPTICS))) <= 1e-12 * abs(float(chi(x, y, OPTICS)))

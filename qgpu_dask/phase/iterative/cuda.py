@@ -7,7 +7,6 @@ position order. Launches go to the current stream and nothing waits for the host
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ import cupyx.scipy.fft
 import numpy as np
 
 from ... import compile
+from ..line_fft import line, roots
 from .cpu import Batch
 
 TILE_ROWS, TILE_COLS = 8, 32  # a block's tile of object pixels in object_update, one thread each
@@ -24,66 +24,12 @@ PER_GROUP = 32  # positions per partial sum of the probe's (probe_sums)
 FUSED_GROUP = 8  # the same in rows_inverse, which runs one warp per row and group
 TILE_C = 8  # columns per block of `columns`
 ROW_WARPS = 8  # rows per block of rows_forward and rows_inverse, a warp each for loads and stores
-RADICES = (8, 4, 2, 3, 5)  # kernels/ptycho.cu butterfly; a DFT takes as many 8s, then 4s, as it can
-MAX_DFT = 32  # the most points of a thread's DFT in registers (a line of N = P Q points takes P- and Q-point ones)
 MAX_FFT = 512  # the longest row or column the fused kernels take (shared memory)
 DEFINES = compile.defines(TILE_ROWS=TILE_ROWS, TILE_COLS=TILE_COLS, TILE_C=TILE_C, ROW_WARPS=ROW_WARPS)  # the constants kernels/ptycho.cu takes from Python
 
 
 def kernel(name: str) -> cupy.RawKernel:
     return compile.kernel("ptycho.cu", name, DEFINES)
-
-
-@dataclass(frozen=True)
-class Line:
-    """The kernels' two-step FFT of an n-point line, n = P Q (kernels/ptycho.cu Line): P-point DFTs, then
-    Q-point ones, each in a thread's registers."""
-
-    P: int
-    Q: int
-
-    @property
-    def name(self) -> str:
-        return f"Line<{dft(self.P)}, {dft(self.Q)}>"
-
-    def shared_points(self, lines: int) -> int:
-        """Shared-memory points of ``lines`` lines and their FFT's scratch."""
-        return lines * (padded(self.P * self.Q) + self.P * (self.Q | 1))
-
-
-def dft(n: int) -> str:
-    """The kernels' Dft<n, radices...> (RADICES, largest first); n has no prime factor above 5."""
-    radices, rest = [], n
-    for r in RADICES:
-        while rest % r == 0:
-            radices.append(r)
-            rest //= r
-    return f"Dft<{', '.join(map(str, [n, *radices]))}>"
-
-
-def line(n: int) -> Line | None:
-    """The kernels' Line of an n-point FFT (P >= Q, as near each other as they come, both at most MAX_DFT), or None
-    when n has a prime factor above 5 or exceeds MAX_FFT (the batch then goes through cuFFT)."""
-    rest = n
-    for r in (2, 3, 5):
-        while rest % r == 0:
-            rest //= r
-    if rest != 1 or n > MAX_FFT:
-        return None
-    P = min(p for p in range(1, n + 1) if n % p == 0 and p * p >= n)
-    return Line(P, n // P) if P <= MAX_DFT else None
-
-
-@functools.cache
-def roots(n: int, device: int) -> cupy.ndarray:
-    """exp(-2 pi i m / n) for m < n, complex64 of float64 values: the N-point twiddles of a Line's two steps, one
-    table per ``device`` (the cache's key: an array lives on the GPU that made it)."""
-    return cupy.asarray(np.exp(-2j * np.pi * np.arange(n) / n).astype(np.complex64))
-
-
-def padded(n: int) -> int:
-    """Shared-memory points of an n-point line (kernels/ptycho.cu padded)."""
-    return n + (n >> 4) + 1
 
 
 @dataclass(frozen=True)
@@ -99,7 +45,7 @@ class Launch:
 def fused_launches(R: int, C: int, n: int, measured_type: str) -> tuple[Launch, Launch, Launch] | None:
     """rows_forward, columns and rows_inverse for a batch of n positions of R x C windows (measured patterns of
     C type ``measured_type``), or None where a side has no ``line`` (the batch then goes through cuFFT)."""
-    column, row = line(R), line(C)
+    column, row = line(R, MAX_FFT), line(C, MAX_FFT)
     if column is None or row is None:
         return None
     row_smem = row.shared_points(ROW_WARPS) * 8
