@@ -45,22 +45,22 @@ __device__ __forceinline__ void phase_factor(float v, float* s, float* c) {
     __sincosf(fmaf(-turns, 0.0019353071795864769f, fmaf(-turns, 6.28125f, v)), s, c);
 }
 
-// Which of k - q (bit 0) and k + q (bit 1) lie inside the aperture, |.|^2 <= kmax2, in float64 from k = (y, x)
+// Which of k - q (bit 0) and k + q (bit 1) lie inside the aperture, |.|^2 <= kmax2, in float64 from k = (*y, *x)
 // and q, as the CPU twin decides: a pixel on an aperture edge is in or out on both. Called only near the edge
-// (a real branch, rarely taken).
-__device__ __noinline__ int sides_exactly(double y, double x, const double2* q, double kmax2) {
-    double my = y - q->x, mx = x - q->y, py = y + q->x, px = x + q->y;
+// (a real branch, rarely taken: the only place k is read in float64).
+__device__ __noinline__ int sides_exactly(const double* y, const double* x, const double2* q, double kmax2) {
+    double my = *y - q->x, mx = *x - q->y, py = *y + q->x, px = *x + q->y;
     return (int)(mx * mx + my * my <= kmax2) | ((int)(px * px + py * py <= kmax2) << 1);
 }
 
-// A pixel k (float32 yf, xf, and k_off = |k|^2 - kmax2; float64 y, x) with chi(k) = here, at a frequency q
+// A pixel k (float32 yf, xf, and k_off = |k|^2 - kmax2; float64 at y, x) with chi(k) = here, at a frequency q
 // (float32 qf = (q_y, q_x, |q|^2, unused); float64 *q): (Gamma_plus, Gamma_minus) = exp(i (chi(k) - chi(k - q)))
 // where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; which sides are
 // inside (bits 0, 1). The aperture tests take |k -+ q|^2 - kmax2 = k_off + |q|^2 -+ 2 k.q in float32, good to
 // about 2e-6 kmax2 where it matters (|q| <= 2 kmax); within `edge` (1e-5 kmax2) of 0 they are made in float64.
 // chi and the phase factors are float32.
 template <int N>
-__device__ __forceinline__ int trotters(float yf, float xf, float k_off, double y, double x, float here, float4 qf, const double2* q,
+__device__ __forceinline__ int trotters(float yf, float xf, float k_off, const double* y, const double* x, float here, float4 qf, const double2* q,
                                         const Poly<N>& poly, float edge, double kmax2, float2& plus, float2& minus) {
     float kq = fmaf(yf, qf.x, xf * qf.y), base = k_off + qf.z;
     float out_plus = fmaf(-2.f, kq, base), out_minus = fmaf(2.f, kq, base);
@@ -84,11 +84,17 @@ __device__ __forceinline__ int trotters(float yf, float xf, float k_off, double 
     return (int)in_plus | ((int)in_minus << 1);
 }
 
+// Terms a thread sums in float32 before adding them to its float64 sums: each is at most |G|, so a partial is good
+// to about SUM_RUN float32 roundings of the largest, far inside the twins' agreement.
+constexpr int SUM_RUN = 32;
+
+// pixel[k] = (k_y, k_x, |k|^2 - kmax2, chi(k)) in float32, the third +inf for a pixel outside the aperture (decided
+// in float64, as the CPU twin does); ky, kx the same k in float64 for the aperture tests near an edge.
 template <int N>
-__global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, int half_cols, const double* __restrict__ ky,
-                             const double* __restrict__ kx, const float* __restrict__ chi_k, const Poly<N> poly,
-                             double dqy, double dqx, double kmax2, float floor, i64 per_slice, double* __restrict__ total_re,
-                             double* __restrict__ total_im, double* __restrict__ weight) {
+__global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, int half_cols, const float4* __restrict__ pixel,
+                             const double* __restrict__ ky, const double* __restrict__ kx, const Poly<N> poly, double dqy, double dqx,
+                             double kmax2, float floor, i64 per_slice, double* __restrict__ total_re, double* __restrict__ total_im,
+                             double* __restrict__ weight) {
     i64 nq = (i64)rows * half_cols;
     i64 q = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= nq) return;
@@ -101,20 +107,24 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
     double2 qd{qy, qx};
     float edge = 1e-5f * (float)kmax2;
     double sr = 0.0, si = 0.0, sw = 0.0;
-    for (i64 k = lo; k < hi; ++k) {
-        double y = ky[k], x = kx[k];
-        float2 plus, minus;
-        if (x * x + y * y > kmax2 ||
-            !trotters<N>((float)y, (float)x, (float)(x * x + y * y - kmax2), y, x, chi_k[k], qf, &qd, poly, edge, kmax2, plus, minus))
-            continue;
-        float gr = plus.x - minus.x, gi = plus.y - minus.y;
-        float size = sqrtf(gr * gr + gi * gi);
-        if (!(size > floor)) continue;
-        float2 g = G[k * nq + q];
-        float inv = 1.f / size;
-        sr += (double)((g.x * gr + g.y * gi) * inv);
-        si += (double)((g.y * gr - g.x * gi) * inv);
-        sw += (double)size;
+    for (i64 run = lo; run < hi; run += SUM_RUN) {
+        float fr = 0.f, fi = 0.f, fw = 0.f;
+        for (i64 k = run; k < min(hi, run + SUM_RUN); ++k) {
+            float4 p = pixel[k];
+            float2 plus, minus;
+            if (!(p.z <= 0.f) || !trotters<N>(p.x, p.y, p.z, ky + k, kx + k, p.w, qf, &qd, poly, edge, kmax2, plus, minus)) continue;
+            float gr = plus.x - minus.x, gi = plus.y - minus.y;
+            float size = sqrtf(gr * gr + gi * gi);
+            if (!(size > floor)) continue;
+            float2 g = G[k * nq + q];
+            float inv = 1.f / size;
+            fr += (g.x * gr + g.y * gi) * inv;
+            fi += (g.y * gr - g.x * gi) * inv;
+            fw += size;
+        }
+        sr += (double)fr;
+        si += (double)fi;
+        sw += (double)fw;
     }
     i64 at = (i64)blockIdx.y * nq + q;
     total_re[at] = sr;
@@ -365,7 +375,7 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64
 #pragma unroll
                 for (int m = 0; m < D; ++m) {
                     float2 plus{0.f, 0.f}, minus{0.f, 0.f};
-                    if (inside) any |= trotters<N>(yf, xf, k_off, y, x, here, alias_f[m], alias + m, poly, edge, kmax2, plus, minus);
+                    if (inside) any |= trotters<N>(yf, xf, k_off, ky + s, kx + s, here, alias_f[m], alias + m, poly, edge, kmax2, plus, minus);
                     if (COMPLEX) {
                         mine[m * COLUMN_STRIDE] = w * plus.x;
                         mine[(C + 1 + m) * COLUMN_STRIDE] = w * plus.y;

@@ -283,3 +283,38 @@ extern "C" void spectrum(const unsigned short* counts, int frame_len, const i64*
                                                              rows, cols, pointer(keep[0]), pointer(keep[1]), pointer(G))
     want = np.fft.rfft2(counts[:, pixels].T.reshape(-1, rows, cols).astype(np.float64))
     assert np.abs(G - want).max() <= 2e-6 * np.abs(want).max()
+
+
+def test_sideband_sum_kernel_against_its_twin(tmp_path):
+    """sideband_sum over two slices of the pixels (pixels in, out and at the edge of the aperture), as the GPU
+    test compares it: within float32 rounding of the terms."""
+    from test_ssb_kernels import OPTICS, sideband_inputs
+    from qgpu_dask.phase import sideband
+    from qgpu_dask.phase.optics import chi, chi_table
+
+    cuda = compiling_module("qgpu_dask.phase.cuda")
+    G, ky, kx, dqy, dqx, kmax = sideband_inputs(3)
+    for k, (qy, qx), sign in ((5, (dqy, 2 * dqx), 1.0), (6, (-2 * dqy, dqx), -1.0)):  # k -+ q on the aperture's edge
+        ky[k], kx[k] = sign * np.array([qy, qx]) * (1 - kmax / math.hypot(qy, qx))
+    chi_k, table = chi(kx, ky, OPTICS), chi_table(OPTICS)
+    degree, poly = cuda.monomials(np.asarray(table))
+    n_pix, rows, half = G.shape
+    per_slice = math.ceil(n_pix / 2)
+    entry = f"""
+extern "C" void sums(const float2* G, i64 n_pix, int rows, int half, const float4* pixel, const double* ky, const double* kx, const float* c,
+                     double dqy, double dqx, double kmax2, float floor, i64 per_slice, double* re, double* im, double* w) {{
+    Poly<{degree}> poly;
+    for (int i = 0; i < {poly.size}; ++i) poly.c[i] = c[i];
+    launch(Dim{{{math.ceil(rows * half / cuda.THREADS)}, 2}}, {cuda.THREADS}, [&] {{
+        sideband_sum<{degree}>(G, n_pix, rows, half, pixel, ky, kx, poly, dqy, dqx, kmax2, floor, per_slice, re, im, w); }});
+}}"""
+    parts = np.zeros((3, 2, rows * half))
+    arrays = [np.ascontiguousarray(a) for a in (G, cuda.pixel_table(ky, kx, chi_k, kmax**2), ky, kx, poly.ravel())]
+    library("ssb.cu", cuda.DEFINES, entry, tmp_path).sums(
+        pointer(arrays[0]), ctypes.c_int64(n_pix), rows, half, pointer(arrays[1]), pointer(arrays[2]), pointer(arrays[3]), pointer(arrays[4]),
+        ctypes.c_double(dqy), ctypes.c_double(dqx), ctypes.c_double(kmax**2), ctypes.c_float(sideband.GAMMA_FLOOR), ctypes.c_int64(per_slice),
+        pointer(parts[0]), pointer(parts[1]), pointer(parts[2]))
+    total, weight = phase_cpu.sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax**2, sideband.GAMMA_FLOOR)
+    sums = parts.sum(axis=1).reshape(3, rows, half)
+    assert np.abs(sums[0] + 1j * sums[1] - total).max() <= 1e-5 * np.abs(total).max()
+    assert np.abs(sums[2] - weight).max() <= 1e-5 * weight.max()

@@ -109,12 +109,20 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     name = f"sideband_sum<{degree}>"
     kernel(name)(
         (blocks, slices), (THREADS,),
-        (G, np.int64(n_pix), np.int32(rows), np.int32(half), cupy.asarray(ky, np.float64), cupy.asarray(kx, np.float64),
-         cupy.asarray(chi_k, np.float32), poly_argument(poly), np.float64(dqy), np.float64(dqx), np.float64(kmax2),
-         np.float32(floor), np.int64(per_slice), parts[0], parts[1], parts[2]),
+        (G, np.int64(n_pix), np.int32(rows), np.int32(half), cupy.asarray(pixel_table(ky, kx, chi_k, kmax2)), cupy.asarray(ky, np.float64),
+         cupy.asarray(kx, np.float64), poly_argument(poly), np.float64(dqy), np.float64(dqx), np.float64(kmax2), np.float32(floor),
+         np.int64(per_slice), parts[0], parts[1], parts[2]),
     )
     sums = parts.sum(axis=1).reshape(3, rows, half)
     return sums[0] + 1j * sums[1], sums[2]
+
+
+def pixel_table(ky, kx, chi_k, kmax2: float) -> np.ndarray:
+    """sideband_sum's pixels: (n, 4) float32 rows (k_y, k_x, |k|^2 - kmax2, chi(k)), the third +inf for a pixel
+    outside the aperture (decided in float64, as the CPU twin does)."""
+    ky, kx = np.asarray(ky, np.float64), np.asarray(kx, np.float64)
+    off = kx * kx + ky * ky - kmax2
+    return np.stack([ky, kx, np.where(off > 0, np.inf, off), np.asarray(chi_k, np.float64)], axis=1).astype(np.float32)
 
 
 def fit_setup(uv, qy, qx, table) -> tuple:
