@@ -508,6 +508,8 @@ TABLES: tuple[Table | Figure, ...] = (
         ("stages on the owner: pixel images / rfft2 / G in all / sideband sum / inverse FFT",
          (F("stages/pixel_images_ms", "{:.1f}"), " / ", F("stages/rfft2_ms", "{:.1f}"), " / ", F("stages/prepare_ms", "{:.1f}"), " / ",
           F("stages/sideband_sum_ms", "{:.1f}"), " / ", F("stages/inverse_fft_ms", "{:.1f}")), "", ""),
+        ("on the owner: the bright-field pixels / the whole phase from a kept G",
+         (F("stages/bright_field_pixels_ms", "{:.1f}", absent="-"), " / ", F("stages/phase_ms", "{:.1f}", absent="-")), "", ""),
         ("one read of the counts", F("stages/read_counts_ms"), "", "1"),
         ("the first `ssb` / the sum of its stages", F("first_over_preparation_stages"), "", ""),
         ("the repeat / the fused sideband sum alone", F("repeat_over_sideband_sum"), "", ""),
