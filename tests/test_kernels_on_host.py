@@ -95,6 +95,37 @@ extern "C" void fused(const float2* obj, i64 cols, const float2* probe, int R, i
     assert close(top.sum(axis=0), numerator) and close(bottom.sum(axis=0), denominator)
 
 
+def test_object_update_against_its_twin(tmp_path):
+    """object_update as the CUDA module launches it (tiles of the batch's box, hits taken HIT_RUN at a time, a
+    last run of fewer, windows missing a tile's pixels) against the twin's update of the same box."""
+    cuda = compiling_module("qgpu_dask.phase.iterative.cuda")
+    R, C = 24, 20
+    rng = np.random.default_rng(8)
+    corners = rng.integers(0, 40, (29, 2))
+    geo = Geometry(corners, (40 + R, 40 + C), (R, C), (1.0, 1.0), (5, 7))
+    cplx = lambda *shape: (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(np.complex64)
+    obj, probe = cplx(*geo.object_shape), cplx(R, C)
+    batch = batch_of(geo, 2, 27)
+    updated = cplx(batch.n, R, C)
+    row0, row1, col0, col1 = batch.box
+    grid = (math.ceil((col1 - col0) / cuda.TILE_COLS), math.ceil((row1 - row0) / cuda.TILE_ROWS))
+    entry = f"""
+extern "C" void update(float2* obj, i64 cols, i64 row0, i64 row1, i64 col0, i64 col1, const float2* probe, const float2* updated, int R,
+                       int C, const i64* corners, i64 first, i64 n, float step, float floor) {{
+    launch(Dim{{{grid[0]}, {grid[1]}}}, {cuda.THREADS}, [&] {{
+        object_update(obj, cols, row0, row1, col0, col1, probe, updated, R, C, corners, first, n, step, floor); }});
+}}"""
+    want = obj.copy()
+    cpu.object_update(want, probe, updated, corners, batch, 0.5, 1e-3)
+    got = obj.copy()
+    arrays = [np.ascontiguousarray(a) for a in (probe, updated, corners.astype(np.int64))]
+    library("ptycho.cu", cuda.DEFINES, entry, tmp_path).update(
+        pointer(got), ctypes.c_int64(obj.shape[1]), *(ctypes.c_int64(v) for v in (row0, row1, col0, col1)), pointer(arrays[0]),
+        pointer(arrays[1]), R, C, pointer(arrays[2]), ctypes.c_int64(batch.first), ctypes.c_int64(batch.n), ctypes.c_float(0.5),
+        ctypes.c_float(1e-3))
+    assert (got != obj).any() and np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("C", [1, 6, 16])
 def test_shifted_solve_kernel_against_its_twin(C, tmp_path):
     """A thread per system, Cholesky in registers: against the Numba twin, on singular matrices too."""
