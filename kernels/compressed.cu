@@ -542,6 +542,29 @@ __device__ __forceinline__ int get_symbol(u32& x, const u16* t, const u8* lut) {
     return s;
 }
 
+// The state renormalised after a symbol: a word read in below STATE_LOW; false if the stream has none left.
+__device__ __forceinline__ bool refill(u32& x, WordReader& word, int& left) {
+    if (x >= STATE_LOW) return true;
+    if (left == 0) return false;
+    x = (x << 16) | word.next();
+    --left;
+    return true;
+}
+
+// The excess of an escaped value: `chunks` 16-bit chunks from the state's low bits, a word read in after each;
+// false if the stream has no word left for one.
+__device__ __forceinline__ bool escape(u32& x, WordReader& word, int& left, int chunks, u64& excess) {
+    excess = 0;
+    for (int c = 0; c < chunks; ++c) {
+        excess |= (u64)(x & 0xFFFFu) << (16 * c);
+        x >>= 16;
+        if (left == 0) return false;
+        x = (x << 16) | word.next();
+        --left;
+    }
+    return true;
+}
+
 // One pixel's tables: where its value and run tables and their LUTs are (device or shared memory).
 struct PixelTables {
     int run;
@@ -629,15 +652,6 @@ struct Cursor {
         return x < STATE_LOW ? E_STATE : 0;
     }
 
-    // The state renormalised after a symbol: false if the stream has no word left for it.
-    __device__ __forceinline__ bool refill() {
-        if (x >= STATE_LOW) return true;
-        if (left == 0) return false;
-        x = (x << 16) | word.next();
-        --left;
-        return true;
-    }
-
     // PIECES: a value whose run reaches upto waits for the next advance (its symbol not read yet); otherwise it
     // is read and emitted with its run, and the stream stops at the first run that starts at or after upto.
     template <bool PIECES, class Emit>
@@ -672,7 +686,7 @@ struct Cursor {
                 if (ended || i >= stop) return 0;
                 if (run > 0) {
                     int r = get_symbol(x, tb.rt, tb.rlut);
-                    if (!refill()) return E_TRUNCATED;
+                    if (!refill(x, word, left)) return E_TRUNCATED;
                     if (r == run + 1) {
                         ended = true;
                         return 0;
@@ -685,17 +699,11 @@ struct Cursor {
             }
             if (PIECES && i >= stop) return 0;
             int s = get_symbol(x, tb.vt, tb.vlut);
-            if (!refill()) return E_TRUNCATED;
+            if (!refill(x, word, left)) return E_TRUNCATED;
             u64 v = (u64)s + (run > 0 ? 1 : 0);
             if (s == nv) {
-                u64 excess = 0;
-                for (int c = 0; c < m.chunks; ++c) {
-                    excess |= (u64)(x & 0xFFFFu) << (16 * c);
-                    x >>= 16;
-                    if (left == 0) return E_TRUNCATED;
-                    x = (x << 16) | word.next();
-                    --left;
-                }
+                u64 excess;
+                if (!escape(x, word, left, m.chunks, excess)) return E_TRUNCATED;
                 v += excess;
             }
             if (v > m.maxval) return E_VALUE;
@@ -835,21 +843,11 @@ __device__ int frame_value(const u8* bytes, i64 length, const Model& m, const Pi
     u64 v = 0;
     for (int i = 0; i <= at; ++i) {
         int s = get_symbol(x, vt, vlut);
-        if (x < STATE_LOW) {
-            if (left == 0) return E_TRUNCATED;
-            x = (x << 16) | word.next();
-            --left;
-        }
+        if (!refill(x, word, left)) return E_TRUNCATED;
         v = (u64)s;
         if (s == nv) {
-            u64 excess = 0;
-            for (int c = 0; c < m.chunks; ++c) {
-                excess |= (u64)(x & 0xFFFFu) << (16 * c);
-                x >>= 16;
-                if (left == 0) return E_TRUNCATED;
-                x = (x << 16) | word.next();
-                --left;
-            }
+            u64 excess;
+            if (!escape(x, word, left, m.chunks, excess)) return E_TRUNCATED;
             v += excess;
             if (v > m.maxval) return E_VALUE;
         }
@@ -1087,19 +1085,11 @@ __device__ int lockstep_values(const Streams& st, const Model& m, const PixelTab
         u32 v = 0;
         if (!code) {
             int s = get_symbol(x, tb.vt, tb.vlut);
-            if (x < STATE_LOW) {
-                if (left == 0) code = E_TRUNCATED;
-                else { x = (x << 16) | word.next(); --left; }
-            }
+            if (!refill(x, word, left)) code = E_TRUNCATED;
             u64 value = (u64)s;
             if (s == nv && !code) {
-                u64 excess = 0;
-                for (int c = 0; c < m.chunks && !code; ++c) {
-                    excess |= (u64)(x & 0xFFFFu) << (16 * c);
-                    x >>= 16;
-                    if (left == 0) code = E_TRUNCATED;
-                    else { x = (x << 16) | word.next(); --left; }
-                }
+                u64 excess;
+                if (!escape(x, word, left, m.chunks, excess)) code = E_TRUNCATED;
                 value += excess;
             }
             if (!code && value > m.maxval) code = E_VALUE;

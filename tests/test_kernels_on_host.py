@@ -349,3 +349,48 @@ extern "C" void sums(const float2* G, i64 n_pix, int rows, int half, const float
     sums = parts.sum(axis=1).reshape(3, rows, half)
     assert np.abs(sums[0] + 1j * sums[1] - total).max() <= 1e-5 * np.abs(total).max()
     assert np.abs(sums[2] - weight).max() <= 1e-5 * weight.max()
+
+
+def test_series_mask_sums_against_the_counts(tmp_path):
+    """series_mask_sums over one acquisition as SeriesStreams launches it: a warp of value-mode rANS streams
+    decoded in lockstep and a warp of fewer pixels decoded stream by stream, two masks, against the sums."""
+    cuda = compiling_module("qgpu_dask.resident.cuda.compressed")
+    twin = compiling_module("qgpu_dask.resident.cpu.compressed")
+    rng = np.random.default_rng(12)
+    flat = rng.poisson(3.0, (700, 40)).astype(np.uint16)
+    flat[::41, 7] = 50000  # escapes
+    resident = CompressedCounts.encode("t", flat, (35, 20, 5, 8))
+    assert (resident.model.run == 0).all() and (resident.forms()["ans"] == flat.shape[1] * -(-700 // resident.block))
+    model, streams = resident.model, resident.streams
+    lut = np.zeros(resident.frame_len * 2 * cuda.LUT_SIZE, np.uint8)
+    payload = np.zeros(-(-streams.payload.size // 16) * 16, np.uint8)
+    payload[: streams.payload.size] = streams.payload
+    fields = {"index": streams.index, "block_base": streams.block_base, "payload": payload, "run": model.run, "values": model.values,
+              "table_start": model.table_start, "cum": model.cum, "lut": lut, "totals": resident.totals}
+    desc = np.array([[fields[k].ctypes.data if k in fields else {"payload_bytes": streams.payload.size, "block": resident.block,
+                      "coding": 1 | 2 << 8, "maxval": 65535}[k] for k in twin.DESC_FIELDS]], np.uint64)
+    blocks = streams.index.shape[0]
+    pixels = np.arange(40, dtype=np.int64)
+    weights = rng.integers(0, 1000, (2, 40)).astype(np.uint64)
+    stride = cuda.table_stride(model.run, model.values)
+    entry = f"""
+extern "C" void luts(const unsigned char* run, const unsigned char* values, const unsigned* table_start, const unsigned short* cum,
+                     int frame_len, unsigned char* lut) {{
+    launch(Dim{{(frame_len * 2 * LUT_SIZE + 255) / 256}}, 256, [&] {{ build_lut(run, values, table_start, cum, frame_len, lut); }});
+}}
+extern "C" void sums(const unsigned long long* desc, const int* item_acq, const int* item_block, int frame_len, i64 n_frames, const i64* spans,
+                     const i64* pixels, i64 pix_len, int stride, const unsigned long long* weights, unsigned long long* out,
+                     unsigned long long* err) {{
+    launch(Dim{{{blocks}, {math.ceil(40 / cuda.MASK_THREADS)}}}, {cuda.MASK_THREADS}, [&] {{
+        series_mask_sums<unsigned long long, 2>(desc, item_acq, item_block, frame_len, n_frames, spans, pixels, pix_len, stride, weights,
+                                                nullptr, 2, 0, out, err); }});
+}}"""
+    lib = library("compressed.cu", cuda.DEFINES, entry, tmp_path)
+    lib.luts(pointer(model.run), pointer(model.values), pointer(model.table_start), pointer(model.cum), 40, pointer(lut))
+    items = [np.zeros(blocks, np.int32), np.arange(blocks, dtype=np.int32), np.array([0, 40], np.int64)]
+    out = np.zeros((1, 2, 700), np.uint64)
+    err = np.full(1, cuda.NO_ERROR, np.uint64)
+    lib.sums(pointer(desc), pointer(items[0]), pointer(items[1]), 40, ctypes.c_int64(700), pointer(items[2]), pointer(pixels), ctypes.c_int64(40),
+             stride, pointer(weights), pointer(out), pointer(err))
+    assert int(err[0]) == cuda.NO_ERROR
+    assert (out[0] == weights @ flat.T.astype(np.uint64)).all()
