@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import cupy
@@ -40,6 +41,16 @@ def inlined(text: str, folder: Path) -> str:
     return INCLUDE.sub(lambda m: inlined((folder / m.group(1)).read_text(), folder), text)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: its name expression, grid, threads per block and dynamic shared memory (bytes)."""
+
+    name: str
+    grid: tuple[int, ...]
+    threads: int
+    shared_bytes: int
+
+
 @functools.cache
 def source(file: str) -> str:
     return inlined((kernel_dir() / file).read_text(), kernel_dir())
@@ -70,3 +81,8 @@ def compiled(file: str, name_expr: str, options: tuple[str, ...], device_id: int
 def kernel(file: str, name_expr: str, options: tuple[str, ...] = ()) -> cupy.RawKernel:
     """The compiled kernel ``name_expr`` of ``file`` for the current device."""
     return compiled(file, name_expr, options, cupy.cuda.Device().id)
+
+
+def run(file: str, options: tuple[str, ...], launch: Launch, args: tuple) -> None:
+    """``launch`` of a kernel of ``file`` compiled with ``options``, on the current stream."""
+    kernel(file, launch.name, options)(launch.grid, (launch.threads,), args, shared_mem=launch.shared_bytes)

@@ -299,13 +299,13 @@ def test_scan_spectrum_kernels_against_rfft2(scan, tmp_path):
     rng = np.random.default_rng(rows)
     counts = rng.poisson(30.0, (rows * cols, 50)).astype(np.uint16)
     pixels = np.concatenate([np.arange(20, 31), [0, 49, 7]]).astype(np.int64)
-    (rows_name, rows_grid, threads, _), (columns_name, columns_grid, _, _) = cuda.spectrum_launches(rows, cols, pixels.size, "unsigned short")
+    along_rows, along_columns = cuda.spectrum_launches(rows, cols, pixels.size, "unsigned short")
     dim = lambda grid: "Dim{" + ", ".join(map(str, grid)) + "}"
     entry = f"""
 extern "C" void spectrum(const unsigned short* counts, int frame_len, const i64* pixels, i64 n_pix, int rows, int cols,
                          const float2* roots_c, const float2* roots_r, float2* G) {{
-    launch({dim(rows_grid)}, {threads}, [&] {{ {rows_name}(counts, frame_len, pixels, n_pix, rows, cols, roots_c, G); }});
-    launch({dim(columns_grid)}, {threads}, [&] {{ {columns_name}(G, rows, cols / 2 + 1, roots_r); }});
+    launch({dim(along_rows.grid)}, {along_rows.threads}, [&] {{ {along_rows.name}(counts, frame_len, pixels, n_pix, rows, cols, roots_c, G); }});
+    launch({dim(along_columns.grid)}, {along_columns.threads}, [&] {{ {along_columns.name}(G, rows, cols / 2 + 1, roots_r); }});
 }}"""
     roots = lambda m: np.exp(-2j * np.pi * np.arange(m) / m).astype(np.complex64)  # as line_fft.roots makes them
     G = np.zeros((pixels.size, rows, cols // 2 + 1), np.complex64)

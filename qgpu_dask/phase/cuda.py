@@ -15,6 +15,7 @@ import cupy
 import numpy as np
 
 from .. import compile
+from ..compile import Launch
 from . import solve_cuda
 from .line_fft import line, roots
 
@@ -35,16 +36,16 @@ def kernel(name_expr: str) -> cupy.RawKernel:
     return compile.kernel("ssb.cu", name_expr, DEFINES)
 
 
-def spectrum_launches(rows: int, cols: int, n_pix: int, counts_type: str) -> tuple[tuple, tuple] | None:
-    """(name, grid, threads, shared bytes) of spectrum_rows and spectrum_columns for a scan of rows x cols and n_pix
-    pixels of counts of C type ``counts_type``, or None where a scan side has no kernel Line (cuFFT's then)."""
+def spectrum_launches(rows: int, cols: int, n_pix: int, counts_type: str) -> tuple[Launch, Launch] | None:
+    """spectrum_rows and spectrum_columns for a scan of rows x cols and n_pix pixels of counts of C type
+    ``counts_type``, or None where a scan side has no kernel Line (cuFFT's then)."""
     row, column = line(cols, LONGEST_LINE), line(rows, LONGEST_LINE)
     if row is None or column is None:
         return None
-    return ((f"spectrum_rows<{counts_type}, {row.name}>", (math.ceil(n_pix / SPECTRUM_PIXELS), math.ceil(rows / 2)), SPECTRUM_THREADS,
-             row.shared_points(SPECTRUM_PIXELS) * 8),
-            (f"spectrum_columns<{column.name}>", (math.ceil((cols // 2 + 1) / SPECTRUM_COLUMNS), n_pix), SPECTRUM_THREADS,
-             column.shared_points(SPECTRUM_COLUMNS) * 8))
+    return (Launch(f"spectrum_rows<{counts_type}, {row.name}>", (math.ceil(n_pix / SPECTRUM_PIXELS), math.ceil(rows / 2)), SPECTRUM_THREADS,
+                   row.shared_points(SPECTRUM_PIXELS) * 8),
+            Launch(f"spectrum_columns<{column.name}>", (math.ceil((cols // 2 + 1) / SPECTRUM_COLUMNS), n_pix), SPECTRUM_THREADS,
+                   column.shared_points(SPECTRUM_COLUMNS) * 8))
 
 
 COUNTS = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int",
@@ -63,12 +64,12 @@ def scan_spectrum(counts: cupy.ndarray, pixels: np.ndarray, scan_shape: tuple[in
     launches = spectrum_launches(rows, cols, pixels.size, COUNTS[counts.dtype])
     if launches is None:
         return None
-    (rows_name, rows_grid, threads, rows_smem), (columns_name, columns_grid, _, columns_smem) = launches
+    along_rows, along_columns = launches
     device = cupy.cuda.Device().id
     G = cupy.empty((pixels.size, rows, cols // 2 + 1), np.complex64)
-    kernel(rows_name)(rows_grid, (threads,), (counts, np.int32(counts.shape[1]), cupy.asarray(pixels), np.int64(pixels.size), np.int32(rows),
-                                              np.int32(cols), roots(cols, device), G), shared_mem=rows_smem)
-    kernel(columns_name)(columns_grid, (threads,), (G, np.int32(rows), np.int32(cols // 2 + 1), roots(rows, device)), shared_mem=columns_smem)
+    compile.run("ssb.cu", DEFINES, along_rows, (counts, np.int32(counts.shape[1]), cupy.asarray(pixels), np.int64(pixels.size), np.int32(rows),
+                                                np.int32(cols), roots(cols, device), G))
+    compile.run("ssb.cu", DEFINES, along_columns, (G, np.int32(rows), np.int32(cols // 2 + 1), roots(rows, device)))
     return G
 
 

@@ -8,13 +8,13 @@ position order. Launches go to the current stream and nothing waits for the host
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import cupy
 import cupyx.scipy.fft
 import numpy as np
 
 from ... import compile
+from ...compile import Launch
 from ..line_fft import line, roots
 from .cpu import Batch
 
@@ -32,16 +32,6 @@ def kernel(name: str) -> cupy.RawKernel:
     return compile.kernel("ptycho.cu", name, DEFINES)
 
 
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch: its name expression, grid, threads per block and dynamic shared memory (bytes)."""
-
-    name: str
-    grid: tuple[int, ...]
-    threads: int
-    shared_bytes: int
-
-
 def fused_launches(R: int, C: int, n: int, measured_type: str) -> tuple[Launch, Launch, Launch] | None:
     """rows_forward, columns and rows_inverse for a batch of n positions of R x C windows (measured patterns of
     C type ``measured_type``), or None where a side has no ``line`` (the batch then goes through cuFFT)."""
@@ -53,10 +43,6 @@ def fused_launches(R: int, C: int, n: int, measured_type: str) -> tuple[Launch, 
             Launch(f"columns<{measured_type}, {column.name}>", (math.ceil(C / TILE_C), n), 32 * TILE_C, column.shared_points(TILE_C) * 8),
             Launch(f"rows_inverse<{math.ceil(C / 32)}, {row.name}>", (math.ceil(R / ROW_WARPS), math.ceil(n / FUSED_GROUP)), 32 * ROW_WARPS,
                    row_smem))
-
-
-def run(launch: Launch, args: tuple) -> None:
-    kernel(launch.name)(launch.grid, (launch.threads,), args, shared_mem=launch.shared_bytes)
 
 
 def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int, int], scale: float, numerator, denominator):
@@ -74,6 +60,7 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
     device = cupy.cuda.Device().id
     wave = cupy.empty((batch.n, R, C), np.complex64)
     cols, first, n = np.int64(obj.shape[1]), np.int64(batch.first), np.int64(batch.n)
+    run = lambda launch, args: compile.run("ptycho.cu", DEFINES, launch, args)  # noqa: E731
     run(forward, (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, roots(C, device), wave))
     partial = cupy.empty(math.prod(columns.grid), np.float64)
     run(columns, (wave, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R), np.int32(center[1] % C),
