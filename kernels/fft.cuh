@@ -156,14 +156,14 @@ template <class FIRST, class SECOND>
 struct Line {
     static constexpr int P = FIRST::n, Q = SECOND::n, N = P * Q;
     static constexpr int scratch_pitch = Q | 1;  // odd: a step's 16 threads of a half-warp meet distinct bank pairs
-    template <bool INVERSE>
-    __device__ static void fft(float2* data, int pitch, int lines, float2* scratch, const float2* __restrict__ roots) {
+    // Lines l < lines whose point i is point(l, i) (a float2&), in place.
+    template <bool INVERSE, class POINT>
+    __device__ static void fft_at(POINT point, int lines, float2* scratch, const float2* __restrict__ roots) {
         for (int j = threadIdx.x; j < lines * Q; j += blockDim.x) {
             int l = j / Q, q = j - l * Q;
-            const float2* x = data + l * pitch;
             float2 v[P];
 #pragma unroll
-            for (int p = 0; p < P; ++p) v[p] = x[at(Q * p + q)];
+            for (int p = 0; p < P; ++p) v[p] = point(l, Q * p + q);
             FIRST::template run<INVERSE>(v);
             float2* y = scratch + l * P * scratch_pitch + q;
             y[0] = v[0];
@@ -181,10 +181,14 @@ struct Line {
 #pragma unroll
             for (int q = 0; q < Q; ++q) u[q] = y[q];
             SECOND::template run<INVERSE>(u);
-            float2* x = data + l * pitch;
 #pragma unroll
-            for (int s = 0; s < Q; ++s) x[at(k + P * s)] = u[s];
+            for (int s = 0; s < Q; ++s) point(l, k + P * s) = u[s];
         }
         __syncthreads();
+    }
+    // Lines l < lines at data + l pitch, point i at at(i).
+    template <bool INVERSE>
+    __device__ static void fft(float2* data, int pitch, int lines, float2* scratch, const float2* __restrict__ roots) {
+        fft_at<INVERSE>([=](int l, int i) -> float2& { return data[l * pitch + at(i)]; }, lines, scratch, roots);
     }
 };

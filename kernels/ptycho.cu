@@ -10,6 +10,7 @@
 typedef long long i64;
 
 #include "fft.cuh"
+#include "cluster.cuh"
 
 __device__ __forceinline__ float2 conj_times(float2 a, float2 b) { return make_float2(a.x * b.x + a.y * b.y, a.x * b.y - a.y * b.x); }
 __device__ __forceinline__ float norm2(float2 a) { return a.x * a.x + a.y * a.y; }
@@ -91,8 +92,9 @@ __global__ void probe_sums(const float2* __restrict__ object, i64 cols, const fl
 }
 
 // A block's tile of object pixels (one thread each, TILE_COLS x TILE_ROWS threads) and, further down, the columns
-// per block of `columns` (TILE_C) and the rows per block of rows_forward and rows_inverse (ROW_WARPS), written only in qgpu_dask/phase/iterative/cuda.py (which
-// launches the blocks) and passed from there as -D options (qgpu_dask/compile.py defines).
+// per block of `columns` (TILE_C), the rows per block of rows_forward and rows_inverse (ROW_WARPS) and the lines
+// far_field_pair transforms at once (PAIR_LINES), written only in qgpu_dask/phase/iterative/cuda.py (which launches
+// the blocks) and passed from there as -D options (qgpu_dask/compile.py defines).
 #ifndef TILE_ROWS
 #error "TILE_ROWS comes from qgpu_dask/phase/iterative/cuda.py"
 #endif
@@ -104,6 +106,9 @@ __global__ void probe_sums(const float2* __restrict__ object, i64 cols, const fl
 #endif
 #ifndef ROW_WARPS
 #error "ROW_WARPS comes from qgpu_dask/phase/iterative/cuda.py"
+#endif
+#ifndef PAIR_LINES
+#error "PAIR_LINES comes from qgpu_dask/phase/iterative/cuda.py"
 #endif
 
 // Hits a thread of object_update loads before it adds them: enough bytes in flight for the memory's latency (one at
@@ -309,5 +314,90 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
             numerator[((i64)blockIdx.y * R + r) * C + s] = top[i];
             denominator[((i64)blockIdx.y * R + r) * C + s] = bottom[i];
         }
+    }
+}
+
+// ---------------------------------------------------------------- one position per pair of CTAs
+// The same as rows_forward, columns and the FFTs of rows_inverse for position k = blockIdx.x / 2, its wave never
+// leaving the two CTAs of a cluster: rank c holds rows c H .. c H + H - 1 (H = R / 2) in shared memory. Exit waves
+// and FFTs along its rows; the column FFTs' first radix-2 step across the pair (decimation in frequency: rank 0's
+// row n becomes a + b, rank 1's (a - b) w^n, w = exp(-2 pi i / R), a and b the two ranks' rows n), so rank c then
+// holds frequency rows 2 n + c and takes H-point FFTs of its columns; the projection (as `columns`, the error's
+// partial sum per CTA in partial[blockIdx.x]); the inverse H-point FFTs, the inverse radix-2 step (rank 0's row n
+// becomes E + w^-n O, rank 1's E - w^-n O) and the inverse FFTs along the rows: the updated wave, written to
+// updated[k]. Each rank takes half the rows n of a radix-2 step and reads and writes both ranks' points of them,
+// so no point is read after another thread wrote it. ROW is the Line of C points, HALF of H. Shared memory: H
+// padded(C) points, then the FFTs' scratch (scratch_points), then 32 doubles.
+template <class T, class ROW, class HALF>
+__global__ void __cluster_dims__(2, 1, 1)
+far_field_pair(const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe, int R, int C, const i64* __restrict__ corners,
+               i64 first, const T* __restrict__ measured, int cr, int cs, float scale, const float2* __restrict__ roots_c,
+               const float2* __restrict__ roots_h, const float2* __restrict__ roots_r, int scratch_points, float2* __restrict__ updated,
+               double* __restrict__ partial) {
+    extern __shared__ float2 shared[];
+    const unsigned rank = cluster_rank();
+    const int H = R / 2, pitch = padded(C), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 k = blockIdx.x / 2;
+    float2 *rows = shared, *scratch = shared + H * pitch;
+    double* sums = reinterpret_cast<double*>(scratch + scratch_points);
+    float2 *even = rank == 0 ? rows : in_cta(rows, 0), *odd = rank == 1 ? rows : in_cta(rows, 1);
+    const i64* corner = corners + 2 * (first + k);
+    const float2* window = object + (corner[0] + rank * H) * cols + corner[1];
+    for (int t = threadIdx.x; t < H * C; t += blockDim.x) {
+        int r = t / C, s = t - r * C;
+        rows[r * pitch + at(s)] = times(probe[(rank * H + r) * C + s], window[r * cols + s]);
+    }
+    __syncthreads();
+    for (int l0 = 0; l0 < H; l0 += PAIR_LINES) ROW::template fft<false>(rows + l0 * pitch, pitch, min(PAIR_LINES, H - l0), scratch, roots_c);
+    const int n0 = rank == 0 ? 0 : (H + 1) / 2, n1 = rank == 0 ? (H + 1) / 2 : H;  // this rank's rows of the radix-2 steps
+    cluster_sync();
+    for (int t = threadIdx.x; t < (n1 - n0) * C; t += blockDim.x) {
+        int n = n0 + t / C, s = t % C, i = n * pitch + at(s);
+        float2 a = even[i], b = odd[i];
+        even[i] = plus(a, b);
+        odd[i] = times(minus(a, b), roots_r[n]);
+    }
+    cluster_sync();
+    double error = 0.0;
+    const T* pattern = measured + k * R * C;
+    for (int c0 = 0; c0 < C; c0 += PAIR_LINES) {
+        const int width = min(PAIR_LINES, C - c0);
+        auto point = [=](int l, int i) -> float2& { return rows[i * pitch + at(c0 + l)]; };
+        HALF::template fft_at<false>(point, width, scratch, roots_h);
+        for (int t = threadIdx.x; t < H * width; t += blockDim.x) {
+            int n = t / width, s = c0 + t - n * width, r = 2 * n + (int)rank;
+            int ar = r + cr >= R ? r + cr - R : r + cr, as = s + cs >= C ? s + cs - C : s + cs;
+            float amp = amplitude_of(pattern[(i64)ar * C + as]);
+            float2* f = rows + n * pitch + at(s);
+            float m = sqrtf(norm2(*f));
+            float d = m - amp;
+            error += (double)(d * d);
+            float ratio = m > 0.f ? amp / m * scale : 0.f;
+            *f = make_float2(f->x * ratio, f->y * ratio);
+        }
+        __syncthreads();
+        HALF::template fft_at<true>(point, width, scratch, roots_h);
+    }
+    for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
+    if (lane == 0) sums[warp] = error;
+    __syncthreads();
+    if (warp == 0) {
+        error = lane < (int)(blockDim.x >> 5) ? sums[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
+        if (lane == 0) partial[blockIdx.x] = error;
+    }
+    cluster_sync();
+    for (int t = threadIdx.x; t < (n1 - n0) * C; t += blockDim.x) {
+        int n = n0 + t / C, s = t % C, i = n * pitch + at(s);
+        float2 w = roots_r[n], o = times(odd[i], make_float2(w.x, -w.y)), e = even[i];
+        even[i] = plus(e, o);
+        odd[i] = minus(e, o);
+    }
+    cluster_sync();
+    for (int l0 = 0; l0 < H; l0 += PAIR_LINES) ROW::template fft<true>(rows + l0 * pitch, pitch, min(PAIR_LINES, H - l0), scratch, roots_c);
+    float2* out = updated + (k * R + rank * H) * C;
+    for (int t = threadIdx.x; t < H * C; t += blockDim.x) {
+        int r = t / C, s = t - r * C;
+        out[(i64)r * C + s] = rows[r * pitch + at(s)];
     }
 }

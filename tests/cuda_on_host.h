@@ -1,8 +1,10 @@
 // CUDA kernels of kernels/*.cu run on the host, for tests on machines without a GPU (tests/test_kernels_on_host.py):
 // one std::thread per CUDA thread of a block, __syncthreads a barrier of the block, __syncwarp and the warp's
-// shuffles, votes and reductions barriers of the warp, atomics std::atomic_ref, blocks one after another. Shared
-// memory: a kernel's `extern __shared__` array is rewritten (by the test) to point at host_shared, its fixed
-// __shared__ arrays become function statics (one block runs at a time).
+// shuffles, votes and reductions barriers of the warp, atomics std::atomic_ref; blocks one after another, or the
+// blocks of a cluster together (launch_clusters: cluster_sync a barrier of all their threads, in_cta an address in
+// another block's shared memory, for kernels/cluster.cuh's functions). Shared memory: a kernel's `extern
+// __shared__` array is rewritten (by the test) to point at host_shared, its block's buffer; its fixed __shared__
+// arrays become function statics (so a kernel launched in clusters keeps its shared arrays in the dynamic one).
 #include <atomic>
 #include <barrier>
 #include <cmath>
@@ -21,6 +23,7 @@
 #define __noinline__
 #define __align__(n) alignas(n)
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
@@ -34,26 +37,42 @@ typedef long long i64;
 thread_local Dim threadIdx, blockIdx;
 thread_local int linear;  // the thread's index in its block, x fastest: its warp is linear / 32
 Dim blockDim, gridDim;
-alignas(16) unsigned char host_shared[1 << 20];
 
 namespace host {
-inline std::unique_ptr<std::barrier<>> block;
-inline std::vector<std::unique_ptr<std::barrier<>>> warps;
-inline unsigned long long words[32][32];
-inline std::atomic<int> any;
+constexpr int SHARED_BYTES = 1 << 20;
+struct Block {
+    std::unique_ptr<std::barrier<>> barrier;
+    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    unsigned long long words[32][32];  // the warps' shuffles
+    std::atomic<int> any;
+    std::unique_ptr<unsigned char[]> shared{new (std::align_val_t(16)) unsigned char[SHARED_BYTES]};
+};
+inline thread_local Block* block;
+inline thread_local unsigned rank;  // in the cluster
+inline std::vector<std::unique_ptr<Block>> cluster_blocks;
+inline std::unique_ptr<std::barrier<>> cluster;
 }  // namespace host
 
-inline void __syncthreads() { host::block->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { host::warps[linear / 32]->arrive_and_wait(); }
+thread_local unsigned char* host_shared;
+
+inline void __syncthreads() { host::block->barrier->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { host::block->warps[linear / 32]->arrive_and_wait(); }
+inline unsigned cluster_rank() { return host::rank; }
+inline void cluster_sync() { host::cluster->arrive_and_wait(); }
+template <class T>
+T* in_cta(T* at, unsigned rank) {
+    auto offset = reinterpret_cast<unsigned char*>(at) - host::block->shared.get();
+    return reinterpret_cast<T*>(host::cluster_blocks[rank]->shared.get() + offset);
+}
 // Lane `from`'s value of v (any type of up to 8 bytes), every lane of the warp calling it.
 template <class T>
 T shuffled(T v, int from) {
     static_assert(sizeof(T) <= 8);
     int warp = linear / 32, lane = linear % 32;
-    std::memcpy(&host::words[warp][lane], &v, sizeof(T));
+    std::memcpy(&host::block->words[warp][lane], &v, sizeof(T));
     __syncwarp();
     T got;
-    std::memcpy(&got, &host::words[warp][from], sizeof(T));
+    std::memcpy(&got, &host::block->words[warp][from], sizeof(T));
     __syncwarp();
     return got;
 }
@@ -77,11 +96,11 @@ inline int __all_sync(unsigned, int p) {
 }
 inline int __syncthreads_or(int p) {
     __syncthreads();
-    if (linear == 0) host::any = 0;
+    if (linear == 0) host::block->any = 0;
     __syncthreads();
-    if (p) host::any = 1;
+    if (p) host::block->any = 1;
     __syncthreads();
-    return host::any.load();
+    return host::block->any.load();
 }
 inline unsigned __ballot_sync(unsigned, int p) {
     unsigned bits = 0;
@@ -121,27 +140,39 @@ inline void __sincosf(float v, float* s, float* c) {
 using std::fmax;
 using std::sqrt;
 
-// Every block of grid, each with block.x * block.y host threads running kernel() (whole warps).
+// Every cluster of `cluster` consecutive blocks (along x) of grid, one after another, the blocks of a cluster together,
+// each with block.x * block.y host threads running kernel() (whole warps).
 template <class Kernel>
-void launch(Dim grid, Dim block, Kernel&& kernel) {
+void launch_clusters(Dim grid, int cluster, Dim block, Kernel&& kernel) {
     gridDim = grid;
     blockDim = block;
     const int threads = block.x * block.y * block.z;
+    host::cluster_blocks.clear();
+    for (int c = 0; c < cluster; ++c) host::cluster_blocks.push_back(std::make_unique<host::Block>());
     for (int by = 0; by < grid.y; ++by)
-        for (int bx = 0; bx < grid.x; ++bx) {
-            host::block = std::make_unique<std::barrier<>>(threads);
-            host::warps.clear();
-            for (int w = 0; w < threads / 32; ++w) host::warps.push_back(std::make_unique<std::barrier<>>(32));
+        for (int bx0 = 0; bx0 < grid.x; bx0 += cluster) {
+            host::cluster = std::make_unique<std::barrier<>>(threads * cluster);
             std::vector<std::thread> team;
-            for (int t = 0; t < threads; ++t)
-                team.emplace_back([&, t, bx, by] {
-                    linear = t;
-                    threadIdx = Dim{t % block.x, t / block.x % block.y, t / (block.x * block.y)};
-                    blockIdx = Dim{bx, by, 0};
-                    kernel();
-                });
+            for (int c = 0; c < cluster; ++c) {
+                host::Block& b = *host::cluster_blocks[c];
+                b.barrier = std::make_unique<std::barrier<>>(threads);
+                b.warps.clear();
+                for (int w = 0; w < threads / 32; ++w) b.warps.push_back(std::make_unique<std::barrier<>>(32));
+                for (int t = 0; t < threads; ++t)
+                    team.emplace_back([&, t, c, bx0, by] {
+                        host::block = host::cluster_blocks[c].get();
+                        host::rank = c;
+                        host_shared = host::block->shared.get();
+                        linear = t;
+                        threadIdx = Dim{t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+                        blockIdx = Dim{bx0 + c, by, 0};
+                        kernel();
+                    });
+            }
             for (auto& thread : team) thread.join();
         }
 }
+template <class Kernel>
+void launch(Dim grid, Dim block, Kernel&& kernel) { launch_clusters(grid, 1, block, kernel); }
 template <class Kernel>
 void launch(Dim grid, int threads, Kernel&& kernel) { launch(grid, Dim{threads, 1, 1}, kernel); }

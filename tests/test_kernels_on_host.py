@@ -34,7 +34,8 @@ SHARED = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?(\w+(?: \w+)*) (\w
 def host_source(file: str) -> str:
     """kernels/``file``, its headers inlined as for NVRTC, with its dynamic shared memory pointed at the host's buffer."""
     compile = compiling_module("qgpu_dask.compile")
-    text = compile.inlined((ROOT / "kernels" / file).read_text(), ROOT / "kernels")
+    text = (ROOT / "kernels" / file).read_text().replace('#include "cluster.cuh"\n', "")  # cuda_on_host.h has its functions
+    text = compile.inlined(text, ROOT / "kernels")
     return SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(host_shared);", text)
 
 
@@ -93,6 +94,41 @@ extern "C" void fused(const float2* obj, i64 cols, const float2* probe, int R, i
     close = lambda got, want: np.abs(got - want).max() <= 1e-5 * np.abs(want).max()  # the GPU test's tolerances
     assert close(wave, updated) and abs(partial.sum() - error) <= 1e-5 * error
     assert close(top.sum(axis=0), numerator) and close(bottom.sum(axis=0), denominator)
+
+
+@pytest.mark.parametrize("window", [(24, 20), (30, 16)], ids=["12x20", "15x16"])
+def test_far_field_pair_against_its_twin(window, tmp_path):
+    """far_field_pair as updated_waves launches it (two CTAs of a cluster together, their radix-2 steps through
+    each other's shared memory, an odd half height splitting them unevenly): the updated waves and the error."""
+    cuda = compiling_module("qgpu_dask.phase.iterative.cuda")
+    R, C = window
+    rng = np.random.default_rng(9)
+    corners = rng.integers(0, 40, (12, 2))
+    corners[5] = corners[4]
+    geo = Geometry(corners, (40 + R, 40 + C), window, (1.0, 1.0), (5, 7))
+    cplx = lambda *shape: (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(np.complex64)
+    obj, probe = cplx(*geo.object_shape), cplx(*window)
+    batch = batch_of(geo, 2, 9)
+    measured = rng.poisson(3.0, (batch.n, R, C)).astype(np.uint16)
+    updated, error = cpu.updated_waves(obj, probe, measured, corners, batch, geo.center, 0.25, np.zeros(window, np.complex64),
+                                       np.zeros(window, np.float32))
+    pair, scratch = cuda.pair_launch(R, C, batch.n, "unsigned short")
+    entry = f"""
+extern "C" void pair(const float2* obj, i64 cols, const float2* probe, int R, int C, const i64* corners, i64 first,
+                     const unsigned short* measured, int cr, int cs, float scale, const float2* roots_c, const float2* roots_h,
+                     const float2* roots_r, int scratch, float2* updated, double* partial) {{
+    launch_clusters(Dim{{{pair.grid[0]}}}, 2, Dim{{{pair.threads}}}, [&] {{
+        {pair.name}(obj, cols, probe, R, C, corners, first, measured, cr, cs, scale, roots_c, roots_h, roots_r, scratch, updated, partial); }});
+}}"""
+    roots = lambda m: np.exp(-2j * np.pi * np.arange(m) / m).astype(np.complex64)  # as line_fft.roots makes them
+    arrays = [np.ascontiguousarray(a) for a in (obj, probe, corners.astype(np.int64), measured, roots(C), roots(R // 2), roots(R))]
+    got = np.zeros((batch.n, R, C), np.complex64)
+    partial = np.zeros(pair.grid[0])
+    library("ptycho.cu", cuda.DEFINES, entry, tmp_path).pair(
+        pointer(arrays[0]), ctypes.c_int64(obj.shape[1]), pointer(arrays[1]), R, C, pointer(arrays[2]), ctypes.c_int64(batch.first),
+        pointer(arrays[3]), geo.center[0] % R, geo.center[1] % C, ctypes.c_float(0.25), pointer(arrays[4]), pointer(arrays[5]),
+        pointer(arrays[6]), scratch, pointer(got), pointer(partial))
+    assert np.abs(got - updated).max() <= 1e-5 * np.abs(updated).max() and abs(partial.sum() - error) <= 1e-5 * error
 
 
 def test_object_update_against_its_twin(tmp_path):

@@ -186,7 +186,8 @@ def test_a_transposed_detector_gives_the_transposed_object(svc, names, crystal):
 @pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a GPU")
 @pytest.mark.parametrize("window", [(24, 20), (45, 64), (192, 192), (22, 14)], ids=["6x4,5x4", "9x5,8x8", "16x12", "cufft"])  # 11, 7: cuFFT
 def test_cuda_batch_kernels_match_their_twins(window):
-    """Irregular, repeated windows; more positions than a gather block lists at once (256)."""
+    """Irregular, repeated windows; more positions than a gather block lists at once (256); every path of the
+    far-field update that takes the windows (cuFFT; three fused passes; a pair of CTAs per position, even R)."""
     import cupy
 
     from qgpu_dask.phase.iterative import cpu, cuda
@@ -213,11 +214,16 @@ def test_cuda_batch_kernels_match_their_twins(window):
         assert abs(float(cuda.project(far_gpu, on(measured), geo.center, 0.25)) - error) <= 1e-6 * error
         assert close(far_gpu, far, 1e-6)
         sums = [np.zeros(window, np.complex64), np.zeros(window, np.float32)]
-        sums_gpu = [on(s) for s in sums]
         updated, error = cpu.updated_waves(obj, probe, measured, corners, batch, geo.center, 0.25, *sums)
-        updated_gpu, error_gpu = cuda.updated_waves(on(obj), on(probe), on(measured), on(corners), batch, geo.center, 0.25, *sums_gpu)
-        assert abs(float(error_gpu) - error) <= 1e-5 * error and close(updated_gpu, updated, 1e-5)
-        assert close(sums_gpu[0], sums[0], 1e-5) and close(sums_gpu[1], sums[1], 1e-5)
+        kind = cuda.measured_ctype(measured)
+        paths = ["cufft"] + ["fused"] * (cuda.fused_launches(*window, batch.n, kind) is not None) + ["pair"] * (cuda.pair_launch(*window, batch.n, kind) is not None)
+        assert cuda.path_of(*window, batch.n, kind) == paths[-1]
+        for path in paths:
+            sums_gpu = [on(np.zeros_like(s)) for s in sums]
+            updated_gpu, error_gpu = cuda.updated_waves(on(obj), on(probe), on(measured), on(corners), batch, geo.center, 0.25, *sums_gpu,
+                                                        path=path)
+            assert abs(float(error_gpu) - error) <= 1e-5 * error and close(updated_gpu, updated, 1e-5), path
+            assert close(sums_gpu[0], sums[0], 1e-5) and close(sums_gpu[1], sums[1], 1e-5), path
     roots = np.sqrt(counts, dtype=np.float32)
     far = cpu.fft2(cpu.exit_waves(obj, probe, corners, batch))
     assert cpu.project(far.copy(), roots, geo.center, 0.25) == cpu.project(far.copy(), counts, geo.center, 0.25)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ... import compile
 from ...compile import Launch
-from ..line_fft import line, roots
+from ..line_fft import line, padded, roots
 from .cpu import Batch
 
 TILE_ROWS, TILE_COLS = 8, 32  # a block's tile of object pixels in object_update, one thread each
@@ -25,7 +25,12 @@ FUSED_GROUP = 8  # the same in rows_inverse, which runs one warp per row and gro
 TILE_C = 8  # columns per block of `columns`
 ROW_WARPS = 8  # rows per block of rows_forward and rows_inverse, a warp each for loads and stores
 MAX_FFT = 512  # the longest row or column the fused kernels take (shared memory)
-DEFINES = compile.defines(TILE_ROWS=TILE_ROWS, TILE_COLS=TILE_COLS, TILE_C=TILE_C, ROW_WARPS=ROW_WARPS)  # the constants kernels/ptycho.cu takes from Python
+PAIR_LINES = 16  # lines far_field_pair transforms at once (its FFTs' scratch)
+PAIR_THREADS = 512  # threads of each CTA of far_field_pair
+PAIR_SHARED = 227 * 1024  # the most shared memory a far_field_pair CTA may take (an H100's or H200's opt-in)
+PATHS = ("pair", "fused", "cufft")  # updated_waves' ways, the first that takes the windows chosen
+DEFINES = compile.defines(TILE_ROWS=TILE_ROWS, TILE_COLS=TILE_COLS, TILE_C=TILE_C, ROW_WARPS=ROW_WARPS,
+                          PAIR_LINES=PAIR_LINES)  # the constants kernels/ptycho.cu takes from Python
 
 
 def kernel(name: str) -> cupy.RawKernel:
@@ -45,19 +50,57 @@ def fused_launches(R: int, C: int, n: int, measured_type: str) -> tuple[Launch, 
                    row_smem))
 
 
-def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int, int], scale: float, numerator, denominator):
-    """The twin's ``updated_waves``: in three fused passes (kernels/ptycho.cu rows_forward, columns, rows_inverse,
-    ``fused_launches``) where both window sides have a ``line``, else step by step through cuFFT."""
+def pair_launch(R: int, C: int, n: int, measured_type: str) -> tuple[Launch, int] | None:
+    """far_field_pair for a batch of n positions of R x C windows, and its FFTs' scratch points; None for an odd R, a
+    side (C, or R / 2) with no ``line``, or a half wave too large for a multiprocessor's shared memory."""
+    row, half = line(C, MAX_FFT), line(R // 2, MAX_FFT) if R % 2 == 0 else None
+    if row is None or half is None:
+        return None
+    scratch = PAIR_LINES * max(row.P * (row.Q | 1), half.P * (half.Q | 1))
+    shared = ((R // 2) * padded(C) + scratch) * 8 + 32 * 8
+    if shared > PAIR_SHARED:
+        return None
+    return Launch(f"far_field_pair<{measured_type}, {row.name}, {half.name}>", (2 * n,), PAIR_THREADS, shared), scratch
+
+
+def path_of(R: int, C: int, n: int, measured_type: str) -> str:
+    """The first of PATHS that takes a batch of n R x C windows."""
+    if pair_launch(R, C, n, measured_type) is not None:
+        return "pair"
+    return "fused" if fused_launches(R, C, n, measured_type) is not None else "cufft"
+
+
+def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int, int], scale: float, numerator, denominator,
+                  path: str | None = None):
+    """The twin's ``updated_waves``, by ``path`` (default ``path_of``): "pair", one position per cluster of two
+    CTAs (kernels/ptycho.cu far_field_pair, ``pair_launch``), then the probe's sums; "fused", three fused passes
+    (rows_forward, columns, rows_inverse, ``fused_launches``); "cufft", step by step through cuFFT."""
     R, C = probe.shape
-    launches = fused_launches(R, C, batch.n, measured_ctype(measured))
-    if launches is None:
+    measured_type = measured_ctype(measured)
+    path = path or path_of(R, C, batch.n, measured_type)
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    launches = pair_launch(R, C, batch.n, measured_type) if path == "pair" else fused_launches(R, C, batch.n, measured_type) if path == "fused" else None
+    if path != "cufft" and launches is None:
+        raise ValueError(f"the {path!r} path does not take {R} x {C} windows")
+    device = cupy.cuda.Device().id
+    if path == "pair":
+        pair, scratch = launches
+        updated = cupy.empty((batch.n, R, C), np.complex64)
+        partial = cupy.empty(pair.grid[0], np.float64)
+        compile.run("ptycho.cu", DEFINES, pair, (obj, np.int64(obj.shape[1]), probe, np.int32(R), np.int32(C), corners, np.int64(batch.first),
+                                                 cupy.ascontiguousarray(measured), np.int32(center[0] % R), np.int32(center[1] % C),
+                                                 np.float32(scale), roots(C, device), roots(R // 2, device), roots(R, device),
+                                                 np.int32(scratch), updated, partial))
+        probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
+        return updated, partial.sum()
+    if path == "cufft":
         far = fft2(exit_waves(obj, probe, corners, batch))
         error = project(far, measured, center, scale)
         updated = ifft2(far)
         probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
         return updated, error
     forward, columns, inverse = launches
-    device = cupy.cuda.Device().id
     wave = cupy.empty((batch.n, R, C), np.complex64)
     cols, first, n = np.int64(obj.shape[1]), np.int64(batch.first), np.int64(batch.n)
     run = lambda launch, args: compile.run("ptycho.cu", DEFINES, launch, args)  # noqa: E731
