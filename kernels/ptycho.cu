@@ -65,6 +65,10 @@ __global__ void project(float2* __restrict__ far, const T* __restrict__ measured
     }
 }
 
+// Loads a thread of probe_sums or object_update issues before it adds their values: enough bytes in flight for the
+// memory's latency (one at a time, object_update read the updated waves at 1.4 TB/s on the H200).
+constexpr int LOAD_RUN = 8;
+
 // The probe's sums of the batch, by groups of `per_group` positions (blockIdx.y): with O_k the window of position k
 // and chi_k = updated_k - P O_k, numerator[g, j] = sum_k conj(O_k[j]) chi_k[j] and denominator[g, j] = sum_k |O_k[j]|^2
 // over the group's positions in order.
@@ -78,14 +82,23 @@ __global__ void probe_sums(const float2* __restrict__ object, i64 cols, const fl
     float2 p = probe[j], top = make_float2(0.f, 0.f);
     float bottom = 0.f;
     i64 lo = (i64)blockIdx.y * per_group, hi = min(n, lo + per_group);
-    for (i64 k = lo; k < hi; ++k) {
-        const i64* corner = corners + 2 * (first + k);
-        float2 o = object[(corner[0] + r) * cols + corner[1] + s];
-        float2 u = updated[k * w + j], po = times(p, o);
-        float2 t = conj_times(o, make_float2(u.x - po.x, u.y - po.y));
-        top.x += t.x;
-        top.y += t.y;
-        bottom += norm2(o);
+    for (i64 k0 = lo; k0 < hi; k0 += LOAD_RUN) {
+        // a run of positions: every load first, then the sums in position order (past hi: zeros, which add nothing)
+        float2 o[LOAD_RUN], u[LOAD_RUN];
+#pragma unroll
+        for (int i = 0; i < LOAD_RUN; ++i) {
+            i64 k = k0 + i;
+            const i64* corner = corners + 2 * (first + (k < hi ? k : lo));
+            o[i] = k < hi ? object[(corner[0] + r) * cols + corner[1] + s] : make_float2(0.f, 0.f);
+            u[i] = k < hi ? updated[k * w + j] : make_float2(0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < LOAD_RUN; ++i) {
+            float2 po = times(p, o[i]), t = conj_times(o[i], make_float2(u[i].x - po.x, u[i].y - po.y));
+            top.x += t.x;
+            top.y += t.y;
+            bottom += norm2(o[i]);
+        }
     }
     numerator[blockIdx.y * w + j] = top;
     denominator[blockIdx.y * w + j] = bottom;
@@ -110,10 +123,6 @@ __global__ void probe_sums(const float2* __restrict__ object, i64 cols, const fl
 #ifndef PAIR_LINES
 #error "PAIR_LINES comes from qgpu_dask/phase/iterative/cuda.py"
 #endif
-
-// Hits a thread of object_update loads before it adds them: enough bytes in flight for the memory's latency (one at
-// a time, the kernel read the updated waves at 1.4 TB/s on the H200).
-constexpr int HIT_RUN = 8;
 
 // The object's update, gathered: every pixel of the box (rows row0.., cols col0..; a grid of tiles) adds, over the
 // batch's windows holding it in position order, top = sum conj(P) updated and lit = sum |P|^2, then
@@ -156,18 +165,18 @@ __global__ void object_update(float2* __restrict__ object, i64 cols, i64 row0, i
         }
         __syncthreads();
         int dy = (int)(y - tr), dx = (int)(x - tc);
-        for (int h0 = 0; h0 < hits; h0 += HIT_RUN) {
-            // a run of hits: every load first (HIT_RUN of them in flight), then the sums in position order
-            float2 p[HIT_RUN], u[HIT_RUN];
+        for (int h0 = 0; h0 < hits; h0 += LOAD_RUN) {
+            // a run of hits: every load first (LOAD_RUN of them in flight), then the sums in position order
+            float2 p[LOAD_RUN], u[LOAD_RUN];
 #pragma unroll
-            for (int j = 0; j < HIT_RUN; ++j) {
+            for (int j = 0; j < LOAD_RUN; ++j) {
                 int h = h0 + j, r = h < hits ? dy - hit_rows[h] : -1, s = h < hits ? dx - hit_cols[h] : -1;
                 bool in = r >= 0 && r < R && s >= 0 && s < C;
                 p[j] = in ? probe[r * C + s] : make_float2(0.f, 0.f);
                 u[j] = in ? updated[(base + hit_index[h]) * w + (i64)r * C + s] : make_float2(0.f, 0.f);
             }
 #pragma unroll
-            for (int j = 0; j < HIT_RUN; ++j) {
+            for (int j = 0; j < LOAD_RUN; ++j) {
                 float2 t = conj_times(p[j], u[j]);
                 top.x += t.x;
                 top.y += t.y;

@@ -131,9 +131,10 @@ extern "C" void pair(const float2* obj, i64 cols, const float2* probe, int R, in
     assert np.abs(got - updated).max() <= 1e-5 * np.abs(updated).max() and abs(partial.sum() - error) <= 1e-5 * error
 
 
-def test_object_update_against_its_twin(tmp_path):
-    """object_update as the CUDA module launches it (tiles of the batch's box, hits taken HIT_RUN at a time, a
-    last run of fewer, windows missing a tile's pixels) against the twin's update of the same box."""
+def test_gathered_sums_against_their_twins(tmp_path):
+    """object_update and probe_sums as the CUDA module launches them (object tiles of the batch's box, groups of
+    positions, loads taken LOAD_RUN at a time with a last run of fewer, windows missing a tile's pixels) against the
+    twins' update of the same box and probe sums."""
     cuda = compiling_module("qgpu_dask.phase.iterative.cuda")
     R, C = 24, 20
     rng = np.random.default_rng(8)
@@ -145,21 +146,34 @@ def test_object_update_against_its_twin(tmp_path):
     updated = cplx(batch.n, R, C)
     row0, row1, col0, col1 = batch.box
     grid = (math.ceil((col1 - col0) / cuda.TILE_COLS), math.ceil((row1 - row0) / cuda.TILE_ROWS))
+    groups = math.ceil(batch.n / cuda.PER_GROUP)
     entry = f"""
 extern "C" void update(float2* obj, i64 cols, i64 row0, i64 row1, i64 col0, i64 col1, const float2* probe, const float2* updated, int R,
                        int C, const i64* corners, i64 first, i64 n, float step, float floor) {{
     launch(Dim{{{grid[0]}, {grid[1]}}}, {cuda.THREADS}, [&] {{
         object_update(obj, cols, row0, row1, col0, col1, probe, updated, R, C, corners, first, n, step, floor); }});
+}}
+extern "C" void sums(const float2* obj, i64 cols, const float2* probe, const float2* updated, int R, int C, const i64* corners, i64 first,
+                     i64 n, float2* top, float* bottom) {{
+    launch(Dim{{{math.ceil(R * C / cuda.THREADS)}, {groups}}}, {cuda.THREADS}, [&] {{
+        probe_sums(obj, cols, probe, updated, R, C, corners, first, n, {cuda.PER_GROUP}, top, bottom); }});
 }}"""
+    lib = library("ptycho.cu", cuda.DEFINES, entry, tmp_path)
+    arrays = [np.ascontiguousarray(a) for a in (probe, updated, corners.astype(np.int64))]
+    numerator, denominator = np.zeros((R, C), np.complex64), np.zeros((R, C), np.float32)
+    cpu.probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
+    top, bottom = np.zeros((groups, R, C), np.complex64), np.zeros((groups, R, C), np.float32)
+    lib.sums(pointer(obj), ctypes.c_int64(obj.shape[1]), pointer(arrays[0]), pointer(arrays[1]), R, C, pointer(arrays[2]),
+             ctypes.c_int64(batch.first), ctypes.c_int64(batch.n), pointer(top), pointer(bottom))
+    close = lambda got, want: np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert close(top.sum(axis=0), numerator) and close(bottom.sum(axis=0), denominator)
     want = obj.copy()
     cpu.object_update(want, probe, updated, corners, batch, 0.5, 1e-3)
     got = obj.copy()
-    arrays = [np.ascontiguousarray(a) for a in (probe, updated, corners.astype(np.int64))]
-    library("ptycho.cu", cuda.DEFINES, entry, tmp_path).update(
-        pointer(got), ctypes.c_int64(obj.shape[1]), *(ctypes.c_int64(v) for v in (row0, row1, col0, col1)), pointer(arrays[0]),
-        pointer(arrays[1]), R, C, pointer(arrays[2]), ctypes.c_int64(batch.first), ctypes.c_int64(batch.n), ctypes.c_float(0.5),
-        ctypes.c_float(1e-3))
-    assert (got != obj).any() and np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    lib.update(pointer(got), ctypes.c_int64(obj.shape[1]), *(ctypes.c_int64(v) for v in (row0, row1, col0, col1)), pointer(arrays[0]),
+               pointer(arrays[1]), R, C, pointer(arrays[2]), ctypes.c_int64(batch.first), ctypes.c_int64(batch.n), ctypes.c_float(0.5),
+               ctypes.c_float(1e-3))
+    assert (got != obj).any() and close(got, want)
 
 
 @pytest.mark.parametrize("C", [1, 6, 16])
