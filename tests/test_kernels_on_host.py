@@ -96,10 +96,11 @@ extern "C" void fused(const float2* obj, i64 cols, const float2* probe, int R, i
     assert close(top.sum(axis=0), numerator) and close(bottom.sum(axis=0), denominator)
 
 
-@pytest.mark.parametrize("window", [(24, 20), (30, 16)], ids=["12x20", "15x16"])
+@pytest.mark.parametrize("window", [(24, 20), (90, 36)], ids=["12x20", "45x36"])
 def test_far_field_pair_against_its_twin(window, tmp_path):
     """far_field_pair as updated_waves launches it (two CTAs of a cluster together, their radix-2 steps through
-    each other's shared memory, an odd half height splitting them unevenly): the updated waves and the error."""
+    each other's shared memory, an odd half height splitting them unevenly, more rows and columns than PAIR_LINES):
+    the updated waves and the error."""
     cuda = compiling_module("qgpu_dask.phase.iterative.cuda")
     R, C = window
     rng = np.random.default_rng(9)
