@@ -68,20 +68,18 @@ def bright_field_pixels(optics: Optics, det_shape: tuple[int, int]) -> tuple[np.
 
 
 def spectrum(resident: Resident, indices: np.ndarray) -> Spectrum:
-    """G of the flat detector pixels ``indices``, on the resident's device: on a GPU from dense counts straight
-    from the frames (``phase.cuda.scan_spectrum``), else their images decoded and transformed ``CHUNK_BYTES``
-    of images at a time."""
+    """G of the flat detector pixels ``indices``, on the resident's device: from dense counts straight from the
+    frames (``scan_spectrum``: on a GPU the spectrum kernels where the scan's sides allow, on a CPU in
+    threads), else their images decoded ``CHUNK_BYTES`` at a time and transformed (``spectrum_of``)."""
     xp = resident.xp
     rows, cols = resident.scan_shape
-    G = None
-    if xp is not np and isinstance(resident, DenseCounts):
-        G = sum_kernels(xp).scan_spectrum(resident.flat, indices, (rows, cols))
+    kernels = sum_kernels(xp)
+    G = kernels.scan_spectrum(resident.flat, indices, (rows, cols)) if isinstance(resident, DenseCounts) else None
     if G is None:
         G = xp.empty((len(indices), rows, cols // 2 + 1), xp.complex64)
         step = max(1, CHUNK_BYTES // (4 * rows * cols))
         for lo in range(0, len(indices), step):
-            images = resident.pixel_images(indices[lo : lo + step]).reshape(-1, rows, cols)
-            G[lo : lo + step] = xp.fft.rfft2(images)
+            kernels.spectrum_of(resident.pixel_images(indices[lo : lo + step]).reshape(-1, rows, cols), G[lo : lo + step])
     mean = float(G[:, 0, 0].real.sum()) / (G.shape[0] * rows * cols)
     if not mean > 0:
         raise ValueError("the bright-field pixels hold no counts: no phase can be formed")
