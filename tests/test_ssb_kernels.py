@@ -80,6 +80,21 @@ def test_pixel_images_on_the_gpu():
         assert images.dtype == np.float32 and images.flags.c_contiguous and (images.get() == expected).all(), resident.layout
 
 
+def test_cpu_spectrum_in_threads_equals_one_rfft2(monkeypatch):
+    """The CPU twin's spectrum gathers and transforms slices of the pixels in threads: the same bits as one rfft2
+    of all the images, for dense counts and for images (compressed residents' path)."""
+    rng = np.random.default_rng(6)
+    counts = rng.poisson(20.0, (8, 6, 12, 10)).astype(np.uint16)
+    pixels = np.array([0, 7, 8, 9, 44, 45, 119, 3, 60, 61, 62])
+    monkeypatch.setattr(cpu, "SPECTRUM_BYTES", 2 * 4 * 48)  # two images a slice: six slices
+    images = counts.reshape(48, 120)[:, pixels].T.astype(np.float32).reshape(-1, 8, 6)
+    want = np.fft.rfft2(images).astype(np.complex64)
+    assert (cpu.scan_spectrum(counts.reshape(48, 120), pixels, (8, 6)) == want).all()
+    out = np.empty_like(want)
+    cpu.spectrum_of(images, out)
+    assert (out == want).all()
+
+
 def test_chi_table_evaluation_in_the_cpu_twin():
     x, y = 0.31, -0.47
     assert abs(cpu.chi_at(x, y, chi_table(OPTICS)) - float(chi(x, y, OPTICS))) <= 1e-12 * abs(float(chi(x, y, OPTICS)))

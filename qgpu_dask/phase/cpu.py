@@ -1,6 +1,7 @@
-"""The SSB kernels on the CPU (Numba), twins of kernels/ssb.cu: the sideband sum, the aberration fit's signal
-(``fit_terms``), the normal equations of direct ptychography (``normal_equations``) and their solve at one
-strength (``shifted_solve``), contracts in their docstrings.
+"""The SSB kernels on the CPU (Numba, and NumPy's FFTs in threads), twins of kernels/ssb.cu: the scan spectrum
+of images (``spectrum_of``), the sideband sum, the aberration fit's signal (``fit_terms``), the normal equations
+of direct ptychography (``normal_equations``) and their solve at one strength (``shifted_solve``), contracts in
+their docstrings; and the scan spectrum of dense counts in threads (``scan_spectrum``).
 
 Contract of ``sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor)``, shared with
 ``qgpu_dask.phase.cuda``: it takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each
@@ -14,9 +15,47 @@ evaluate chi and Gamma in float32 and sum in float64.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
+
+SPECTRUM_BYTES = 1 << 28  # float32 images a thread gathers and transforms at once
+
+
+def in_threads(n: int, per_item: int, work) -> None:
+    """work(lo, hi) over [0, n) in slices of at most SPECTRUM_BYTES / per_item items, one thread per CPU twin's
+    thread (NumPy's FFTs let go of the GIL)."""
+    threads = numba.get_num_threads()
+    step = max(1, min(-(-n // threads), SPECTRUM_BYTES // per_item))
+    with ThreadPoolExecutor(threads, thread_name_prefix="spectrum") as pool:
+        list(pool.map(lambda lo: work(lo, min(n, lo + step)), range(0, n, step)))
+
+
+def spectrum_of(images: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = rfft2(images[i]) for (n, rows, cols) images (out complex64 (n, rows, cols // 2 + 1)), slices in
+    threads: the twin of ``phase.cuda.spectrum_of``."""
+    n, rows, cols = images.shape
+
+    def work(lo: int, hi: int) -> None:
+        out[lo:hi] = np.fft.rfft2(images[lo:hi])
+
+    in_threads(n, 4 * rows * cols, work)
+
+
+def scan_spectrum(counts: np.ndarray, pixels: np.ndarray, scan_shape: tuple[int, int]) -> np.ndarray:
+    """G (n_pixels, rows, cols // 2 + 1) complex64, the rfft2 over the scan of the images of the flat detector
+    ``pixels`` of dense ``counts`` (n_frames, frame_len): each thread gathers a slice of the images and transforms
+    it (a GPU's images are gathered and transformed apart)."""
+    rows, cols = scan_shape
+    pixels = np.asarray(pixels, np.int64)
+    G = np.empty((pixels.size, rows, cols // 2 + 1), np.complex64)
+
+    def work(lo: int, hi: int) -> None:
+        G[lo:hi] = np.fft.rfft2(counts[:, pixels[lo:hi]].T.astype(np.float32).reshape(-1, rows, cols))
+
+    in_threads(pixels.size, 4 * rows * cols, work)
+    return G
 
 
 @numba.njit(cache=True)

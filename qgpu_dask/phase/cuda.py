@@ -28,6 +28,11 @@ def kernel(name_expr: str) -> cupy.RawKernel:
     return compile.kernel("ssb.cu", name_expr, DEFINES)
 
 
+def spectrum_of(images: cupy.ndarray, out: cupy.ndarray) -> None:
+    """out[i] = rfft2(images[i]) for (n, rows, cols) images, through cuFFT: the twin of ``phase.cpu.spectrum_of``."""
+    out[...] = cupy.fft.rfft2(images)
+
+
 def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:
     """chi's polar table (``optics.chi_table``: Re(T[m, p] (k_x + i k_y)^m) |k|^(2p)) as a polynomial in k_x and k_y,
     the kernels' form: (degree N, P) with chi = sum P[b, a] k_x^a k_y^b, P (N + 1) x (N + 1) float32 (expanded in

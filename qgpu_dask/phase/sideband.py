@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..resident.base import Resident
+from ..resident.dense import DenseCounts
 from .calibration import to_scan
 from .optics import Optics, chi, chi_table
 
@@ -67,15 +68,19 @@ def bright_field_pixels(optics: Optics, det_shape: tuple[int, int]) -> tuple[np.
 
 
 def spectrum(resident: Resident, indices: np.ndarray) -> Spectrum:
-    """G of the flat detector pixels ``indices``, on the resident's device, decoded and transformed
-    ``CHUNK_BYTES`` of images at a time."""
+    """G of the flat detector pixels ``indices``, on the resident's device: on a CPU from dense counts straight
+    from the frames, in threads (``phase.cpu.scan_spectrum``), else their images decoded ``CHUNK_BYTES`` at a time
+    and transformed (``spectrum_of``)."""
     xp = resident.xp
     rows, cols = resident.scan_shape
-    G = xp.empty((len(indices), rows, cols // 2 + 1), xp.complex64)
-    step = max(1, CHUNK_BYTES // (4 * rows * cols))
-    for lo in range(0, len(indices), step):
-        images = resident.pixel_images(indices[lo : lo + step]).reshape(-1, rows, cols)
-        G[lo : lo + step] = xp.fft.rfft2(images)
+    kernels = sum_kernels(xp)
+    if xp is np and isinstance(resident, DenseCounts):
+        G = kernels.scan_spectrum(resident.flat, indices, (rows, cols))
+    else:
+        G = xp.empty((len(indices), rows, cols // 2 + 1), xp.complex64)
+        step = max(1, CHUNK_BYTES // (4 * rows * cols))
+        for lo in range(0, len(indices), step):
+            kernels.spectrum_of(resident.pixel_images(indices[lo : lo + step]).reshape(-1, rows, cols), G[lo : lo + step])
     mean = float(G[:, 0, 0].real.sum()) / (G.shape[0] * rows * cols)
     if not mean > 0:
         raise ValueError("the bright-field pixels hold no counts: no phase can be formed")
