@@ -498,8 +498,15 @@ def fill_streams() -> int:
 
 
 def decode_all(streams: Streams, model: Model, dtype, frames: tuple[int, int] | None = None) -> cupy.ndarray:
-    """Every pixel's counts, (hi - lo, frame_len) in ``dtype`` over ``frames`` (default all: the dense counts back)."""
-    return decode_pixels(streams, model, np.arange(streams.index.shape[1]), dtype, pixel_major=False, frames=frames)
+    """Every pixel's counts, (hi - lo, frame_len) in ``dtype`` over ``frames`` (default all: the dense counts back):
+    whole rows by decode_rows (``decode_frames``) where it writes ``dtype``."""
+    frame_len = streams.index.shape[1]
+    if np.dtype(dtype) not in DECODED_TYPES:
+        return decode_pixels(streams, model, np.arange(frame_len), dtype, pixel_major=False, frames=frames)
+    lo, hi, shape, _ = twin.decoded_layout(frames, model.n_frames, frame_len, False)
+    out = cupy.empty(shape, dtype=dtype)
+    decode_frames(streams, model, (lo, hi), out, False)()
+    return out
 
 
 def check(streams: Streams, model: Model) -> None:
