@@ -107,7 +107,8 @@ __global__ void probe_sums(const float2* __restrict__ object, i64 cols, const fl
 // A block's tile of object pixels (one thread each, TILE_COLS x TILE_ROWS threads) and, further down, the columns
 // per block of `columns` (TILE_C), the rows per block of rows_forward and rows_inverse (ROW_WARPS) and the lines
 // far_field_pair transforms at once (PAIR_LINES), written only in qgpu_dask/phase/iterative/cuda.py (which launches
-// the blocks) and passed from there as -D options (qgpu_dask/compile.py defines).
+// the blocks) and passed from there as -D options (qgpu_dask/compile.py defines), as are far_field_pair's threads
+// (PAIR_THREADS, its launch bound).
 #ifndef TILE_ROWS
 #error "TILE_ROWS comes from qgpu_dask/phase/iterative/cuda.py"
 #endif
@@ -122,6 +123,9 @@ __global__ void probe_sums(const float2* __restrict__ object, i64 cols, const fl
 #endif
 #ifndef PAIR_LINES
 #error "PAIR_LINES comes from qgpu_dask/phase/iterative/cuda.py"
+#endif
+#ifndef PAIR_THREADS
+#error "PAIR_THREADS comes from qgpu_dask/phase/iterative/cuda.py"
 #endif
 
 // The object's update, gathered: every pixel of the box (rows row0.., cols col0..; a grid of tiles) adds, over the
@@ -338,7 +342,7 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
 // so no point is read after another thread wrote it. ROW is the Line of C points, HALF of H. Shared memory: H
 // padded(C) points, then the FFTs' scratch (scratch_points), then 32 doubles.
 template <class T, class ROW, class HALF>
-__global__ void __cluster_dims__(2, 1, 1)
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(PAIR_THREADS)
 far_field_pair(const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe, int R, int C, const i64* __restrict__ corners,
                i64 first, const T* __restrict__ measured, int cr, int cs, float scale, const float2* __restrict__ roots_c,
                const float2* __restrict__ roots_h, const float2* __restrict__ roots_r, int scratch_points, float2* __restrict__ updated,

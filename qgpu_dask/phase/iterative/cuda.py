@@ -29,8 +29,8 @@ PAIR_LINES = 32  # lines far_field_pair transforms at once (its FFTs' scratch; 3
 PAIR_THREADS = 512  # threads of each CTA of far_field_pair
 PAIR_SHARED = 227 * 1024  # the most shared memory a far_field_pair CTA may take (an H100's or H200's opt-in)
 PATHS = ("pair", "fused", "cufft")  # updated_waves' ways, the first that takes the windows chosen
-DEFINES = compile.defines(TILE_ROWS=TILE_ROWS, TILE_COLS=TILE_COLS, TILE_C=TILE_C, ROW_WARPS=ROW_WARPS,
-                          PAIR_LINES=PAIR_LINES)  # the constants kernels/ptycho.cu takes from Python
+DEFINES = compile.defines(TILE_ROWS=TILE_ROWS, TILE_COLS=TILE_COLS, TILE_C=TILE_C, ROW_WARPS=ROW_WARPS, PAIR_LINES=PAIR_LINES,
+                          PAIR_THREADS=PAIR_THREADS)  # the constants kernels/ptycho.cu takes from Python
 
 
 def kernel(name: str) -> cupy.RawKernel:
