@@ -33,6 +33,32 @@ __device__ __forceinline__ float amplitude_of(unsigned char v) { return sqrtf((f
 __device__ __forceinline__ float amplitude_of(unsigned short v) { return sqrtf((float)v); }
 __device__ __forceinline__ float amplitude_of(unsigned int v) { return sqrtf((float)v); }
 
+// The measured amplitude of frequency (r, s) of a pattern of detector pixels: pixel (r + cr, s + cs) mod (R, C).
+template <class T>
+__device__ __forceinline__ float amplitude_at(const T* __restrict__ pattern, int r, int s, int R, int C, int cr, int cs) {
+    int ar = r + cr >= R ? r + cr - R : r + cr, as = s + cs >= C ? s + cs - C : s + cs;
+    return amplitude_of(pattern[(i64)ar * C + as]);
+}
+
+// The modulus projection of one frequency, in place: f <- f a / |f| * scale (0 where |f| = 0); (|f| - a)^2 in float32.
+__device__ __forceinline__ float projected(float2& f, float a, float scale) {
+    float m = sqrtf(norm2(f)), d = m - a, ratio = m > 0.f ? a / m * scale : 0.f;
+    f = make_float2(f.x * ratio, f.y * ratio);
+    return d * d;
+}
+
+// The sum of every thread's value over the block, in thread 0 (warps' sums, then warp 0's; a fixed order). Every
+// thread calls it; sums: 32 doubles of shared memory.
+__device__ double block_sum(double value, double* sums) {
+    for (int o = 16; o > 0; o >>= 1) value += __shfl_down_sync(0xffffffffu, value, o);
+    if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = value;
+    __syncthreads();
+    if (threadIdx.x >= 32) return 0.0;
+    value = threadIdx.x < (blockDim.x + 31) / 32 ? sums[threadIdx.x] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) value += __shfl_down_sync(0xffffffffu, value, o);
+    return value;
+}
+
 // The modulus projection, in place: far <- far a / |far| * scale (0 where |far| = 0), a the measured amplitude of
 // the same frequency (measured[k] holds detector pixels, amplitudes or counts: frequency (r, s) is pixel
 // (r + cr, s + cs) mod (R, C)); partial[block] = the block's sum of (|far| - a)^2 in float64, squares made in
@@ -46,23 +72,10 @@ __global__ void project(float2* __restrict__ far, const T* __restrict__ measured
     if (j < R * C) {
         i64 at = (i64)blockIdx.x * R * C;
         int r = j / C, s = j - r * C;
-        int ar = r + cr >= R ? r + cr - R : r + cr, as = s + cs >= C ? s + cs - C : s + cs;
-        float a = amplitude_of(measured[at + ar * C + as]);
-        float2 f = far[at + j];
-        float m = sqrtf(norm2(f));
-        float d = m - a;
-        error = (double)(d * d);
-        float ratio = m > 0.f ? a / m * scale : 0.f;
-        far[at + j] = make_float2(f.x * ratio, f.y * ratio);
+        error = (double)projected(far[at + j], amplitude_at(measured + at, r, s, R, C, cr, cs), scale);
     }
-    for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
-    if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = error;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        error = threadIdx.x < (blockDim.x + 31) / 32 ? sums[threadIdx.x] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
-        if (threadIdx.x == 0) partial[(i64)blockIdx.y * gridDim.x + blockIdx.x] = error;
-    }
+    error = block_sum(error, sums);
+    if (threadIdx.x == 0) partial[(i64)blockIdx.y * gridDim.x + blockIdx.x] = error;
 }
 
 // Loads a thread of probe_sums or object_update issues before it adds their values: enough bytes in flight for the
@@ -234,7 +247,7 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
                         const float2* __restrict__ roots, double* __restrict__ partial) {
     extern __shared__ float2 shared[];
     __shared__ double sums[32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pitch = padded(R);
+    const int pitch = padded(R);
     const i64 k = blockIdx.y;
     const int s0 = blockIdx.x * TILE_C, width = min(TILE_C, C - s0);
     float2 *tile = shared, *scratch = shared + TILE_C * pitch;  // column c: tile + c pitch
@@ -249,25 +262,10 @@ __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured
     const T* pattern = measured + k * R * C;
     for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
         int r = t / TILE_C, c = t - r * TILE_C;
-        if (c < width) {
-            int ar = r + cr >= R ? r + cr - R : r + cr, s = s0 + c, as = s + cs >= C ? s + cs - C : s + cs;
-            float amp = amplitude_of(pattern[(i64)ar * C + as]);
-            float2* f = tile + c * pitch + at(r);
-            float m = sqrtf(norm2(*f));
-            float d = m - amp;
-            error += (double)(d * d);
-            float ratio = m > 0.f ? amp / m * scale : 0.f;
-            *f = make_float2(f->x * ratio, f->y * ratio);
-        }
+        if (c < width) error += (double)projected(tile[c * pitch + at(r)], amplitude_at(pattern, r, s0 + c, R, C, cr, cs), scale);
     }
-    for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
-    if (lane == 0) sums[warp] = error;
-    __syncthreads();
-    if (warp == 0) {
-        error = lane < (blockDim.x >> 5) ? sums[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
-        if (lane == 0) partial[(i64)blockIdx.y * gridDim.x + blockIdx.x] = error;
-    }
+    error = block_sum(error, sums);
+    if (threadIdx.x == 0) partial[(i64)blockIdx.y * gridDim.x + blockIdx.x] = error;
     COLUMN::template fft<true>(tile, pitch, width, scratch, roots);
     for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
         int r = t / TILE_C, c = t - r * TILE_C;
@@ -349,7 +347,7 @@ far_field_pair(const float2* __restrict__ object, i64 cols, const float2* __rest
                double* __restrict__ partial) {
     extern __shared__ float2 shared[];
     const unsigned rank = cluster_rank();
-    const int H = R / 2, pitch = padded(C), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int H = R / 2, pitch = padded(C);
     const i64 k = blockIdx.x / 2;
     float2 *rows = shared, *scratch = shared + H * pitch;
     double* sums = reinterpret_cast<double*>(scratch + scratch_points);
@@ -378,27 +376,14 @@ far_field_pair(const float2* __restrict__ object, i64 cols, const float2* __rest
         auto point = [=](int l, int i) -> float2& { return rows[i * pitch + at(c0 + l)]; };
         HALF::template fft_at<false>(point, width, scratch, roots_h);
         for (int t = threadIdx.x; t < H * width; t += blockDim.x) {
-            int n = t / width, s = c0 + t - n * width, r = 2 * n + (int)rank;
-            int ar = r + cr >= R ? r + cr - R : r + cr, as = s + cs >= C ? s + cs - C : s + cs;
-            float amp = amplitude_of(pattern[(i64)ar * C + as]);
-            float2* f = rows + n * pitch + at(s);
-            float m = sqrtf(norm2(*f));
-            float d = m - amp;
-            error += (double)(d * d);
-            float ratio = m > 0.f ? amp / m * scale : 0.f;
-            *f = make_float2(f->x * ratio, f->y * ratio);
+            int n = t / width, s = c0 + t - n * width;
+            error += (double)projected(rows[n * pitch + at(s)], amplitude_at(pattern, 2 * n + (int)rank, s, R, C, cr, cs), scale);
         }
         __syncthreads();
         HALF::template fft_at<true>(point, width, scratch, roots_h);
     }
-    for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
-    if (lane == 0) sums[warp] = error;
-    __syncthreads();
-    if (warp == 0) {
-        error = lane < (int)(blockDim.x >> 5) ? sums[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) error += __shfl_down_sync(0xffffffffu, error, o);
-        if (lane == 0) partial[blockIdx.x] = error;
-    }
+    error = block_sum(error, sums);
+    if (threadIdx.x == 0) partial[blockIdx.x] = error;
     cluster_sync();
     for (int t = threadIdx.x; t < (n1 - n0) * C; t += blockDim.x) {
         int n = n0 + t / C, s = t % C, i = n * pitch + at(s);

@@ -52,20 +52,27 @@ def pointer(a: np.ndarray) -> ctypes.c_void_p:
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
+def a_batch(window: tuple[int, int], seed: int, positions: int, first: int, n: int):
+    """(geometry, object, probe, batch, measured counts) of random windows, two of them the same, for the
+    far-field kernels' tests."""
+    rng = np.random.default_rng(seed)
+    corners = rng.integers(0, 40, (positions, 2))
+    corners[5] = corners[4]
+    geo = Geometry(corners, (40 + window[0], 40 + window[1]), window, (1.0, 1.0), (5, 7))
+    cplx = lambda *shape: (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(np.complex64)
+    obj, probe = cplx(*geo.object_shape), cplx(*window)
+    batch = batch_of(geo, first, n)
+    return geo, obj, probe, batch, rng.poisson(3.0, (batch.n, *window)).astype(np.uint16)
+
+
 @pytest.mark.parametrize("window", [(24, 20), (45, 64)], ids=["6x4,5x4", "9x5,8x8"])
 def test_fused_ptycho_kernels_against_their_twin(window, tmp_path):
     """rows_forward, columns and rows_inverse as updated_waves launches them: partial tiles of columns, a last
     block of fewer rows, a last group of fewer positions, repeated windows."""
     cuda = compiling_module("qgpu_dask.phase.iterative.cuda")
     R, C = window
-    rng = np.random.default_rng(5)
-    corners = rng.integers(0, 40, (20, 2))
-    corners[5] = corners[4]
-    geo = Geometry(corners, (40 + R, 40 + C), window, (1.0, 1.0), (5, 7))
-    cplx = lambda *shape: (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(np.complex64)
-    obj, probe = cplx(*geo.object_shape), cplx(*window)
-    batch = batch_of(geo, 3, 10)
-    measured = rng.poisson(3.0, (batch.n, R, C)).astype(np.uint16)
+    geo, obj, probe, batch, measured = a_batch(window, 5, 20, 3, 10)
+    corners = geo.corners
     numerator, denominator = np.zeros(window, np.complex64), np.zeros(window, np.float32)
     updated, error = cpu.updated_waves(obj, probe, measured, corners, batch, geo.center, 0.25, numerator, denominator)
 
@@ -103,14 +110,8 @@ def test_far_field_pair_against_its_twin(window, tmp_path):
     the updated waves and the error."""
     cuda = compiling_module("qgpu_dask.phase.iterative.cuda")
     R, C = window
-    rng = np.random.default_rng(9)
-    corners = rng.integers(0, 40, (12, 2))
-    corners[5] = corners[4]
-    geo = Geometry(corners, (40 + R, 40 + C), window, (1.0, 1.0), (5, 7))
-    cplx = lambda *shape: (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(np.complex64)
-    obj, probe = cplx(*geo.object_shape), cplx(*window)
-    batch = batch_of(geo, 2, 9)
-    measured = rng.poisson(3.0, (batch.n, R, C)).astype(np.uint16)
+    geo, obj, probe, batch, measured = a_batch(window, 9, 12, 2, 9)
+    corners = geo.corners
     updated, error = cpu.updated_waves(obj, probe, measured, corners, batch, geo.center, 0.25, np.zeros(window, np.complex64),
                                        np.zeros(window, np.float32))
     pair, scratch = cuda.pair_launch(R, C, batch.n, "unsigned short")
