@@ -112,6 +112,19 @@ def test_spectrum_of_dense_counts_on_the_gpu(scan):
     assert abs(got.scale - want.scale) <= 1e-6 * want.scale
 
 
+def test_bright_field_pixels_made_once_per_calibration():
+    """Another aberration asks for the same pixels again: the same values, in new arrays a caller may change."""
+    cal = OPTICS.with_(det_sampling_mrad=1.0, rotation_deg=12.0, flip=True, bf_center_px=(20.5, 23.0))
+    first = sideband.bright_field_pixels(cal, (48, 50))
+    kept = [a.copy() for a in first]
+    for a in first:
+        a[:] = 0
+    again = sideband.bright_field_pixels(cal.with_(aberrations={"C10": 5.0}), (48, 50))
+    assert all((a == b).all() for a, b in zip(again, kept)) and len(kept[0]) > 100
+    turned = sideband.bright_field_pixels(cal.with_(rotation_deg=13.0), (48, 50))
+    assert (turned[0] == kept[0]).all() and not (turned[1] == kept[1]).all()
+
+
 def test_chi_table_evaluation_in_the_cpu_twin():
     x, y = 0.31, -0.47
     assert abs(cpu.chi_at(x, y, chi_table(OPTICS)) - float(chi(x, y, OPTICS))) <= 1e-12 * abs(float(chi(x, y, OPTICS)))

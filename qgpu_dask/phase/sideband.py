@@ -15,6 +15,7 @@ is one fused kernel (``phase.cuda``, twin ``phase.cpu``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,15 +56,23 @@ def sum_kernels(xp):
 
 
 def bright_field_pixels(optics: Optics, det_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(flat detector indices, k_y, k_x in 1/A in scan coordinates) of the pixels inside the bright-field disk."""
+    """(flat detector indices, k_y, k_x in 1/A in scan coordinates) of the pixels inside the bright-field disk:
+    new arrays, made once per calibration and detector (a change of aberrations asks again)."""
     optics.require_calibration("ssb")
+    made = disk_pixels(optics.semiangle_mrad / optics.det_sampling_mrad, tuple(optics.bf_center_px), optics.rotation_deg, optics.flip,
+                       optics.k_per_pixel(), tuple(det_shape))
+    return tuple(a.copy() for a in made)
+
+
+@functools.lru_cache(maxsize=64)
+def disk_pixels(radius_px: float, center: tuple[float, float], rotation_deg: float, flip: bool, k_per_pixel: float,
+                det_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows, cols = np.indices(det_shape, dtype=np.float64)
-    offsets = np.stack([rows - optics.bf_center_px[0], cols - optics.bf_center_px[1]])
-    radius_px = optics.semiangle_mrad / optics.det_sampling_mrad
+    offsets = np.stack([rows - center[0], cols - center[1]])
     inside = np.hypot(offsets[0], offsets[1]) <= radius_px
     if inside.sum() < 4:
         raise ValueError(f"the bright-field disk holds {int(inside.sum())} pixels: check det_sampling_mrad and bf_center_px")
-    k = to_scan(offsets[:, inside], optics.rotation_deg, optics.flip) * optics.k_per_pixel()
+    k = to_scan(offsets[:, inside], rotation_deg, flip) * k_per_pixel
     return np.flatnonzero(inside.ravel()), k[0], k[1]
 
 
