@@ -267,12 +267,14 @@ def test_decode_rows_against_the_counts(decoders, frames, amplitude):
     ranges starting and ending inside scan blocks, partial warps (45 pixels), every stream form."""
     lib, cuda, resident, flat, common, _ = decoders
     lo, hi = frames
-    blocks, threads, stride, smem = cuda.rows_launch(resident.frame_len, resident.block, lo, hi, cuda.table_stride(resident.model.run, resident.model.values))
-    assert smem <= 48 * 1024 and stride % 4 == 2
+    launch, stride = cuda.rows_launch(resident.frame_len, resident.block, lo, hi, cuda.table_stride(resident.model.run, resident.model.values),
+                                      "float" if amplitude else "unsigned short", amplitude)
+    assert launch.shared_bytes <= 48 * 1024 and stride % 4 == 2
+    assert launch.name == ("decode_rows<float, true>" if amplitude else "decode_rows<unsigned short, false>")
     out = np.full((hi - lo, resident.frame_len), 7, np.float32 if amplitude else np.uint16)
     err = np.full(1, cuda.NO_ERROR, np.uint64)
-    lib.rows(int(amplitude), *blocks, threads, *common(stride), lo // resident.block, ctypes.c_int64(lo), ctypes.c_int64(hi), pointer(out),
-             pointer(err))
+    lib.rows(int(amplitude), *launch.grid, launch.threads, *common(stride), lo // resident.block, ctypes.c_int64(lo), ctypes.c_int64(hi),
+             pointer(out), pointer(err))
     assert int(err[0]) == cuda.NO_ERROR
     want = flat[lo:hi]
     assert (out == (np.sqrt(want.astype(np.float32)) if amplitude else want)).all()
@@ -312,10 +314,12 @@ def test_decode_rows_reports_a_damaged_stream(decoders):
     start = int(keep[1][b]) + int(index[b, p] & codec.OFFSET_MASK)
     payload[start + 5] ^= 0x10
     try:
-        blocks, threads, stride, _ = cuda.rows_launch(resident.frame_len, resident.block, 0, resident.n_frames, cuda.table_stride(resident.model.run, resident.model.values))
+        launch, stride = cuda.rows_launch(resident.frame_len, resident.block, 0, resident.n_frames,
+                                          cuda.table_stride(resident.model.run, resident.model.values), "unsigned short", False)
         out = np.zeros(flat.shape, np.uint16)
         err = np.full(1, cuda.NO_ERROR, np.uint64)
-        lib.rows(0, *blocks, threads, *common(stride), 0, ctypes.c_int64(0), ctypes.c_int64(resident.n_frames), pointer(out), pointer(err))
+        lib.rows(0, *launch.grid, launch.threads, *common(stride), 0, ctypes.c_int64(0), ctypes.c_int64(resident.n_frames), pointer(out),
+                 pointer(err))
     finally:
         payload[start + 5] ^= 0x10
     with pytest.raises(ValueError, match=f"scan block {b}, detector pixel {p}"):

@@ -9,7 +9,6 @@ ValueError, so no partial result leaves.
 
 from __future__ import annotations
 
-import functools
 
 import cupy
 import cupyx
@@ -21,7 +20,7 @@ from ..cpu import compressed as twin
 from ..cpu.compressed import ERRORS
 from . import groups
 from ... import compile
-from ...compile import limits
+from ...compile import Launch, limits
 
 __all__ = ["Model", "Streams", "SeriesStreams", "value_histogram", "token_histogram", "encode", "mask_sums", "mask_sums_async", "roi_reduce", "frame", "decode_pixels", "decode_frames", "decode_all", "check", "fill_streams"]
 
@@ -445,37 +444,24 @@ def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: 
     lo, hi = twin.frames_target(frames, model.n_frames, frame_len, out, amplitude)
     if hi <= lo:
         return lambda: None
-    blocks, threads, stride, smem = rows_launch(frame_len, model.block, lo, hi, model.table_stride)
+    launch, stride = rows_launch(frame_len, model.block, lo, hi, model.table_stride, DECODED_TYPES[out.dtype], amplitude)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
-    kernel(f"decode_rows<{DECODED_TYPES[out.dtype]}, {'true' if amplitude else 'false'}>")(
-        blocks, (threads,),
-        (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(stride), np.int32(lo // model.block),
-         np.int64(lo), np.int64(hi), out, err),
-        shared_mem=smem,
-    )
+    compile.run("compressed.cu", DEFINES, launch, (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block),
+                                                   np.int32(stride), np.int32(lo // model.block), np.int64(lo), np.int64(hi), out, err))
     return raise_error_later(err, frame_len)
 
 
-def rows_launch(frame_len: int, block: int, lo: int, hi: int, table_stride: int) -> tuple[tuple[int, int], int, int, int]:
-    """decode_rows over frames [lo, hi): (grid, threads a block, u16 entries a pixel's tables take, shared
-    memory bytes). The tables' stride is the model's (even) made an odd number of words."""
+def rows_launch(frame_len: int, block: int, lo: int, hi: int, table_stride: int, out_type: str, amplitude: bool) -> tuple[Launch, int]:
+    """decode_rows over frames [lo, hi) into C type ``out_type``, and the u16 entries a pixel's tables take there:
+    the model's stride (even) made an odd number of words."""
     stride = table_stride | 2
-    return (grid(frame_len, 32 * DECODE_WARPS), -(-hi // block) - lo // block), 32 * DECODE_WARPS, stride, DECODE_WARPS * decode_rows_bytes(stride)
+    return Launch(f"decode_rows<{out_type}, {'true' if amplitude else 'false'}>", (grid(frame_len, 32 * DECODE_WARPS), -(-hi // block) - lo // block),
+                  32 * DECODE_WARPS, DECODE_WARPS * decode_rows_bytes(stride)), stride
 
 
 def decode_rows_bytes(stride: int) -> int:
     """Shared memory of one decode_rows warp: its tile of counts, 32 tables of ``stride`` entries, 32 LUTs."""
     return DECODE_ROWS * 32 * 4 + 32 * 2 * stride + 32 * LUT_PITCH
-
-
-@functools.cache
-def all_pixels_on(frame_len: int, device_id: int) -> cupy.ndarray:
-    return cupy.arange(frame_len, dtype=np.int64)
-
-
-def all_pixels(frame_len: int) -> cupy.ndarray:
-    """0 .. frame_len - 1 on the current device (made once)."""
-    return all_pixels_on(frame_len, cupy.cuda.Device().id)
 
 
 def launch_decode(streams: Streams, model: Model, pixels: cupy.ndarray, lo: int, hi: int, strides, out: cupy.ndarray, amplitude: bool):
