@@ -80,34 +80,31 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
     path = path or path_of(R, C, batch.n, measured_type)
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    launches = pair_launch(R, C, batch.n, measured_type) if path == "pair" else fused_launches(R, C, batch.n, measured_type) if path == "fused" else None
-    if path != "cufft" and launches is None:
-        raise ValueError(f"the {path!r} path does not take {R} x {C} windows")
-    device = cupy.cuda.Device().id
-    if path == "pair":
-        pair, scratch = launches
-        updated = cupy.empty((batch.n, R, C), np.complex64)
-        partial = cupy.empty(pair.grid[0], np.float64)
-        compile.run("ptycho.cu", DEFINES, pair, (obj, np.int64(obj.shape[1]), probe, np.int32(R), np.int32(C), corners, np.int64(batch.first),
-                                                 cupy.ascontiguousarray(measured), np.int32(center[0] % R), np.int32(center[1] % C),
-                                                 np.float32(scale), roots(C, device), roots(R // 2, device), roots(R, device),
-                                                 np.int32(scratch), updated, partial))
-        probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
-        return updated, partial.sum()
     if path == "cufft":
         far = fft2(exit_waves(obj, probe, corners, batch))
         error = project(far, measured, center, scale)
         updated = ifft2(far)
         probe_sums(obj, probe, updated, corners, batch, numerator, denominator)
         return updated, error
-    forward, columns, inverse = launches
+    launches = pair_launch(R, C, batch.n, measured_type) if path == "pair" else fused_launches(R, C, batch.n, measured_type)
+    if launches is None:
+        raise ValueError(f"the {path!r} path does not take {R} x {C} windows")
+    device = cupy.cuda.Device().id
+    run = lambda launch, args: compile.run("ptycho.cu", DEFINES, launch, args)  # noqa: E731
     wave = cupy.empty((batch.n, R, C), np.complex64)
     cols, first, n = np.int64(obj.shape[1]), np.int64(batch.first), np.int64(batch.n)
-    run = lambda launch, args: compile.run("ptycho.cu", DEFINES, launch, args)  # noqa: E731
+    counts, cr, cs = cupy.ascontiguousarray(measured), np.int32(center[0] % R), np.int32(center[1] % C)
+    if path == "pair":
+        pair, scratch = launches
+        partial = cupy.empty(pair.grid[0], np.float64)
+        run(pair, (obj, cols, probe, np.int32(R), np.int32(C), corners, first, counts, cr, cs, np.float32(scale), roots(C, device),
+                   roots(R // 2, device), roots(R, device), np.int32(scratch), wave, partial))
+        probe_sums(obj, probe, wave, corners, batch, numerator, denominator)
+        return wave, partial.sum()
+    forward, columns, inverse = launches
     run(forward, (obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, roots(C, device), wave))
     partial = cupy.empty(math.prod(columns.grid), np.float64)
-    run(columns, (wave, cupy.ascontiguousarray(measured), np.int32(R), np.int32(C), np.int32(center[0] % R), np.int32(center[1] % C),
-                  np.float32(scale), roots(R, device), partial))
+    run(columns, (wave, counts, np.int32(R), np.int32(C), cr, cs, np.float32(scale), roots(R, device), partial))
     top = cupy.empty((inverse.grid[1], R * C), np.complex64)
     bottom = cupy.empty((inverse.grid[1], R * C), np.float32)
     run(inverse, (wave, obj, cols, probe, np.int32(R), np.int32(C), corners, first, n, np.int32(FUSED_GROUP), roots(C, device), top, bottom))
