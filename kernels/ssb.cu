@@ -147,24 +147,25 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
 // for the block's SPECTRUM_PIXELS pixels (blockIdx.x) and scan rows y = 2 blockIdx.y and y + 1, the FFT along
 // the scan row, G[k, y, c] and G[k, y + 1, c] for c <= cols / 2: both rows in one complex FFT (row y the real part,
 // y + 1 the imaginary), parted after (X_y[c] = (Z[c] + conj Z[-c]) / 2, X_y+1[c] = (Z[c] - conj Z[-c]) / 2i).
-// The counts come straight from the frames, a row's pixels side by side in each load. ROW is the Line of cols
-// points. Shared memory: SPECTRUM_PIXELS padded(cols) points, then the FFT's scratch.
+// Pixel p of frame f is data[f frame_stride + p pixel_stride]: dense counts straight from the frames (frame_len,
+// 1: a row's pixels side by side in each load), or pixel images (1, n_frames), so both layouts' G are the same bits.
+// ROW is the Line of cols points. Shared memory: SPECTRUM_PIXELS padded(cols) points, then the FFT's scratch.
 template <class T, class ROW>
-__global__ void spectrum_rows(const T* __restrict__ data, int frame_len, const i64* __restrict__ pixels, i64 n_pix, int rows, int cols,
-                              const float2* __restrict__ roots, float2* __restrict__ G) {
+__global__ void spectrum_rows(const T* __restrict__ data, i64 frame_stride, i64 pixel_stride, const i64* __restrict__ pixels, i64 n_pix,
+                              int rows, int cols, const float2* __restrict__ roots, float2* __restrict__ G) {
     extern __shared__ float2 shared[];
     const int pitch = padded(cols), half = cols / 2 + 1;
     const i64 k0 = (i64)blockIdx.x * SPECTRUM_PIXELS;
     const int lines = (int)min((i64)SPECTRUM_PIXELS, n_pix - k0), y = 2 * blockIdx.y;
     const bool pair = y + 1 < rows;
     float2 *z = shared, *scratch = shared + SPECTRUM_PIXELS * pitch;
-    const T* first = data + (i64)y * cols * frame_len;
+    const T* first = data + (i64)y * cols * frame_stride;
 #pragma unroll 8
     for (int t = threadIdx.x; t < SPECTRUM_PIXELS * cols; t += blockDim.x) {
         int j = t % SPECTRUM_PIXELS, x = t / SPECTRUM_PIXELS;
         if (j < lines) {
-            const T* at_x = first + (i64)x * frame_len + pixels[k0 + j];
-            z[j * pitch + at(x)] = make_float2((float)at_x[0], pair ? (float)at_x[(i64)cols * frame_len] : 0.f);
+            const T* at_x = first + x * frame_stride + pixels[k0 + j] * pixel_stride;
+            z[j * pitch + at(x)] = make_float2((float)at_x[0], pair ? (float)at_x[cols * frame_stride] : 0.f);
         }
     }
     __syncthreads();
