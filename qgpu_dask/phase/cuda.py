@@ -56,26 +56,38 @@ def scan_spectrum(counts: cupy.ndarray, pixels: np.ndarray, scan_shape: tuple[in
     """G (n_pixels, rows, cols // 2 + 1) complex64: the rfft2 over the scan of the images of the flat detector
     ``pixels`` of dense ``counts`` (n_frames, frame_len), made from the frames in two passes over G
     (spectrum_rows, spectrum_columns); None where the kernels take no such scan or counts (the caller then
-    transforms images)."""
-    rows, cols = scan_shape
+    transforms images, ``spectrum_of``, which then uses cuFFT as well)."""
     pixels = np.asarray(pixels, np.int64)
-    if counts.dtype not in COUNTS or not counts.flags.c_contiguous or pixels.size == 0 or pixels.size > MAX_GRID_Y:
+    if counts.dtype not in COUNTS or not counts.flags.c_contiguous:
         return None
-    launches = spectrum_launches(rows, cols, pixels.size, COUNTS[counts.dtype])
-    if launches is None:
-        return None
-    along_rows, along_columns = launches
-    device = cupy.cuda.Device().id
-    G = cupy.empty((pixels.size, rows, cols // 2 + 1), np.complex64)
-    compile.run("ssb.cu", DEFINES, along_rows, (counts, np.int32(counts.shape[1]), cupy.asarray(pixels), np.int64(pixels.size), np.int32(rows),
-                                                np.int32(cols), roots(cols, device), G))
-    compile.run("ssb.cu", DEFINES, along_columns, (G, np.int32(rows), np.int32(cols // 2 + 1), roots(rows, device)))
-    return G
+    G = cupy.empty((pixels.size, scan_shape[0], scan_shape[1] // 2 + 1), np.complex64)
+    return G if spectrum_into(counts, counts.shape[1], 1, pixels, scan_shape, G) else None
 
 
 def spectrum_of(images: cupy.ndarray, out: cupy.ndarray) -> None:
-    """out[i] = rfft2(images[i]) for (n, rows, cols) images, through cuFFT: the twin of ``phase.cpu.spectrum_of``."""
-    out[...] = cupy.fft.rfft2(images)
+    """out[i] = rfft2(images[i]) for (n, rows, cols) float32 images: by the spectrum kernels where they take the
+    scan (so a compressed resident's G is the same bits as a dense one's), else cuFFT. The twin of
+    ``phase.cpu.spectrum_of``."""
+    n, rows, cols = images.shape
+    if not (images.dtype == np.float32 and images.flags.c_contiguous and out.flags.c_contiguous
+            and spectrum_into(images, 1, rows * cols, np.arange(n, dtype=np.int64), (rows, cols), out)):
+        out[...] = cupy.fft.rfft2(images)
+
+
+def spectrum_into(data: cupy.ndarray, frame_stride: int, pixel_stride: int, pixels: np.ndarray, scan_shape: tuple[int, int],
+                  G: cupy.ndarray) -> bool:
+    """G of ``pixels``, pixel p of frame f at data[f frame_stride + p pixel_stride], by the spectrum kernels; False
+    (G untouched) where they do not take the scan."""
+    rows, cols = scan_shape
+    launches = spectrum_launches(rows, cols, pixels.size, COUNTS[data.dtype]) if 0 < pixels.size <= MAX_GRID_Y else None
+    if launches is None:
+        return False
+    along_rows, along_columns = launches
+    device = cupy.cuda.Device().id
+    compile.run("ssb.cu", DEFINES, along_rows, (data, np.int64(frame_stride), np.int64(pixel_stride), cupy.asarray(pixels),
+                                                np.int64(pixels.size), np.int32(rows), np.int32(cols), roots(cols, device), G))
+    compile.run("ssb.cu", DEFINES, along_columns, (G, np.int32(rows), np.int32(cols // 2 + 1), roots(rows, device)))
+    return True
 
 
 def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:
