@@ -43,7 +43,7 @@ def drain(resident, block: int, amplitude: bool, depth: int):
 
 def stages(xp, geo, probe, obj, measured) -> dict:
     """Median microseconds of each step of one batch on the first block: ``updated_waves`` (on the GPU its
-    default path; the three fused passes apart) and ``object_update`` (``update.frame_pass``'s loop body), and the
+    default path; the pair of CTAs per position apart) and ``object_update`` (``update.frame_pass``'s loop body), and the
     steps ``updated_waves`` takes one by one through cuFFT (its baseline)."""
     k = update.kernels(xp)
     corners = xp.asarray(geo.corners)
@@ -59,8 +59,8 @@ def stages(xp, geo, probe, obj, measured) -> dict:
         "updated_waves": lambda: k.updated_waves(obj, probe, measured, corners, batch, geo.center, 1.0, *sums),
         "object_update": lambda: k.object_update(obj, probe, far, corners, batch, 1.0, 1.0),
     }
-    if xp is not np and k.fused_launches(*geo.window, batch.n, k.measured_ctype(measured)) is not None:
-        steps["updated_waves_fused"] = lambda: k.updated_waves(obj, probe, measured, corners, batch, geo.center, 1.0, *sums, path="fused")
+    if xp is not np and k.pair_launch(*geo.window, batch.n, k.measured_ctype(measured)) is not None:
+        steps["updated_waves_pair"] = lambda: k.updated_waves(obj, probe, measured, corners, batch, geo.center, 1.0, *sums, path="pair")
     return {name: seconds(xp, fn, 20) * 1e6 for name, fn in steps.items()}
 
 

@@ -11,9 +11,8 @@ sideband sum and the inverse FFT), fit_aberrations (G cached), and a series
 of ``--series`` compressed acquisitions in one call (first ssb each), time per
 acquisition. Baselines from the same run, on the owner: one read of the
 dense counts (``read_sum``, the HBM bound of any pass over the data), and the
-stages timed alone on the owner: the bright-field pixels, G (``prepare_ms``:
-on a GPU the spectrum kernels straight from the frames) against pixel images
-then rfft2 (cuFFT), the sideband sum, the inverse FFT, and the whole phase
+stages timed alone on the owner: the bright-field pixels, G (``prepare_ms``)
+against its pixel images then rfft2, the sideband sum, the inverse FFT, and the whole phase
 from a kept G (what an ssb after a C10 change asks of the owner: the client's
 figure less it is the service's part). The phase is checked against the
 simulated object.

@@ -553,7 +553,7 @@ TABLES: tuple[Table | Figure, ...] = (
         (label, F(f"stages_us_per_batch/{k}", "{:.0f}", absent="-")) for label, k in (
             ("exit waves", "exit_waves"), ("cuFFT 2-D forward", "fft2"), ("projection", "project"), ("cuFFT inverse", "ifft2"),
             ("probe sums", "probe_sums"), ("the far-field update (`updated_waves`, its default path)", "updated_waves"),
-            ("the same in three fused passes", "updated_waves_fused"), ("the object's gathered update", "object_update")))),
+            ("the same by a pair of CTAs per position", "updated_waves_pair"), ("the object's gathered update", "object_update")))),
     Table("live_cuda", PAGE, "live_cuda", "live_gpu",
           ("stream", "wire, frames/s", "ingest alone", "ingest with viewer", "GB/s of counts", "viewer, queries/s", "against the Arina's 120,000"), (
               ("bitshuffle-LZ4 chunks", F("bitshuffle_lz4/wire_frames_per_s", "{:,.0f}"), F("bitshuffle_lz4/alone/frames_per_s", "{:,.0f}"),

@@ -4,7 +4,7 @@
 //   step 2: for each k < P, one thread: the Q-point DFT of step 1's values over q, which is X[k + P s] (s < Q).
 // The P- and Q-point DFTs are mixed-radix in registers (radices 2, 3, 4, 5, 8), their twiddles compile-time
 // constants; the N-point twiddles come from a table (`roots`, float32 of float64 values). Each point is read
-// and written in shared memory twice per FFT. Included by ptycho.cu and ssb.cu (qgpu_dask/compile.py inlines it);
+// and written in shared memory twice per FFT. Included by ptycho.cu (qgpu_dask/compile.py inlines it);
 // qgpu_dask/phase/line_fft.py names the Line of an N and sizes its shared memory.
 
 __device__ __forceinline__ float2 times(float2 a, float2 b) { return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }

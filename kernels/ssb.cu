@@ -12,8 +12,6 @@
 
 typedef long long i64;
 
-#include "fft.cuh"
-
 // chi as a polynomial of degree N in k_x and k_y, from the polar table of qgpu_dask/phase/optics.py (chi_table,
 // expanded by qgpu_dask/phase/cuda.py monomials). Passed by value: the coefficients stay in the kernel's parameter
 // bank, read by the multiply-adds themselves.
@@ -130,75 +128,6 @@ __global__ void sideband_sum(const float2* __restrict__ G, i64 n_pix, int rows, 
     total_re[at] = sr;
     total_im[at] = si;
     weight[at] = sw;
-}
-
-// ---------------------------------------------------------------- the scan spectrum G
-
-// Pixels (rows of G) per spectrum_rows block and columns of G per spectrum_columns block, written only in
-// qgpu_dask/phase/cuda.py (which sizes the blocks' shared memory by them) and passed from there as -D options.
-#ifndef SPECTRUM_PIXELS
-#error "SPECTRUM_PIXELS comes from qgpu_dask/phase/cuda.py"
-#endif
-#ifndef SPECTRUM_COLUMNS
-#error "SPECTRUM_COLUMNS comes from qgpu_dask/phase/cuda.py"
-#endif
-
-// G = rfft2 over the scan of each listed pixel's counts, in two passes over G and none over an image. This one:
-// for the block's SPECTRUM_PIXELS pixels (blockIdx.x) and scan rows y = 2 blockIdx.y and y + 1, the FFT along
-// the scan row, G[k, y, c] and G[k, y + 1, c] for c <= cols / 2: both rows in one complex FFT (row y the real part,
-// y + 1 the imaginary), parted after (X_y[c] = (Z[c] + conj Z[-c]) / 2, X_y+1[c] = (Z[c] - conj Z[-c]) / 2i).
-// Pixel p of frame f is data[f frame_stride + p pixel_stride]: dense counts straight from the frames (frame_len,
-// 1: a row's pixels side by side in each load), or pixel images (1, n_frames), so both layouts' G are the same bits.
-// ROW is the Line of cols points. Shared memory: SPECTRUM_PIXELS padded(cols) points, then the FFT's scratch.
-template <class T, class ROW>
-__global__ void spectrum_rows(const T* __restrict__ data, i64 frame_stride, i64 pixel_stride, const i64* __restrict__ pixels, i64 n_pix,
-                              int rows, int cols, const float2* __restrict__ roots, float2* __restrict__ G) {
-    extern __shared__ float2 shared[];
-    const int pitch = padded(cols), half = cols / 2 + 1;
-    const i64 k0 = (i64)blockIdx.x * SPECTRUM_PIXELS;
-    const int lines = (int)min((i64)SPECTRUM_PIXELS, n_pix - k0), y = 2 * blockIdx.y;
-    const bool pair = y + 1 < rows;
-    float2 *z = shared, *scratch = shared + SPECTRUM_PIXELS * pitch;
-    const T* first = data + (i64)y * cols * frame_stride;
-#pragma unroll 8
-    for (int t = threadIdx.x; t < SPECTRUM_PIXELS * cols; t += blockDim.x) {
-        int j = t % SPECTRUM_PIXELS, x = t / SPECTRUM_PIXELS;
-        if (j < lines) {
-            const T* at_x = first + x * frame_stride + pixels[k0 + j] * pixel_stride;
-            z[j * pitch + at(x)] = make_float2((float)at_x[0], pair ? (float)at_x[cols * frame_stride] : 0.f);
-        }
-    }
-    __syncthreads();
-    ROW::template fft<false>(z, pitch, lines, scratch, roots);
-    for (int t = threadIdx.x; t < lines * half; t += blockDim.x) {
-        int j = t / half, c = t - j * half;
-        float2 a = z[j * pitch + at(c)], b = z[j * pitch + at(c == 0 ? 0 : cols - c)];
-        float2* row = G + ((k0 + j) * rows + y) * half;
-        row[c] = make_float2(0.5f * (a.x + b.x), 0.5f * (a.y - b.y));
-        if (pair) row[half + c] = make_float2(0.5f * (a.y + b.y), 0.5f * (b.x - a.x));
-    }
-}
-
-// The second pass: for SPECTRUM_COLUMNS columns of G (blockIdx.x) of pixel k = blockIdx.y, the FFT along the scan's
-// rows, in place. COLUMN is the Line of rows points. Shared memory: SPECTRUM_COLUMNS padded(rows) points, then the
-// FFT's scratch.
-template <class COLUMN>
-__global__ void spectrum_columns(float2* __restrict__ G, int rows, int half, const float2* __restrict__ roots) {
-    extern __shared__ float2 shared[];
-    const int pitch = padded(rows), c0 = blockIdx.x * SPECTRUM_COLUMNS, width = min(SPECTRUM_COLUMNS, half - c0);
-    float2 *tile = shared, *scratch = shared + SPECTRUM_COLUMNS * pitch;  // column c: tile + c pitch
-    float2* image = G + (i64)blockIdx.y * rows * half + c0;
-#pragma unroll 4
-    for (int t = threadIdx.x; t < rows * SPECTRUM_COLUMNS; t += blockDim.x) {
-        int r = t / SPECTRUM_COLUMNS, c = t - r * SPECTRUM_COLUMNS;
-        if (c < width) tile[c * pitch + at(r)] = image[(i64)r * half + c];
-    }
-    __syncthreads();
-    COLUMN::template fft<false>(tile, pitch, width, scratch, roots);
-    for (int t = threadIdx.x; t < rows * SPECTRUM_COLUMNS; t += blockDim.x) {
-        int r = t / SPECTRUM_COLUMNS, c = t - r * SPECTRUM_COLUMNS;
-        if (c < width) image[(i64)r * half + c] = tile[c * pitch + at(r)];
-    }
 }
 
 // ---------------------------------------------------------------- the aberration fit's signal

@@ -345,45 +345,6 @@ extern "C" void images(const unsigned short* data, i64 n_frames, int frame_len, 
     assert (out == data[:, pixels].T.astype(np.float32)).all()
 
 
-@pytest.mark.parametrize("scan", [(24, 20), (25, 15), (16, 64)], ids=["24x20", "25x15", "16x64"])
-def test_scan_spectrum_kernels_against_rfft2(scan, tmp_path):
-    """spectrum_rows then spectrum_columns as scan_spectrum launches them, against NumPy's rfft2 of the pixels'
-    images: two scan rows in one complex FFT (an odd row count leaves the last alone), odd and even sides, a last
-    block of fewer pixels and of fewer columns, pixels in any order; from pixel images (spectrum_of) the same bits."""
-    cuda = compiling_module("qgpu_dask.phase.cuda")
-    rows, cols = scan
-    rng = np.random.default_rng(rows)
-    counts = rng.poisson(30.0, (rows * cols, 50)).astype(np.uint16)
-    pixels = np.concatenate([np.arange(20, 31), [0, 49, 7]]).astype(np.int64)
-    along_rows, along_columns = cuda.spectrum_launches(rows, cols, pixels.size, "unsigned short")
-    from_images = cuda.spectrum_launches(rows, cols, pixels.size, "float")[0]
-    dim = lambda grid: "Dim{" + ", ".join(map(str, grid)) + "}"
-    entry = f"""
-extern "C" void spectrum(const unsigned short* counts, int frame_len, const i64* pixels, i64 n_pix, int rows, int cols,
-                         const float2* roots_c, const float2* roots_r, float2* G) {{
-    launch({dim(along_rows.grid)}, {along_rows.threads}, [&] {{ {along_rows.name}(counts, frame_len, 1, pixels, n_pix, rows, cols, roots_c, G); }});
-    launch({dim(along_columns.grid)}, {along_columns.threads}, [&] {{ {along_columns.name}(G, rows, cols / 2 + 1, roots_r); }});
-}}
-extern "C" void images(const float* images, const i64* order, i64 n, int rows, int cols, const float2* roots_c, const float2* roots_r,
-                       float2* G) {{
-    launch({dim(from_images.grid)}, {from_images.threads}, [&] {{ {from_images.name}(images, 1, rows * cols, order, n, rows, cols, roots_c, G); }});
-    launch({dim(along_columns.grid)}, {along_columns.threads}, [&] {{ {along_columns.name}(G, rows, cols / 2 + 1, roots_r); }});
-}}"""
-    roots = lambda m: np.exp(-2j * np.pi * np.arange(m) / m).astype(np.complex64)  # as line_fft.roots makes them
-    G = np.zeros((pixels.size, rows, cols // 2 + 1), np.complex64)
-    keep = [roots(cols), roots(rows)]
-    lib = library("ssb.cu", cuda.DEFINES, entry, tmp_path)
-    lib.spectrum(pointer(counts), counts.shape[1], pointer(pixels), ctypes.c_int64(pixels.size), rows, cols, pointer(keep[0]), pointer(keep[1]),
-                 pointer(G))
-    want = np.fft.rfft2(counts[:, pixels].T.reshape(-1, rows, cols).astype(np.float64))
-    assert np.abs(G - want).max() <= 2e-6 * np.abs(want).max()
-    images = np.ascontiguousarray(counts[:, pixels].T.astype(np.float32))  # a compressed resident's pixel images
-    G_images = np.zeros_like(G)
-    lib.images(pointer(images), pointer(np.arange(pixels.size, dtype=np.int64)), ctypes.c_int64(pixels.size), rows, cols, pointer(keep[0]),
-               pointer(keep[1]), pointer(G_images))
-    assert (G_images == G).all()  # both layouts' G: the same bits
-
-
 def test_sideband_sum_kernel_against_its_twin(tmp_path):
     """sideband_sum over two slices of the pixels (pixels in, out and at the edge of the aperture), as the GPU
     test compares it: within float32 rounding of the terms."""

@@ -1,7 +1,7 @@
 """The SSB kernels on the CPU (Numba, and NumPy's FFTs in threads), twins of kernels/ssb.cu: the scan spectrum
-(``scan_spectrum``, ``spectrum_of``), the sideband sum, the aberration fit's signal (``fit_terms``), the normal
-equations of direct ptychography (``normal_equations``) and their solve at one strength (``shifted_solve``),
-contracts in their docstrings.
+of images (``spectrum_of``), the sideband sum, the aberration fit's signal (``fit_terms``), the normal equations
+of direct ptychography (``normal_equations``) and their solve at one strength (``shifted_solve``), contracts in
+their docstrings; and the scan spectrum of dense counts in threads (``scan_spectrum``).
 
 Contract of ``sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor)``, shared with
 ``qgpu_dask.phase.cuda``: it takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each
@@ -46,7 +46,7 @@ def spectrum_of(images: np.ndarray, out: np.ndarray) -> None:
 def scan_spectrum(counts: np.ndarray, pixels: np.ndarray, scan_shape: tuple[int, int]) -> np.ndarray:
     """G (n_pixels, rows, cols // 2 + 1) complex64, the rfft2 over the scan of the images of the flat detector
     ``pixels`` of dense ``counts`` (n_frames, frame_len): each thread gathers a slice of the images and transforms
-    it. The twin of ``phase.cuda.scan_spectrum``."""
+    it (a GPU's images are gathered and transformed apart)."""
     rows, cols = scan_shape
     pixels = np.asarray(pixels, np.int64)
     G = np.empty((pixels.size, rows, cols // 2 + 1), np.complex64)

@@ -1,6 +1,6 @@
-"""The SSB kernels on the GPU (kernels/ssb.cu), twins of ``qgpu_dask.phase.cpu``: the scan spectrum G of dense
-counts, the sideband sum over bright-field pixels, the aberration fit's signal and the normal equations of direct
-ptychography, and their solve (from ``phase.solve_cuda``).
+"""The SSB kernels on the GPU (kernels/ssb.cu), twins of ``qgpu_dask.phase.cpu``: the sideband sum over
+bright-field pixels, the aberration fit's signal and the normal equations of direct ptychography, and their
+solve (from ``phase.solve_cuda``); the scan spectrum of images through cuFFT.
 
 Same contracts as the CPU twins (see their docstrings). chi and Gamma are evaluated in float32 registers
 (the phases they give differ from float64 by about 1e-6 rad), the aperture tests as in float64 and the sums
@@ -15,79 +15,23 @@ import cupy
 import numpy as np
 
 from .. import compile
-from ..compile import Launch
 from . import solve_cuda
-from .line_fft import line, roots
 
 THREADS = 256
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
 BLOCKS_PER_SM = 16  # slices of the pixels are added until about this many blocks fill each multiprocessor
 COLUMN_STRIDE = 36  # doubles per column of a normal_equations warp's buffer: 32 pixels, padded so fragment loads meet no bank conflict
 FIT_THREADS = 128  # threads of a fit_terms block: one (frequency, trial) pair
-SPECTRUM_PIXELS = 8  # pixels (lines) per spectrum_rows block
-SPECTRUM_COLUMNS = 8  # columns of G per spectrum_columns block
-SPECTRUM_THREADS = 256
-LONGEST_LINE = 1024  # the longest scan side the spectrum kernels take (shared memory); longer ones go through cuFFT
-DEFINES = compile.defines(COLUMN_STRIDE=COLUMN_STRIDE, FIT_THREADS=FIT_THREADS, SPECTRUM_PIXELS=SPECTRUM_PIXELS,
-                          SPECTRUM_COLUMNS=SPECTRUM_COLUMNS)  # the constants kernels/ssb.cu takes from Python
+DEFINES = compile.defines(COLUMN_STRIDE=COLUMN_STRIDE, FIT_THREADS=FIT_THREADS)  # the constants kernels/ssb.cu takes from Python
 
 
 def kernel(name_expr: str) -> cupy.RawKernel:
     return compile.kernel("ssb.cu", name_expr, DEFINES)
 
 
-def spectrum_launches(rows: int, cols: int, n_pix: int, counts_type: str) -> tuple[Launch, Launch] | None:
-    """spectrum_rows and spectrum_columns for a scan of rows x cols and n_pix pixels of counts of C type
-    ``counts_type``, or None where a scan side has no kernel Line (cuFFT's then)."""
-    row, column = line(cols, LONGEST_LINE), line(rows, LONGEST_LINE)
-    if row is None or column is None:
-        return None
-    return (Launch(f"spectrum_rows<{counts_type}, {row.name}>", (math.ceil(n_pix / SPECTRUM_PIXELS), math.ceil(rows / 2)), SPECTRUM_THREADS,
-                   row.shared_points(SPECTRUM_PIXELS) * 8),
-            Launch(f"spectrum_columns<{column.name}>", (math.ceil((cols // 2 + 1) / SPECTRUM_COLUMNS), n_pix), SPECTRUM_THREADS,
-                   column.shared_points(SPECTRUM_COLUMNS) * 8))
-
-
-COUNTS = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int",
-          np.dtype(np.float32): "float"}  # counts the spectrum kernels read
-
-
-def scan_spectrum(counts: cupy.ndarray, pixels: np.ndarray, scan_shape: tuple[int, int]) -> cupy.ndarray | None:
-    """G (n_pixels, rows, cols // 2 + 1) complex64: the rfft2 over the scan of the images of the flat detector
-    ``pixels`` of dense ``counts`` (n_frames, frame_len), made from the frames in two passes over G
-    (spectrum_rows, spectrum_columns); None where the kernels take no such scan or counts (the caller then
-    transforms images, ``spectrum_of``, which then uses cuFFT as well)."""
-    pixels = np.asarray(pixels, np.int64)
-    if counts.dtype not in COUNTS or not counts.flags.c_contiguous:
-        return None
-    G = cupy.empty((pixels.size, scan_shape[0], scan_shape[1] // 2 + 1), np.complex64)
-    return G if spectrum_into(counts, counts.shape[1], 1, pixels, scan_shape, G) else None
-
-
 def spectrum_of(images: cupy.ndarray, out: cupy.ndarray) -> None:
-    """out[i] = rfft2(images[i]) for (n, rows, cols) float32 images: by the spectrum kernels where they take the
-    scan (so a compressed resident's G is the same bits as a dense one's), else cuFFT. The twin of
-    ``phase.cpu.spectrum_of``."""
-    n, rows, cols = images.shape
-    if not (images.dtype == np.float32 and images.flags.c_contiguous and out.flags.c_contiguous
-            and spectrum_into(images, 1, rows * cols, np.arange(n, dtype=np.int64), (rows, cols), out)):
-        out[...] = cupy.fft.rfft2(images)
-
-
-def spectrum_into(data: cupy.ndarray, frame_stride: int, pixel_stride: int, pixels: np.ndarray, scan_shape: tuple[int, int],
-                  G: cupy.ndarray) -> bool:
-    """G of ``pixels``, pixel p of frame f at data[f frame_stride + p pixel_stride], by the spectrum kernels; False
-    (G untouched) where they do not take the scan."""
-    rows, cols = scan_shape
-    launches = spectrum_launches(rows, cols, pixels.size, COUNTS[data.dtype]) if 0 < pixels.size <= MAX_GRID_Y else None
-    if launches is None:
-        return False
-    along_rows, along_columns = launches
-    device = cupy.cuda.Device().id
-    compile.run("ssb.cu", DEFINES, along_rows, (data, np.int64(frame_stride), np.int64(pixel_stride), cupy.asarray(pixels),
-                                                np.int64(pixels.size), np.int32(rows), np.int32(cols), roots(cols, device), G))
-    compile.run("ssb.cu", DEFINES, along_columns, (G, np.int32(rows), np.int32(cols // 2 + 1), roots(rows, device)))
-    return True
+    """out[i] = rfft2(images[i]) for (n, rows, cols) images, through cuFFT: the twin of ``phase.cpu.spectrum_of``."""
+    out[...] = cupy.fft.rfft2(images)
 
 
 def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:

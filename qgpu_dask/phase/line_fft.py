@@ -1,4 +1,4 @@
-"""The kernels' FFTs of lines in shared memory (kernels/fft.cuh, which ptycho.cu and ssb.cu include): the Line type
+"""The kernels' FFTs of lines in shared memory (kernels/fft.cuh, which ptycho.cu includes): the Line type
 of an n-point FFT, its shared memory and its twiddle table."""
 
 from __future__ import annotations

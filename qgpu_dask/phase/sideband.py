@@ -77,14 +77,15 @@ def disk_pixels(radius_px: float, center: tuple[float, float], rotation_deg: flo
 
 
 def spectrum(resident: Resident, indices: np.ndarray) -> Spectrum:
-    """G of the flat detector pixels ``indices``, on the resident's device: from dense counts straight from the
-    frames (``scan_spectrum``: on a GPU the spectrum kernels where the scan's sides allow, on a CPU in
-    threads), else their images decoded ``CHUNK_BYTES`` at a time and transformed (``spectrum_of``)."""
+    """G of the flat detector pixels ``indices``, on the resident's device: on a CPU from dense counts straight
+    from the frames, in threads (``phase.cpu.scan_spectrum``), else their images decoded ``CHUNK_BYTES`` at a time
+    and transformed (``spectrum_of``)."""
     xp = resident.xp
     rows, cols = resident.scan_shape
     kernels = sum_kernels(xp)
-    G = kernels.scan_spectrum(resident.flat, indices, (rows, cols)) if isinstance(resident, DenseCounts) else None
-    if G is None:
+    if xp is np and isinstance(resident, DenseCounts):
+        G = kernels.scan_spectrum(resident.flat, indices, (rows, cols))
+    else:
         G = xp.empty((len(indices), rows, cols // 2 + 1), xp.complex64)
         step = max(1, CHUNK_BYTES // (4 * rows * cols))
         for lo in range(0, len(indices), step):
