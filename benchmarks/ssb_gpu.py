@@ -55,11 +55,12 @@ def stages(resident, optics) -> dict:
     images, images_ms = clock(lambda: resident.pixel_images(indices[:1024]))
     _, fft_ms = clock(lambda: xp.fft.rfft2(images.reshape(-1, rows, cols)))
     spec, prepare_ms = clock(lambda: sideband.spectrum(resident, indices))
+    by_chunk = {mb: clock(lambda: sideband.spectrum(resident, indices, mb << 20))[1] for mb in (32, 128, 512)} if xp is not np else None
     (total, weight), sum_ms = clock(lambda: sideband.corrected_sum(spec, ky, kx, optics, xp))
     _, inverse_ms = clock(lambda: xp.fft.irfft2(-1j * total / xp.where(weight > 0, weight, 1.0), s=(rows, cols)))
     _, phase_ms = clock(lambda: sideband.phase(spec, ky, kx, optics, xp))
     out = {"bright_field_pixels": int(len(indices)), "bright_field_pixels_ms": pixels_ms, "pixel_images_ms": images_ms * len(indices) / 1024,
-           "rfft2_ms": fft_ms * len(indices) / 1024, "prepare_ms": prepare_ms, "sideband_sum_ms": sum_ms,
+           "rfft2_ms": fft_ms * len(indices) / 1024, "prepare_ms": prepare_ms, "prepare_ms_by_chunk_MB": by_chunk, "sideband_sum_ms": sum_ms,
            "inverse_fft_ms": inverse_ms, "phase_ms": phase_ms, "G_bytes": spec.nbytes}
     if xp is np:
         read = lambda: resident.flat.sum(dtype=np.uint64)  # noqa: E731  the CPU twin's full read

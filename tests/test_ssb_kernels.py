@@ -105,9 +105,12 @@ def test_spectrum_of_dense_counts_on_the_gpu():
     counts = rng.poisson(20.0, (24, 20, 12, 10)).astype(np.uint16)
     pixels = np.array([0, 7, 8, 9, 44, 45, 119, 3])
     want = sideband.spectrum(residents(counts)[0], pixels)
-    got = sideband.spectrum(residents(counts, cupy)[0], pixels)
+    resident = residents(counts, cupy)[0]
+    got = sideband.spectrum(resident, pixels)
     assert got.G.shape == want.G.shape and np.abs(got.G.get() - want.G).max() <= 2e-6 * np.abs(want.G).max()
     assert abs(got.scale - want.scale) <= 1e-6 * want.scale
+    chunked = sideband.spectrum(resident, pixels, chunk_bytes=3 * 4 * 24 * 20)  # 3 images a chunk: 3, 3, 2
+    assert np.abs(chunked.G.get() - want.G).max() <= 2e-6 * np.abs(want.G).max()
 
 
 def test_bright_field_pixels_made_once_per_calibration():

@@ -76,9 +76,9 @@ def disk_pixels(radius_px: float, center: tuple[float, float], rotation_deg: flo
     return np.flatnonzero(inside.ravel()), k[0], k[1]
 
 
-def spectrum(resident: Resident, indices: np.ndarray) -> Spectrum:
+def spectrum(resident: Resident, indices: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> Spectrum:
     """G of the flat detector pixels ``indices``, on the resident's device: on a CPU from dense counts straight
-    from the frames, in threads (``phase.cpu.scan_spectrum``), else their images decoded ``CHUNK_BYTES`` at a time
+    from the frames, in threads (``phase.cpu.scan_spectrum``), else their images decoded ``chunk_bytes`` at a time
     and transformed (``spectrum_of``)."""
     xp = resident.xp
     rows, cols = resident.scan_shape
@@ -87,7 +87,7 @@ def spectrum(resident: Resident, indices: np.ndarray) -> Spectrum:
         G = kernels.scan_spectrum(resident.flat, indices, (rows, cols))
     else:
         G = xp.empty((len(indices), rows, cols // 2 + 1), xp.complex64)
-        step = max(1, CHUNK_BYTES // (4 * rows * cols))
+        step = max(1, chunk_bytes // (4 * rows * cols))
         for lo in range(0, len(indices), step):
             kernels.spectrum_of(resident.pixel_images(indices[lo : lo + step]).reshape(-1, rows, cols), G[lo : lo + step])
     mean = float(G[:, 0, 0].real.sum()) / (G.shape[0] * rows * cols)
