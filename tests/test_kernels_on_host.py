@@ -34,7 +34,9 @@ SHARED = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?(\w+(?: \w+)*) (\w
 def host_source(file: str) -> str:
     """kernels/``file``, its headers inlined as for NVRTC, with its dynamic shared memory pointed at the host's buffer."""
     compile = compiling_module("qgpu_dask.compile")
-    text = (ROOT / "kernels" / file).read_text().replace('#include "cluster.cuh"\n', "")  # cuda_on_host.h has its functions
+    text = (ROOT / "kernels" / file).read_text()
+    for header in ("cluster.cuh", "mma.cuh"):  # cuda_on_host.h has their functions
+        text = text.replace(f'#include "{header}"\n', "")
     text = compile.inlined(text, ROOT / "kernels")
     return SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(host_shared);", text)
 
@@ -423,3 +425,55 @@ extern "C" void sums(const unsigned long long* desc, const int* item_acq, const 
              stride, pointer(weights), pointer(out), pointer(err))
     assert int(err[0]) == cuda.NO_ERROR
     assert (out[0] == weights @ flat.T.astype(np.uint64)).all()
+
+
+@pytest.mark.parametrize("products", ["float64", "tf32x3"])
+def test_normal_equations_kernel_against_its_twin(products, tmp_path):
+    """normal_equations and normal_gram with the launches phase.cuda makes (pixels in a shuffled order), both
+    methods on three frequencies of each alias group (8 and 9 aliases: the complex method's Y^T Y in two passes over
+    the pixels), against the CPU twin within the GPU test's 1e-5 of the largest entry."""
+    from test_direct import OPTICS, SCAN, U, bright_field
+    from qgpu_dask.phase import direct
+    from qgpu_dask.phase.optics import chi, chi_table
+
+    cuda = compiling_module("qgpu_dask.phase.cuda")
+    optics = OPTICS.with_(det_sampling_mrad=2.0)
+    ky, kx = bright_field(optics)
+    rng = np.random.default_rng(9)
+    G = (rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1)) + 1j * rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1))).astype(np.complex64)
+    weights, chi_k, table, kmax2 = rng.uniform(0.5, 2.0, len(ky)), chi(kx, ky, optics), chi_table(optics), optics.aperture_k**2
+    degree, poly = cuda.monomials(np.asarray(table))
+    order = rng.permutation(len(ky)).astype(np.int64)
+    cases = [(g.freq[:3], g.q[:3], m) for g in direct.aliases(SCAN, OPTICS, U).groups for m in (False, True)]
+    assert {q.shape[1] for _, q, _ in cases} == {8, 9}
+    entry = ""
+    for case, (freq, alias_q, complex_method) in enumerate(cases):
+        n, d = alias_q.shape[:2]
+        cols = 2 * d if complex_method else d
+        name = f"normal_equations<{degree}, {d}, {str(complex_method).lower()}, {str(products == 'tf32x3').lower()}>"
+        entry += f"""
+extern "C" void equations{case}(const float2* G, i64 nq, const i64* pixel, i64 n_pix, const i64* freq, i64 n, const double* ky, const double* kx,
+                               const float2* k_f, const float* chi_k, const float* root_w, const float* c, const double* alias_q, double kmax2,
+                               float inv_u2, double* yy, double2* gram, double2* rhs) {{
+    Poly<{degree}> poly;
+    for (int i = 0; i < {poly.size}; ++i) poly.c[i] = c[i];
+    launch(Dim{{1}}, {32 * cuda.NORMAL_WARPS}, [&] {{
+        {name}(G, nq, pixel, n_pix, freq, n, ky, kx, k_f, chi_k, root_w, poly, alias_q, kmax2, inv_u2, yy); }});
+    launch(Dim{{{math.ceil(n * cols * (cols + 1) / cuda.THREADS)}}}, {cuda.THREADS}, [&] {{ normal_gram<{cols}>(yy, n, gram, rhs); }});
+}}"""
+    equations = library("ssb.cu", cuda.DEFINES, entry, tmp_path)
+    ky_o, kx_o = ky[order], kx[order]
+    pixels = [np.ascontiguousarray(a) for a in (G, order, ky_o, kx_o, np.stack([ky_o, kx_o], axis=1).astype(np.float32),
+                                                chi_k[order].astype(np.float32), np.sqrt(weights[order]).astype(np.float32), poly.ravel())]
+    for case, (freq, alias_q, complex_method) in enumerate(cases):
+        gram, rhs = phase_cpu.normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method, U, kmax2)
+        n, cols = rhs.shape
+        width = 2 * (cols + 1)
+        yy, got_gram, got_rhs = np.zeros((n, width, width)), np.zeros((n, cols, cols), np.complex128), np.zeros((n, cols), np.complex128)
+        frequencies, aliases = np.ascontiguousarray(freq, np.int64), np.ascontiguousarray(alias_q, np.float64)
+        getattr(equations, f"equations{case}")(
+            pointer(pixels[0]), ctypes.c_int64(G[0].size), pointer(pixels[1]), ctypes.c_int64(len(ky)), pointer(frequencies), ctypes.c_int64(n),
+            *(pointer(a) for a in pixels[2:]), pointer(aliases), ctypes.c_double(kmax2), ctypes.c_float(1.0 / U**2), pointer(yy),
+            pointer(got_gram), pointer(got_rhs))
+        assert np.abs(got_gram - gram).max() <= 1e-5 * np.abs(gram).max()
+        assert np.abs(got_rhs - rhs).max() <= 1e-5 * np.abs(rhs).max()
