@@ -61,29 +61,23 @@ def owner_stages(resident, optics, u: int, rows: int) -> dict:
     for method in direct.METHODS:
         complex_method = method == "complex"
 
-        def grams(**choice):
-            return [kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, g.freq, g.q, complex_method, u, kmax**2, **choice)
+        def grams():
+            return [kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, g.freq, g.q, complex_method, u, kmax**2)
                     for g in found.groups]
 
         _, gram_ms = clock(grams)
-        choices = [{}, {"products": "tf32x3"}] if xp is not np else [{}]  # on a GPU also the Gram kernels on the tf32 tensor cores
-        if len(choices) > 1:
-            _, tf32x3_ms = clock(lambda: grams(**choices[1]))
         prep, prepare_ms = clock(lambda: direct.prepare(spec, ky, kx, optics, found, method, xp))
         result, solve_ms = clock(lambda: direct.solve(prep, 0.1, xp))
         _, fetch_ms = clock(lambda: to_host(result.phase))
-        worst = [[0.0, 0.0] for _ in choices]  # (Gram, right side) relative to the largest entry, per choice
+        gram_error = rhs_error = 0.0
         for g in found.groups:
             part = (g.freq[:rows], g.q[:rows])
+            device = kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, *part, complex_method, u, kmax**2)
             reference = cpu.normal_equations(to_host(spec.G), ky, kx, weights, chi_k, table, *(to_host(a) for a in part), complex_method, u, kmax**2)
-            for errors, choice in zip(worst, choices):
-                device = kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, *part, complex_method, u, kmax**2, **choice)
-                for i in range(2):
-                    errors[i] = max(errors[i], float(np.abs(to_host(device[i]) - reference[i]).max() / np.abs(reference[i]).max()))
+            gram_error = max(gram_error, float(np.abs(to_host(device[0]) - reference[0]).max() / np.abs(reference[0]).max()))
+            rhs_error = max(rhs_error, float(np.abs(to_host(device[1]) - reference[1]).max() / np.abs(reference[1]).max()))
         out[method] = {"gram_kernels_ms": gram_ms, "prepare_ms": prepare_ms, "solve_ms": solve_ms, "image_to_host_ms": fetch_ms,
-                       "equations_bytes": prep.nbytes, "gram_relative_error": worst[0][0], "rhs_relative_error": worst[0][1],
-                       "tf32x3": {"gram_kernels_ms": tf32x3_ms, "gram_relative_error": worst[1][0], "rhs_relative_error": worst[1][1]}
-                       if len(choices) > 1 else None}
+                       "equations_bytes": prep.nbytes, "gram_relative_error": gram_error, "rhs_relative_error": rhs_error}
     return out
 
 

@@ -213,8 +213,8 @@ __global__ void __launch_bounds__(FIT_THREADS) fit_terms(const float2* __restric
 
 // ---------------------------------------------------------------- direct ptychography
 
-// 8-byte entries per column of a warp's buffer (32 pixels, padded so fragment loads meet no bank conflict), written
-// only in qgpu_dask/phase/cuda.py (which sizes the shared memory by it) and passed from there as a -D option.
+// Doubles per column of a warp's buffer (32 pixels, padded so fragment loads meet no bank conflict), written only in
+// qgpu_dask/phase/cuda.py (which sizes the shared memory by it) and passed from there as a -D option.
 #ifndef COLUMN_STRIDE
 #error "COLUMN_STRIDE comes from qgpu_dask/phase/cuda.py"
 #endif
@@ -240,98 +240,6 @@ __host__ __device__ constexpr int block_count(int tiles) {
     return count;
 }
 
-// Y's entries as the warp's buffer holds them: float64 for the float64 products, or for the tf32 ones a float32
-// value v as (hi, lo) with hi = v rounded to tf32 (10 mantissa bits) and lo = v - hi (exact in float32).
-template <bool TF32>
-struct Entry;
-template <>
-struct Entry<false> {
-    typedef double type;
-    __device__ __forceinline__ static double of(float v) { return v; }
-};
-template <>
-struct Entry<true> {
-    typedef float2 type;
-    __device__ __forceinline__ static float2 of(float v) {
-        float hi = __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
-        return float2{hi, v - hi};
-    }
-};
-
-// Y^T Y of a warp's 32 buffered rows added to acc[b] for the blocks first .. first + BLOCKS_PER_PASS - 1 (of BLOCKS),
-// in float64: one m16n8k4 product per block and 4 rows (Y's 16 x 4 fragment of a row block holds the same values
-// as its two 4 x 8 column tiles: one load per tile), 4-row steps with no term (bits of live) skipped.
-template <int TILES, int SPAN, int BLOCKS>
-__device__ __forceinline__ void add_products(double (&acc)[BLOCKS_PER_PASS][4], const double* buffer, int first, unsigned live, int row, int quad) {
-    for (int step = 0; step < 8; ++step) {
-        if (((live >> (4 * step)) & 0xFu) == 0u) continue;  // the same for the whole warp
-        const double* at = buffer + 4 * step + quad + row * COLUMN_STRIDE;  // Y[4 step + quad][8 t + row] at t * 8 * COLUMN_STRIDE
-        if constexpr (BLOCKS <= BLOCKS_PER_PASS) {
-            double tile[SPAN / 8];
-#pragma unroll
-            for (int t = 0; t < SPAN / 8; ++t) tile[t] = at[t * 8 * COLUMN_STRIDE];
-#pragma unroll
-            for (int b = 0; b < BLOCKS; ++b) {
-                const Block k = block_at(b, TILES);
-                mma_f64(acc[b], tile[2 * k.row], tile[2 * k.row + 1], tile[k.col]);
-            }
-        } else {
-#pragma unroll
-            for (int b = 0; b < BLOCKS_PER_PASS; ++b) {
-                if (first + b >= BLOCKS) break;
-                const Block k = block_at(first + b, TILES);
-                mma_f64(acc[b], at[2 * k.row * 8 * COLUMN_STRIDE], at[(2 * k.row + 1) * 8 * COLUMN_STRIDE], at[k.col * 8 * COLUMN_STRIDE]);
-            }
-        }
-    }
-}
-
-// D += A B to about float32's precision on the tf32 tensor cores, each operand given as Entry<true> (hi, lo):
-// hi hi + hi lo + lo hi, the small terms first (lo lo, about 2^-22 of the product, left out).
-__device__ __forceinline__ void mma_tf32x3(float (&d)[4], float2 a0, float2 a1, float2 a2, float2 a3, float2 b0, float2 b1) {
-    mma_tf32(d, a0.y, a1.y, a2.y, a3.y, b0.x, b1.x);
-    mma_tf32(d, a0.x, a1.x, a2.x, a3.x, b0.y, b1.y);
-    mma_tf32(d, a0.x, a1.x, a2.x, a3.x, b0.x, b1.x);
-}
-
-// The same sums on the tf32 tensor cores (mma_tf32x3), 8 rows a step: the 32 rows' sums in float32 (at most 32
-// terms, each at most the largest) added to acc in float64.
-template <int TILES, int SPAN, int BLOCKS>
-__device__ __forceinline__ void add_products(double (&acc)[BLOCKS_PER_PASS][4], const float2* buffer, int first, unsigned live, int row, int quad) {
-    float part[BLOCKS_PER_PASS][4];
-#pragma unroll
-    for (int b = 0; b < BLOCKS_PER_PASS; ++b) part[b][0] = part[b][1] = part[b][2] = part[b][3] = 0.f;
-    for (int step = 0; step < 4; ++step) {
-        if (((live >> (8 * step)) & 0xFFu) == 0u) continue;  // the same for the whole warp
-        const float2* at = buffer + 8 * step + quad + row * COLUMN_STRIDE;  // Y[8 step + quad][8 t + row] at t * 8 * COLUMN_STRIDE, 4 rows on at + 4
-        if constexpr (BLOCKS <= BLOCKS_PER_PASS) {
-            float2 tile[SPAN / 8], next[SPAN / 8];
-#pragma unroll
-            for (int t = 0; t < SPAN / 8; ++t) {
-                tile[t] = at[t * 8 * COLUMN_STRIDE];
-                next[t] = at[t * 8 * COLUMN_STRIDE + 4];
-            }
-#pragma unroll
-            for (int b = 0; b < BLOCKS; ++b) {
-                const Block k = block_at(b, TILES);
-                mma_tf32x3(part[b], tile[2 * k.row], tile[2 * k.row + 1], next[2 * k.row], next[2 * k.row + 1], tile[k.col], next[k.col]);
-            }
-        } else {
-#pragma unroll
-            for (int b = 0; b < BLOCKS_PER_PASS; ++b) {
-                if (first + b >= BLOCKS) break;
-                const Block k = block_at(first + b, TILES);
-                const float2 *r0 = at + 2 * k.row * 8 * COLUMN_STRIDE, *r1 = at + (2 * k.row + 1) * 8 * COLUMN_STRIDE, *c = at + k.col * 8 * COLUMN_STRIDE;
-                mma_tf32x3(part[b], r0[0], r1[0], r0[4], r1[4], c[0], c[4]);
-            }
-        }
-    }
-#pragma unroll
-    for (int b = 0; b < BLOCKS_PER_PASS; ++b)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[b][v] += part[b][v];
-}
-
 // The products of regularized direct ptychography's normal equations (qgpu_dask/phase/direct.py) for frequencies
 // with D aliases each: for the n frequencies freq[f] of the half spectrum (flat, nq of them), with the aliases' q
 // at alias_q[f, m] (1/A, (q_y, q_x)), X = [T, g] scaled by sqrt(W) per pixel, with one column of T per alias
@@ -339,17 +247,17 @@ __device__ __forceinline__ void add_products(double (&acc)[BLOCKS_PER_PASS][4], 
 // Y = [Re X, Im X] (C + 1 complex columns, 2 (C + 1) real ones): yy[f] = Y^T Y, on and above its diagonal
 // (normal_gram turns it into T^H W T and T^H W g). Slot s holds the pixel of G row pixel[s] at (ky, kx)[s], k_f[s] in float32.
 // One warp per frequency. The warp takes 32 slots at a time: each lane evaluates its pixel's columns in float32
-// registers (chi from its monomials, kernel parameters) and stores Y's row in the warp's buffer (Entry<TF32>),
-// column by column (zeros for a pixel with no term). Then Y^T Y of the 32 rows is added by add_products, one
-// tensor-core product per 16 x 8 block on or above the diagonal and step of rows. More blocks than
-// BLOCKS_PER_PASS (many aliases) take several passes over the pixels.
+// registers (chi from its monomials, kernel parameters) and stores Y's row as float64 in the warp's buffer, column by
+// column (zeros for a pixel with no term). Then Y^T Y of the 32 rows is added 4 rows at a time on the float64
+// tensor cores, one m16n8k4 product per 16 x 8 block on or above the diagonal (Y's 16 x 4 fragment of a row
+// block holds the same values as its two 4 x 8 column tiles: one load per tile); four-row steps with no term
+// are skipped. More blocks than BLOCKS_PER_PASS (many aliases) take several passes over the pixels.
 // Twin: normal_equations in qgpu_dask/phase/cpu.py (with normal_gram).
-template <int N, int D, bool COMPLEX, bool TF32>
+template <int N, int D, bool COMPLEX>
 __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64* __restrict__ pixel, i64 n_pix,
                                  const i64* __restrict__ freq, i64 n, const double* __restrict__ ky, const double* __restrict__ kx,
                                  const float2* __restrict__ k_f, const float* __restrict__ chi_k, const float* __restrict__ root_w, const Poly<N> poly,
                                  const double* __restrict__ alias_q, double kmax2, float inv_u2, double* __restrict__ yy) {
-    typedef typename Entry<TF32>::type E;
     constexpr int C = COMPLEX ? 2 * D : D;
     constexpr int WIDTH = 2 * (C + 1);             // Y's columns: Re T, Re g, Im T, Im g
     constexpr int TILES = (WIDTH + 7) / 8;          // column tiles of 8
@@ -360,18 +268,18 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64
     i64 f = (i64)blockIdx.x * (blockDim.x / 32) + warp;
     if (f >= n) return;  // whole warps leave; only warp-level synchronisation follows
     i64 q = freq[f];
-    E* buffer = (E*)(buffer_all + (i64)warp * (SPAN * COLUMN_STRIDE + 4 * D));  // buffer[c * COLUMN_STRIDE + slot]
-    double2* alias = (double2*)(buffer_all + (i64)warp * (SPAN * COLUMN_STRIDE + 4 * D) + SPAN * COLUMN_STRIDE);  // the aliases' (q_y, q_x), read by every lane at once
+    double* buffer = buffer_all + (i64)warp * (SPAN * COLUMN_STRIDE + 4 * D);  // buffer[c * COLUMN_STRIDE + slot]
+    double2* alias = (double2*)(buffer + SPAN * COLUMN_STRIDE);                 // the aliases' (q_y, q_x), read by every lane at once
     float4* alias_f = (float4*)(alias + D);                                     // and (q_y, q_x, |q|^2, 0) in float32
     for (int m = lane; m < D; m += 32) {
         double qy = alias_q[(f * D + m) * 2], qx = alias_q[(f * D + m) * 2 + 1];
         alias[m] = double2{qy, qx};
         alias_f[m] = float4{(float)qy, (float)qx, (float)(qy * qy + qx * qx), 0.f};
     }
-    for (int c = WIDTH; c < SPAN; ++c) buffer[c * COLUMN_STRIDE + lane] = Entry<TF32>::of(0.f);  // padding columns
+    for (int c = WIDTH; c < SPAN; ++c) buffer[c * COLUMN_STRIDE + lane] = 0.0;  // padding columns
     __syncwarp();
     const float edge = 1e-5f * (float)kmax2;
-    E* mine = buffer + lane;  // this lane's row of Y
+    double* mine = buffer + lane;  // this lane's row of Y
     int row = lane / 4, quad = lane % 4;
 
     for (int first = 0; first < BLOCKS; first += BLOCKS_PER_PASS) {
@@ -392,24 +300,44 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64
                     float2 plus{0.f, 0.f}, minus{0.f, 0.f};
                     if (inside) any |= trotters<N>(yf, xf, k_off, ky + s, kx + s, here, alias_f[m], alias + m, poly, edge, kmax2, plus, minus);
                     if (COMPLEX) {
-                        mine[m * COLUMN_STRIDE] = Entry<TF32>::of(w * plus.x);
-                        mine[(C + 1 + m) * COLUMN_STRIDE] = Entry<TF32>::of(w * plus.y);
-                        mine[(D + m) * COLUMN_STRIDE] = Entry<TF32>::of(w * minus.x);
-                        mine[(C + 1 + D + m) * COLUMN_STRIDE] = Entry<TF32>::of(w * minus.y);
+                        mine[m * COLUMN_STRIDE] = w * plus.x;
+                        mine[(C + 1 + m) * COLUMN_STRIDE] = w * plus.y;
+                        mine[(D + m) * COLUMN_STRIDE] = w * minus.x;
+                        mine[(C + 1 + D + m) * COLUMN_STRIDE] = w * minus.y;
                     } else {  // i (plus - minus)
-                        mine[m * COLUMN_STRIDE] = Entry<TF32>::of(-w * (plus.y - minus.y));
-                        mine[(C + 1 + m) * COLUMN_STRIDE] = Entry<TF32>::of(w * (plus.x - minus.x));
+                        mine[m * COLUMN_STRIDE] = -w * (plus.y - minus.y);
+                        mine[(C + 1 + m) * COLUMN_STRIDE] = w * (plus.x - minus.x);
                     }
                 }
                 float2 g = any ? G[pixel[s] * nq + q] : float2{0.f, 0.f};
-                mine[C * COLUMN_STRIDE] = Entry<TF32>::of(rw * g.x);
-                mine[(2 * C + 1) * COLUMN_STRIDE] = Entry<TF32>::of(rw * g.y);
+                mine[C * COLUMN_STRIDE] = rw * g.x;
+                mine[(2 * C + 1) * COLUMN_STRIDE] = rw * g.y;
             } else {
-                for (int c = 0; c < WIDTH; ++c) mine[c * COLUMN_STRIDE] = Entry<TF32>::of(0.f);
+                for (int c = 0; c < WIDTH; ++c) mine[c * COLUMN_STRIDE] = 0.0;
             }
             unsigned live = __ballot_sync(0xffffffffu, any);
             __syncwarp();
-            add_products<TILES, SPAN, BLOCKS>(acc, buffer, first, live, row, quad);
+            for (int step = 0; step < 8; ++step) {
+                if (((live >> (4 * step)) & 0xFu) == 0u) continue;  // the same for the whole warp
+                const double* at = buffer + 4 * step + quad + row * COLUMN_STRIDE;  // Y[4 step + quad][8 t + row] at t * 8 * COLUMN_STRIDE
+                if constexpr (BLOCKS <= BLOCKS_PER_PASS) {
+                    double tile[SPAN / 8];
+#pragma unroll
+                    for (int t = 0; t < SPAN / 8; ++t) tile[t] = at[t * 8 * COLUMN_STRIDE];
+#pragma unroll
+                    for (int b = 0; b < BLOCKS; ++b) {
+                        const Block k = block_at(b, TILES);
+                        mma_f64(acc[b], tile[2 * k.row], tile[2 * k.row + 1], tile[k.col]);
+                    }
+                } else {
+#pragma unroll
+                    for (int b = 0; b < BLOCKS_PER_PASS; ++b) {
+                        if (first + b >= BLOCKS) break;
+                        const Block k = block_at(first + b, TILES);
+                        mma_f64(acc[b], at[2 * k.row * 8 * COLUMN_STRIDE], at[(2 * k.row + 1) * 8 * COLUMN_STRIDE], at[k.col * 8 * COLUMN_STRIDE]);
+                    }
+                }
+            }
             __syncwarp();
         }
         double* out = yy + f * WIDTH * WIDTH;

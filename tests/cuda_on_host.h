@@ -45,7 +45,7 @@ struct Block {
     std::unique_ptr<std::barrier<>> barrier;
     std::vector<std::unique_ptr<std::barrier<>>> warps;
     unsigned long long words[32][32];  // the warps' shuffles
-    double fragments[32][32][6];       // the warps' tensor-core operands (kernels/mma.cuh)
+    double fragments[32][32][3];       // the warps' tensor-core operands (kernels/mma.cuh)
     std::atomic<int> any;
     std::unique_ptr<unsigned char[]> shared{new (std::align_val_t(16)) unsigned char[SHARED_BYTES]};
 };
@@ -110,46 +110,18 @@ inline unsigned __ballot_sync(unsigned, int p) {
     return bits;
 }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
-inline unsigned __float_as_uint(float v) {
-    unsigned u;
-    std::memcpy(&u, &v, 4);
-    return u;
-}
-inline float __uint_as_float(unsigned u) {
-    float v;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
-// Every lane's `count` operands of a warp's product, for each lane to read all of them.
-inline auto& warp_fragments(const double* mine, int count) {
-    auto& all = host::block->fragments[linear / 32];
-    for (int i = 0; i < count; ++i) all[linear % 32][i] = mine[i];
-    __syncwarp();
-    return all;
-}
-// kernels/mma.cuh's products: lane (g, t) = (lane / 4, lane % 4) holds A[g + {0, 8}][t (+ 4)], B[t (+ 4)][g] and
-// D[g + {0, 8}][2 t + {0, 1}].
+// kernels/mma.cuh's product from every lane's operands: lane (g, t) = (lane / 4, lane % 4) holds A[g + {0, 8}][t],
+// B[t][g] and D[g + {0, 8}][2 t + {0, 1}].
 inline void mma_f64(double (&d)[4], double a0, double a1, double b) {
-    const double mine[3] = {a0, a1, b};
-    auto& f = warp_fragments(mine, 3);
+    auto& f = host::block->fragments[linear / 32];
+    f[linear % 32][0] = a0;
+    f[linear % 32][1] = a1;
+    f[linear % 32][2] = b;
+    __syncwarp();
     int g = linear % 32 / 4, t = linear % 4;
     for (int v = 0; v < 4; ++v) {
         int i = g + 8 * (v / 2), j = 2 * t + v % 2;
         for (int k = 0; k < 4; ++k) d[v] += f[(i % 8) * 4 + k][i / 8] * f[j * 4 + k][2];
-    }
-    __syncwarp();
-}
-// tf32 operands: the low 13 mantissa bits ignored, as the tensor cores do; each product's sum rounded to float32.
-inline void mma_tf32(float (&d)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
-    auto tf32 = [](float v) { return (double)__uint_as_float(__float_as_uint(v) & 0xffffe000u); };
-    const double mine[6] = {tf32(a0), tf32(a1), tf32(a2), tf32(a3), tf32(b0), tf32(b1)};
-    auto& f = warp_fragments(mine, 6);
-    int g = linear % 32 / 4, t = linear % 4;
-    for (int v = 0; v < 4; ++v) {
-        int i = g + 8 * (v / 2), j = 2 * t + v % 2;
-        double sum = d[v];
-        for (int k = 0; k < 8; ++k) sum += f[(i % 8) * 4 + k % 4][2 * (k / 4) + i / 8] * f[j * 4 + k % 4][4 + k / 4];
-        d[v] = (float)sum;
     }
     __syncwarp();
 }

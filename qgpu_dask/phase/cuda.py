@@ -31,7 +31,7 @@ def kernel(name_expr: str) -> cupy.RawKernel:
     return compile.kernel("ssb.cu", name_expr, DEFINES)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)  # a chunk's shape and the last chunk's: each plan holds cuFFT's work area
 def spectrum_plan(shape: tuple[int, int, int], device_id: int) -> cupy.cuda.cufft.PlanNd:
     """cuFFT's plan of (n, rows, cols) float32 images' rfft2, kept for the next chunk of the same shape."""
     return cupyx.scipy.fft.get_fft_plan(cupy.empty(shape, cupy.float32), axes=(-2, -1), value_type="R2C")
@@ -124,7 +124,6 @@ def fit_terms(Gt, setup: tuple, params, cutoff: float, pixel: float, floor: floa
 
 
 NORMAL_WARPS = 4  # frequencies per block of normal_equations, fewer where a warp's buffer is large
-PRODUCTS = ("float64", "tf32x3")  # normal_equations' tensor-core products, the first the default
 PATCH = (8, 4)  # pixel pitches per patch of normal_equations' pixel order: 32 pixels, one warp's
 
 
@@ -141,15 +140,10 @@ def patch_order(ky, kx) -> cupy.ndarray:
     return cupy.argsort((patch * PATCH[0] + row % PATCH[0]) * width + col)
 
 
-def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float,
-                     products: str = PRODUCTS[0]):
+def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
     """The twin of ``phase.cpu.normal_equations`` (see there): Gram and right side of each listed frequency,
     complex128 on the device, summed in float64 from float32 transfers. The kernel takes the pixels in
-    ``patch_order`` (for speed only) and writes Y^T Y, which ``normal_gram`` turns into the two; ``products``
-    picks its tensor cores: "float64" (m16n8k4), or "tf32x3" (three m16n8k8 tf32 products per float32 product,
-    to about float32's precision, 32 pixels' sums in float32 added in float64)."""
-    if products not in PRODUCTS:
-        raise ValueError(f"products must be one of {PRODUCTS}, got {products!r}")
+    ``patch_order`` (for speed only) and writes Y^T Y, which ``normal_gram`` turns into the two."""
     n_pix = G.shape[0]
     if G.dtype != np.complex64 or not G.flags.c_contiguous:
         raise ValueError("G must be a C-contiguous complex64 array")
@@ -172,7 +166,7 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
         raise ValueError(f"{d} aliases per frequency need {per_warp} bytes of shared memory per warp, more than the "
                          f"{optin} a block may have: use a smaller upsampling")
     yy = cupy.empty((n, width, width), np.float64)
-    name = f"normal_equations<{degree}, {d}, {'true' if complex_method else 'false'}, {'true' if products == 'tf32x3' else 'false'}>"
+    name = f"normal_equations<{degree}, {d}, {'true' if complex_method else 'false'}>"
     kernel(name)(
         (math.ceil(n / warps),), (32 * warps,),
         (G, np.int64(G[0].size), order, np.int64(n_pix), cupy.asarray(freq, np.int64), np.int64(n), ky, kx,
