@@ -9,8 +9,8 @@ over pixels in float64.
 
 from __future__ import annotations
 
-import functools
 import math
+import threading
 
 import cupy
 import cupyx.scipy.fft
@@ -31,10 +31,20 @@ def kernel(name_expr: str) -> cupy.RawKernel:
     return compile.kernel("ssb.cu", name_expr, DEFINES)
 
 
-@functools.lru_cache(maxsize=2)  # a chunk's shape and the last chunk's: each plan holds cuFFT's work area
-def spectrum_plan(shape: tuple[int, int, int], device_id: int) -> cupy.cuda.cufft.PlanNd:
-    """cuFFT's plan of (n, rows, cols) float32 images' rfft2, kept for the next chunk of the same shape."""
-    return cupyx.scipy.fft.get_fft_plan(cupy.empty(shape, cupy.float32), axes=(-2, -1), value_type="R2C")
+PLANS = threading.local()  # each thread's spectrum plans: a plan's work area serves one transform at a time
+KEPT_PLANS = 2  # a chunk's shape and the last chunk's; each plan holds cuFFT's work area
+
+
+def spectrum_plan(images: cupy.ndarray) -> cupy.cuda.cufft.PlanNd:
+    """cuFFT's plan of the rfft2 of (n, rows, cols) float32 images like these, kept by this thread for the next
+    chunk of the same shape."""
+    plans = PLANS.__dict__.setdefault("by_shape", {})
+    key = (images.shape, images.device.id)
+    if key not in plans:
+        if len(plans) >= KEPT_PLANS:
+            plans.pop(next(iter(plans)))
+        plans[key] = cupyx.scipy.fft.get_fft_plan(images, axes=(-2, -1), value_type="R2C")
+    return plans[key]
 
 
 def spectrum_of(images: cupy.ndarray, out: cupy.ndarray) -> None:
@@ -42,7 +52,7 @@ def spectrum_of(images: cupy.ndarray, out: cupy.ndarray) -> None:
     temporary and copy: a pass over G saved): the twin of ``phase.cpu.spectrum_of``."""
     if not (images.dtype == cupy.float32 and images.flags.c_contiguous and out.dtype == cupy.complex64 and out.flags.c_contiguous):
         raise ValueError("spectrum_of takes C-contiguous float32 images and a C-contiguous complex64 out")
-    spectrum_plan(images.shape, images.device.id).fft(images, out, cupy.cuda.cufft.CUFFT_FORWARD)
+    spectrum_plan(images).fft(images, out, cupy.cuda.cufft.CUFFT_FORWARD)
 
 
 def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:
