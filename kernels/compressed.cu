@@ -604,8 +604,8 @@ __device__ PixelTables thread_tables(const Model& m, int p, void* smem, int tabl
 
 // A stream decoded in pieces: open it, then advance(upto, emit) hands emit(position, count) every nonzero count
 // before position upto, in order, and stops there (a rANS stream between two symbols), so a decoder can take a
-// stream a few rows at a time; finish() checks that a rANS stream decoded to its end ended where it should. Each
-// returns 0 or an error code.
+// stream a few rows at a time; finish() checks what is left: a sparse stream's remaining positions, and that a rANS
+// stream decoded to its end ended where it should. Each returns 0 or an error code.
 struct Cursor {
     const Model& m;
     const PixelTables& tb;
@@ -715,15 +715,26 @@ struct Cursor {
 
     // After advance: a rANS stream advanced to its end (every position, or its end token) has its first state
     // back and every word read; one stopped before that is not checked.
-    __device__ int finish() const {
+    // The checks left when the stream has been read as far as wanted: a sparse stream's positions not read yet
+    // (all of them are checked, as the CPU twin does), an ANS stream's final state if it was read to its end.
+    __device__ int finish() {
+        if (form == SPARSE) {
+            for (; j < nnz; ++j) {
+                int at = (int)get_le(pl, start + 2 * j, 2);
+                if (at <= last || at >= n) return E_SPARSE;
+                last = at;
+            }
+            return 0;
+        }
         if (form != ANS || (!ended && i < n)) return 0;
         return x != STATE_LOW || left != 0 ? E_STATE : 0;
     }
 };
 
-// Nonzero counts of stream (b, p), each handed to emit(position, count). Returns 0 or an error code. The
+// Nonzero counts of stream (b, p), each handed to emit(position, count). Returns 0 or an error code. An ANS
 // stream is decoded and checked up to position upto only (from there on nothing is emitted or checked):
-// a frame needs the tokens before its position, on average half of its block's.
+// a frame needs the tokens before its position, on average half of its block's; a sparse stream's positions
+// are all checked.
 template <class Emit>
 __device__ int decode_stream(const Streams& st, const Model& m, const PixelTables& tb, int b, int p, int n, Emit& emit,
                              int upto = 0x7FFFFFFF) {
@@ -959,11 +970,16 @@ struct RowEmit {
     }
 };
 
+struct NoEmit {
+    __device__ void operator()(int, u32) {}
+};
+
 // Every pixel's counts of frames [frame_lo, frame_hi) into out ((frame_hi - frame_lo) x frame_len, every value
 // written: no zeroing pass), or float T sqrt(count) (AMPLITUDE). A warp takes 32 neighbouring pixels of one scan
 // block (blockIdx.y from first_block): each lane decodes its stream DECODE_ROWS positions at a time into its
 // column of the warp's tile, then the warp stores those rows, 32 neighbouring values a store (not one scattered
-// store per nonzero count). Shared memory per warp (decode_rows_bytes in resident/cuda/compressed.py): the tile
+// store per nonzero count); a range ending inside a scan block reads the rest of its streams to check them, as
+// the CPU twin does. Shared memory per warp (decode_rows_bytes in resident/cuda/compressed.py): the tile
 // (DECODE_ROWS x 32 u32), then 32 tables of stride u16 entries, then 32 LUTs of LUT_PITCH bytes.
 template <class T, bool AMPLITUDE>
 __global__ void decode_rows(STREAM_PARAMS, i64 n_frames, int block, int stride, int first_block, i64 frame_lo, i64 frame_hi, T* out,
@@ -999,13 +1015,13 @@ __global__ void decode_rows(STREAM_PARAMS, i64 n_frames, int block, int stride, 
             if (has) row[(i64)r * st.frame_len] = AMPLITUDE ? (T)sqrtf((float)v) : (T)v;
         }
     }
-    if (has && !code && to == n) code = c.finish();
+    if (has && !code && to < n) {  // the rest of the stream read and checked, as the CPU twin decodes whole streams
+        NoEmit none;
+        code = c.advance<false>(n, none);
+    }
+    if (has && !code) code = c.finish();
     if (code) report(err, b, p, st.frame_len, code);
 }
-
-struct NoEmit {
-    __device__ void operator()(int, u32) {}
-};
 
 __global__ void check(STREAM_PARAMS, i64 n_frames, int block, int table_stride, int n_blocks, u64* err) {
     MAKE_STREAMS

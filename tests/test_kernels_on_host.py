@@ -476,3 +476,56 @@ extern "C" void equations{case}(const float2* G, i64 nq, const i64* pixel, i64 n
             pointer(got_gram), pointer(got_rhs))
         assert np.abs(got_gram - gram).max() <= 1e-5 * np.abs(gram).max()
         assert np.abs(got_rhs - rhs).max() <= 1e-5 * np.abs(rhs).max()
+
+
+def damaged(decoders, form: int, change) -> tuple[int, int]:
+    """The first stream of ``form`` with two or more positions, changed in place by change(payload, start, end);
+    its (scan block, pixel)."""
+    from qgpu_dask.resident.cpu.compressed import stream_bounds
+
+    lib, cuda, resident, flat, common, keep = decoders
+    index, base, payload = keep[0], keep[1], keep[2]
+    for b, p in np.argwhere((index >> codec.FORM_SHIFT) == form):
+        start, end, _ = stream_bounds(index, base, int(b), int(p))
+        if end - start >= 8:
+            change(payload, int(start), int(end))
+            return int(b), int(p)
+    raise AssertionError(f"no stream of form {form} with two positions")
+
+
+@pytest.mark.parametrize("form", ["sparse", "ans"])
+def test_partial_decodes_check_the_whole_stream(decoders, form):
+    """A range of frames ending inside a scan block, and one frame: a sparse stream whose last position does not
+    increase is reported (all its positions are checked, as the CPU twin does), and by decode_rows a rANS stream
+    that does not end in its initial state (the rest of the stream read to check it)."""
+    lib, cuda, resident, flat, common, keep = decoders
+    payload = keep[2]
+    original = payload.copy()
+
+    def change(payload, start, end):
+        if form == "sparse":  # the last position made the first's
+            nnz = (end - start) // 4
+            payload[start + 2 * (nnz - 1) : start + 2 * nnz] = payload[start : start + 2]
+        else:  # a bit of the stream's last word
+            payload[end - 1] ^= 0x04
+
+    b, p = damaged(decoders, codec.SPARSE if form == "sparse" else codec.ANS, change)
+    try:
+        lo = b * resident.block
+        launch, stride = cuda.rows_launch(resident.frame_len, resident.block, lo, lo + 3,
+                                          cuda.table_stride(resident.model.run, resident.model.values), "unsigned short", False)
+        out = np.zeros((3, resident.frame_len), np.uint16)
+        err = np.full(1, cuda.NO_ERROR, np.uint64)
+        lib.rows(0, *launch.grid, launch.threads, *common(stride), b, ctypes.c_int64(lo), ctypes.c_int64(lo + 3), pointer(out), pointer(err))
+        with pytest.raises(ValueError, match=f"scan block {b}, detector pixel {p}"):
+            cuda.check_word(int(err[0]), resident.frame_len)
+        if form == "sparse":
+            order = np.arange(resident.frame_len, dtype=np.int32)
+            one = np.zeros(resident.frame_len, np.uint32)
+            err = np.full(1, cuda.NO_ERROR, np.uint64)
+            lib.one_frame(cuda.grid(resident.frame_len, 128), *common(cuda.table_stride(resident.model.run, resident.model.values)),
+                          ctypes.c_int64(lo), pointer(order), pointer(one), pointer(err))
+            with pytest.raises(ValueError, match=f"scan block {b}, detector pixel {p}"):
+                cuda.check_word(int(err[0]), resident.frame_len)
+    finally:
+        payload[:] = original
