@@ -10,7 +10,9 @@
 typedef long long i64;
 
 #include "fft.cuh"
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // thread-block clusters: compute capability 9.0 and later
 #include "cluster.cuh"
+#endif
 
 __device__ __forceinline__ float2 conj_times(float2 a, float2 b) { return make_float2(a.x * b.x + a.y * b.y, a.x * b.y - a.y * b.x); }
 __device__ __forceinline__ float norm2(float2 a) { return a.x * a.x + a.y * a.y; }
@@ -329,6 +331,7 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
 }
 
 // ---------------------------------------------------------------- one position per pair of CTAs
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // clusters (phase/iterative/cuda.py asks for this kernel only there)
 // The same as rows_forward, columns and the FFTs of rows_inverse for position k = blockIdx.x / 2, its wave never
 // leaving the two CTAs of a cluster: rank c holds rows c H .. c H + H - 1 (H = R / 2) in shared memory. Exit waves
 // and FFTs along its rows; the column FFTs' first radix-2 step across the pair (decimation in frequency: rank 0's
@@ -399,3 +402,4 @@ far_field_pair(const float2* __restrict__ object, i64 cols, const float2* __rest
         out[(i64)r * C + s] = rows[r * pitch + at(s)];
     }
 }
+#endif

@@ -64,9 +64,16 @@ def pair_launch(R: int, C: int, n: int, measured_type: str) -> tuple[Launch, int
     return Launch(f"far_field_pair<{measured_type}, {row.name}, {half.name}>", (2 * n,), PAIR_THREADS, shared), scratch
 
 
+def clusters() -> bool:
+    """Whether the current GPU launches thread-block clusters (compute capability 9.0 and later), which the pair
+    path needs."""
+    return int(cupy.cuda.Device().compute_capability) >= 90
+
+
 def path_of(R: int, C: int, n: int, measured_type: str) -> str:
-    """The first of PATHS that takes a batch of n R x C windows."""
-    takes = {"fused": fused_launches(R, C, n, measured_type) is not None, "pair": pair_launch(R, C, n, measured_type) is not None, "cufft": True}
+    """The first of PATHS that takes a batch of n R x C windows on the current GPU."""
+    takes = {"fused": fused_launches(R, C, n, measured_type) is not None,
+             "pair": clusters() and pair_launch(R, C, n, measured_type) is not None, "cufft": True}
     return next(path for path in PATHS if takes[path])
 
 
@@ -80,6 +87,8 @@ def updated_waves(obj, probe, measured, corners, batch: Batch, center: tuple[int
     path = path or path_of(R, C, batch.n, measured_type)
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if path == "pair" and not clusters():
+        raise ValueError("the 'pair' path needs thread-block clusters, a GPU of compute capability 9.0 or later: use 'fused' or 'cufft'")
     if path == "cufft":
         far = fft2(exit_waves(obj, probe, corners, batch))
         error = project(far, measured, center, scale)
