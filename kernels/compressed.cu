@@ -892,22 +892,21 @@ __global__ void frame(STREAM_PARAMS, i64 n_frames, int block, int table_stride, 
     out[p] = emit.value;
 }
 
-template <class T, bool AMPLITUDE>
+template <class T>
 struct DenseEmit {
     T* out;  // where frame `from` of the stream's pixel goes
     i64 frame_stride;
     int from, to;  // the stream's frames (block-relative) inside the decoded range
     __device__ void operator()(int pos, u32 v) {
-        if (pos >= from && pos < to) out[(i64)(pos - from) * frame_stride] = AMPLITUDE ? (T)sqrtf((float)v) : (T)v;
+        if (pos >= from && pos < to) out[(i64)(pos - from) * frame_stride] = (T)v;
     }
 };
 
 // The counts of the listed pixels in frames [frame_lo, frame_hi) back into out (zeroed): count[f, pixels[k]] goes
-// to out[k * pixel_stride + (f - frame_lo) * frame_stride], so one kernel gives frames x pixels (every pixel: the
-// dense counts, or a run of frames of them) or pixels x frames (a pixel's image contiguous, as SSB wants). One
-// thread per stream; blockIdx.y runs over the blocks from first_block that hold the range. AMPLITUDE writes
-// sqrt(count) instead (float T: the amplitudes ptychography compares with).
-template <class T, bool AMPLITUDE>
+// to out[k * pixel_stride + (f - frame_lo) * frame_stride], frames x pixels or pixels x frames (a pixel's image
+// contiguous, as SSB wants; every pixel's counts are decode_rows'). One thread per stream; blockIdx.y runs over
+// the blocks from first_block that hold the range.
+template <class T>
 __global__ void decode(STREAM_PARAMS, i64 n_frames, int block, int table_stride, int first_block, int n_blocks, i64 frame_lo,
                        i64 frame_hi, const i64* pixels, i64 n_pix, i64 pixel_stride, i64 frame_stride, T* out, u64* err) {
     MAKE_STREAMS
@@ -919,7 +918,7 @@ __global__ void decode(STREAM_PARAMS, i64 n_frames, int block, int table_stride,
     PixelTables tb = thread_tables(model, p, smem_words, table_stride);
     i64 lo = (i64)b * block;
     int from = (int)max((i64)0, frame_lo - lo), to = (int)min((i64)block, frame_hi - lo);
-    DenseEmit<T, AMPLITUDE> emit{out + k * pixel_stride + (lo + from - frame_lo) * frame_stride, frame_stride, from, to};
+    DenseEmit<T> emit{out + k * pixel_stride + (lo + from - frame_lo) * frame_stride, frame_stride, from, to};
     int code = decode_stream(st, model, tb, b, p, (int)min((i64)block, n_frames - lo), emit);
     if (code) report(err, b, p, st.frame_len, code);
 }

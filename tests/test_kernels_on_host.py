@@ -243,7 +243,7 @@ extern "C" void one_frame(int gx, {params}, i64 f, const int* order, unsigned* o
 extern "C" void pixels(int gx, int gy, {params}, int first, int n_blocks, i64 lo, i64 hi, const i64* pixels, i64 n_pix,
                        unsigned short* out, unsigned long long* err) {{
     launch(Dim{{gx, gy}}, 128, [&] {{
-        decode<unsigned short, false>({args}, first, n_blocks, lo, hi, pixels, n_pix, hi - lo, 1, out, err);
+        decode<unsigned short>({args}, first, n_blocks, lo, hi, pixels, n_pix, hi - lo, 1, out, err);
     }});
 }}"""
     lib = library("compressed.cu", cuda.DEFINES, entry, tmp_path_factory.mktemp("compressed"))

@@ -11,7 +11,7 @@ import numpy as np
 from .. import compile
 
 SOLVE_THREADS = 128  # systems per block of shifted_solve, one thread each
-MAX_SOLVE = 16  # the largest system the kernel factorises in a thread's registers (beyond, it spills)
+MAX_SOLVE = 16  # the largest system the kernel factorises, a thread's (nvcc sm_90: in registers up to 10, 784 B spilled at 12, 3352 B at 16)
 DEFINES = compile.defines()  # the kernel takes no constant from Python
 
 

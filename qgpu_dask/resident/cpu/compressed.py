@@ -1062,7 +1062,7 @@ def decode_all(streams: Streams, model: Model, dtype, frames: tuple[int, int] | 
 def frames_target(frames: tuple[int, int], n_frames: int, frame_len: int, out, amplitude: bool) -> tuple[int, int]:
     """(lo, hi) of ``decode_frames`` into ``out``, checked to be a C-contiguous (hi - lo, frame_len) array (float32
     for amplitudes)."""
-    lo, hi, shape, strides = decoded_layout(frames, n_frames, frame_len, False)
+    lo, hi, shape, _ = decoded_layout(frames, n_frames, frame_len, False)
     if out.shape != shape or (amplitude and out.dtype != np.float32) or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous {shape}{' float32' if amplitude else ''} array, got {out.shape} {out.dtype}")
     return lo, hi

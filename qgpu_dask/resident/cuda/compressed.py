@@ -9,7 +9,6 @@ ValueError, so no partial result leaves.
 
 from __future__ import annotations
 
-
 import cupy
 import cupyx
 import numpy as np
@@ -423,6 +422,13 @@ def frame(streams: Streams, model: Model, index: int) -> np.ndarray:
     return host[:frame_len]
 
 
+def decoded_type(dtype) -> str:
+    """The C type decoders write counts of ``dtype`` as; ValueError for a dtype they do not write."""
+    if np.dtype(dtype) not in DECODED_TYPES:
+        raise ValueError(f"decoded counts are written as one of {', '.join(map(str, DECODED_TYPES))}, not {np.dtype(dtype)}")
+    return DECODED_TYPES[np.dtype(dtype)]
+
+
 def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bool, frames: tuple[int, int] | None = None) -> cupy.ndarray:
     """The counts of the host int64 ``pixels`` in ``dtype`` over ``frames`` = (lo, hi) (default: all):
     (n_pixels, hi - lo) when ``pixel_major``, else (hi - lo, n_pixels). Only the blocks holding the range
@@ -431,7 +437,7 @@ def decode_pixels(streams: Streams, model: Model, pixels, dtype, pixel_major: bo
     lo, hi, shape, strides = twin.decoded_layout(frames, model.n_frames, n_pix, pixel_major)
     out = cupy.zeros(shape, dtype=dtype)
     if hi > lo and n_pix:
-        raise_error(launch_decode(streams, model, cupy.asarray(np.asarray(pixels, dtype=np.int64)), lo, hi, strides, out, False),
+        raise_error(launch_decode(streams, model, cupy.asarray(np.asarray(pixels, dtype=np.int64)), lo, hi, strides, out),
                     streams.index.shape[1])
     return out
 
@@ -444,7 +450,7 @@ def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: 
     lo, hi = twin.frames_target(frames, model.n_frames, frame_len, out, amplitude)
     if hi <= lo:
         return lambda: None
-    launch, stride = rows_launch(frame_len, model.block, lo, hi, model.table_stride, DECODED_TYPES[out.dtype], amplitude)
+    launch, stride = rows_launch(frame_len, model.block, lo, hi, model.table_stride, decoded_type(out.dtype), amplitude)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
     compile.run("compressed.cu", DEFINES, launch, (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block),
                                                    np.int32(stride), np.int32(lo // model.block), np.int64(lo), np.int64(hi), out, err))
@@ -464,11 +470,11 @@ def decode_rows_bytes(stride: int) -> int:
     return DECODE_ROWS * 32 * 4 + 32 * 2 * stride + 32 * LUT_PITCH
 
 
-def launch_decode(streams: Streams, model: Model, pixels: cupy.ndarray, lo: int, hi: int, strides, out: cupy.ndarray, amplitude: bool):
+def launch_decode(streams: Streams, model: Model, pixels: cupy.ndarray, lo: int, hi: int, strides, out: cupy.ndarray):
     """The decode kernel over frames [lo, hi) of ``pixels`` (device int64) into ``out`` at ``strides``; its error word."""
     first, last = lo // model.block, -(-hi // model.block)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
-    kernel(f"decode<{DECODED_TYPES[out.dtype]}, {'true' if amplitude else 'false'}>")(
+    kernel(f"decode<{decoded_type(out.dtype)}>")(
         (grid(pixels.size, 128), last - first), (128,),
         (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block), np.int32(model.table_stride),
          np.int32(first), np.int32(last - first), np.int64(lo), np.int64(hi), pixels, np.int64(pixels.size), np.int64(strides[0]),
@@ -485,10 +491,9 @@ def fill_streams() -> int:
 
 def decode_all(streams: Streams, model: Model, dtype, frames: tuple[int, int] | None = None) -> cupy.ndarray:
     """Every pixel's counts, (hi - lo, frame_len) in ``dtype`` over ``frames`` (default all: the dense counts back):
-    whole rows by decode_rows (``decode_frames``) where it writes ``dtype``."""
+    whole rows by decode_rows (``decode_frames``)."""
     frame_len = streams.index.shape[1]
-    if np.dtype(dtype) not in DECODED_TYPES:
-        return decode_pixels(streams, model, np.arange(frame_len), dtype, pixel_major=False, frames=frames)
+    decoded_type(dtype)
     lo, hi, shape, _ = twin.decoded_layout(frames, model.n_frames, frame_len, False)
     out = cupy.empty(shape, dtype=dtype)
     decode_frames(streams, model, (lo, hi), out, False)()
