@@ -1,6 +1,5 @@
 // A warp-wide tensor-core product (sm_80 and later) for kernels/ssb.cu's normal equations; qgpu_dask/compile.py
-// inlines this header, tests/cuda_on_host.h has a host version. (Three tf32 products per float32 product, to about
-// float32's precision, measured no faster on an H100: docs/gpu-kernels.md.)
+// inlines this header, tests/cuda_on_host.h has a host version.
 
 // D += A B for one 16 x 8 x 4 float64 product (the shape the H200 runs at its full float64 rate; m8n8k4 runs at
 // half): A 16 x 4 (row-major), B 4 x 8 (column-major); a lane holds A[lane / 4 + {0, 8}][lane % 4],

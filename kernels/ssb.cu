@@ -47,7 +47,7 @@ __device__ __forceinline__ void phase_factor(float v, float* s, float* c) {
 
 // Which of k - q (bit 0) and k + q (bit 1) lie inside the aperture, |.|^2 <= kmax2, in float64 from k = (*y, *x)
 // and q, as the CPU twin decides: a pixel on an aperture edge is in or out on both. Called only near the edge
-// (a real branch, rarely taken: the only place k is read in float64).
+// (a real branch, rarely taken: the only place sideband_sum reads k in float64).
 __device__ __noinline__ int sides_exactly(const double* y, const double* x, const double2* q, double kmax2) {
     double my = *y - q->x, mx = *x - q->y, py = *y + q->x, px = *x + q->y;
     return (int)(mx * mx + my * my <= kmax2) | ((int)(px * px + py * py <= kmax2) << 1);

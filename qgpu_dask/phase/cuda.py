@@ -4,7 +4,7 @@ solve (from ``phase.solve_cuda``); the scan spectrum of images through cuFFT.
 
 Same contracts as the CPU twins (see their docstrings). chi and Gamma are evaluated in float32 registers
 (the phases they give differ from float64 by about 1e-6 rad), the aperture tests as in float64 and the sums
-over pixels in float64.
+over pixels in float64 (the sideband sum's from float32 runs of 32 terms).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """One batch of a ptychographic pass on the GPU (kernels/ptycho.cu and cuFFT), twins of ``qgpu_dask.phase.iterative.cpu``.
 
 Same contracts (see its docstrings), with ``corners`` a device array. Sums run in a fixed order without atomics:
-the probe's per group of PER_GROUP positions, the groups then added in order; the object's per pixel, in
-position order. Launches go to the current stream and nothing waits for the host.
+the probe's per group of positions (FUSED_GROUP on the fused path, PER_GROUP on the others), the groups then
+added in order; the object's per pixel, in position order. Launches go to the current stream and nothing waits
+for the host.
 """
 
 from __future__ import annotations
