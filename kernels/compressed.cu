@@ -94,6 +94,7 @@ typedef long long i64;
 #ifndef LUT_PITCH
 #error "LUT_PITCH comes from qgpu_dask/resident/cuda/compressed.py"
 #endif
+static_assert(LUT_PITCH >= 2 * LUT_SIZE && LUT_PITCH % 8 == 4, "a pixel's two LUTs, an odd number of words apart");
 
 struct Model {
     const u8* run;

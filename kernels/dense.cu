@@ -54,6 +54,7 @@ typedef long long i64;
 #ifndef IMAGE_FRAMES
 #error "IMAGE_FRAMES comes from qgpu_dask/resident/cuda/dense.py"
 #endif
+static_assert(IMAGE_FRAMES % 32 == 0, "pixel_images loads and stores a tile's frames 32 at a time");
 
 // ---------------------------------------------------------------- helpers
 
