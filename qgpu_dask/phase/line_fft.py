@@ -25,9 +25,14 @@ class Line:
     def name(self) -> str:
         return f"Line<{dft(self.P)}, {dft(self.Q)}>"
 
+    @property
+    def scratch_points(self) -> int:
+        """Shared-memory points of one line's scratch between the two steps (kernels/fft.cuh: P rows of an odd pitch)."""
+        return self.P * (self.Q | 1)
+
     def shared_points(self, lines: int) -> int:
         """Shared-memory points of ``lines`` lines and their FFT's scratch."""
-        return lines * (padded(self.P * self.Q) + self.P * (self.Q | 1))
+        return lines * (padded(self.P * self.Q) + self.scratch_points)
 
 
 def dft(n: int) -> str:

@@ -58,7 +58,7 @@ def pair_launch(R: int, C: int, n: int, measured_type: str) -> tuple[Launch, int
     row, half = line(C, MAX_FFT), line(R // 2, MAX_FFT) if R % 2 == 0 else None
     if row is None or half is None:
         return None
-    scratch = PAIR_LINES * max(row.P * (row.Q | 1), half.P * (half.Q | 1))
+    scratch = PAIR_LINES * max(row.scratch_points, half.scratch_points)
     shared = ((R // 2) * padded(C) + scratch) * 8 + 32 * 8
     if shared > PAIR_SHARED:
         return None
