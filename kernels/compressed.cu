@@ -603,6 +603,10 @@ __device__ PixelTables thread_tables(const Model& m, int p, void* smem, int tabl
     return copy_tables(m, p, cums + threadIdx.x * table_stride, luts + threadIdx.x * 2 * LUT_SIZE);
 }
 
+struct NoEmit {
+    __device__ void operator()(int, u32) {}
+};
+
 // A stream decoded in pieces: open it, then advance(upto, emit) hands emit(position, count) every nonzero count
 // before position upto, in order, and stops there (a rANS stream between two symbols), so a decoder can take a
 // stream a few rows at a time; finish() checks what is left: a sparse stream's remaining positions, and that a rANS
@@ -714,18 +718,14 @@ struct Cursor {
         }
     }
 
-    // After advance: a rANS stream advanced to its end (every position, or its end token) has its first state
-    // back and every word read; one stopped before that is not checked.
     // The checks left when the stream has been read as far as wanted: a sparse stream's positions not read yet
-    // (all of them are checked, as the CPU twin does), an ANS stream's final state if it was read to its end.
+    // (advanced over to its end, emitting nothing: all of them are checked, as the CPU twin does); a rANS stream
+    // advanced to its end (every position, or its end token) has its first state back and every word read, one
+    // stopped before that is not checked.
     __device__ int finish() {
         if (form == SPARSE) {
-            for (; j < nnz; ++j) {
-                int at = (int)get_le(pl, start + 2 * j, 2);
-                if (at <= last || at >= n) return E_SPARSE;
-                last = at;
-            }
-            return 0;
+            NoEmit none;
+            return advance<false>(n, none);
         }
         if (form != ANS || (!ended && i < n)) return 0;
         return x != STATE_LOW || left != 0 ? E_STATE : 0;
@@ -968,10 +968,6 @@ struct RowEmit {
     __device__ void operator()(int pos, u32 v) {
         if (pos >= c0) column[(pos - c0) * 32] = v;
     }
-};
-
-struct NoEmit {
-    __device__ void operator()(int, u32) {}
 };
 
 // Every pixel's counts of frames [frame_lo, frame_hi) into out ((frame_hi - frame_lo) x frame_len, every value

@@ -493,7 +493,6 @@ def decode_all(streams: Streams, model: Model, dtype, frames: tuple[int, int] | 
     """Every pixel's counts, (hi - lo, frame_len) in ``dtype`` over ``frames`` (default all: the dense counts back):
     whole rows by decode_rows (``decode_frames``)."""
     frame_len = streams.index.shape[1]
-    decoded_type(dtype)
     lo, hi, shape, _ = twin.decoded_layout(frames, model.n_frames, frame_len, False)
     out = cupy.empty(shape, dtype=dtype)
     decode_frames(streams, model, (lo, hi), out, False)()
