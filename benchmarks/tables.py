@@ -195,10 +195,13 @@ def freshness(commit: str, paths: tuple[str, ...]) -> str:
 
 
 def provenance(doc: dict, benchmark: str) -> tuple[str, str]:
-    """("commit abc1234, 2026-11-29", freshness note) of a results document."""
+    """("commit abc1234, 2026-11-29, NVIDIA H200", freshness note) of a results document: the GPU named where
+    one measured it, as timings of different GPUs are not comparable."""
     commit = str(doc.get("commit") or "unknown")
     short = commit if commit == "unknown" else commit.removesuffix("+dirty")[:7] + ("+dirty" if commit.endswith("+dirty") else "")
-    return f"commit {short}, {str(doc.get('date', 'date unknown'))[:10]}", freshness(commit, tuple(MEASURES[benchmark]))
+    gpu = (doc.get("machine") or {}).get("gpu")
+    made = f"commit {short}, {str(doc.get('date', 'date unknown'))[:10]}" + (f", {gpu}" if gpu else "")
+    return made, freshness(commit, tuple(MEASURES[benchmark]))
 
 
 def load(result: str) -> dict | None:
@@ -594,7 +597,7 @@ TABLES: tuple[Table | Figure, ...] = (
         F("first_ssb_ms", "{:.0f}"), " ms for the first `ssb` of an acquisition, ", F("ssb_after_c10_change_ms", "{:.0f}"),
         " ms after a change of C10; the first call in a worker also compiles the kernels, about ", F("first_ssb_cold_ms", "{:.1f}", scale=1e-3), " s")),
     Figure("guide_direct_strength", GUIDE, "direct_cuda", "direct_gpu", (
-        "about ", F("owner/phase/solve_ms", "{:.0f}"), " ms on an H200 for a 512 x 512 scan at u = 3, and the fetch of the image: ",
+        "about ", F("owner/phase/solve_ms", "{:.0f}"), " ms on the GPU for a 512 x 512 scan at u = 3, and the fetch of the image: ",
         F("phase/strength_only_ms", "{:.0f}"), " ms from a notebook for the phase")),
     Figure("guide_direct_prepare", GUIDE, "direct_cuda", "direct_gpu", (
         F("phase/prepare_ms", "{:.0f}"), " ms (phase) and ", F("complex/prepare_ms", "{:.0f}"), " ms (complex)")),
