@@ -201,7 +201,8 @@ def test_result_segments_go_at_exit_or_with_a_sweep_once_their_client_was_killed
     killed.kill()
     killed.wait()
     live = result_array((4, 1 << 18), np.uint32)
-    assert left.exists() and left.name in sweep() and not left.exists()
+    sweep()  # another process's sweep may take it first: every client's start makes one (other tests' too)
+    assert not left.exists()
     assert (SHM / memory_of(live).name).exists()  # this live client's stays
 
 
