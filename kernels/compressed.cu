@@ -88,9 +88,13 @@ typedef long long i64;
 #ifndef TILE_BYTES
 #error "TILE_BYTES comes from qgpu_dask/resident/cuda/compressed.py"
 #endif
-#ifndef DECODE_ROWS
-#error "DECODE_ROWS comes from qgpu_dask/resident/cuda/compressed.py"
+#ifndef DECODE_RING
+#error "DECODE_RING comes from qgpu_dask/resident/cuda/compressed.py"
 #endif
+#ifndef DECODE_FLUSH
+#error "DECODE_FLUSH comes from qgpu_dask/resident/cuda/compressed.py"
+#endif
+static_assert((DECODE_RING & (DECODE_RING - 1)) == 0 && DECODE_FLUSH <= DECODE_RING, "a ring of a power of two rows, stored in parts");
 #ifndef LUT_PITCH
 #error "LUT_PITCH comes from qgpu_dask/resident/cuda/compressed.py"
 #endif
@@ -659,7 +663,9 @@ struct Cursor {
 
     // PIECES: a value whose run reaches upto waits for the next advance (its symbol not read yet); otherwise it
     // is read and emitted with its run, and the stream stops at the first run that starts at or after upto.
-    template <bool PIECES, class Emit>
+    // STEP: a rANS stream stops after one value (the other forms go on to upto), so the lanes of a warp can take
+    // one value each a round.
+    template <bool PIECES, bool STEP = false, class Emit>
     __device__ int advance(int upto, Emit& emit) {
         const int stop = min(upto, n), isz = m.itemsize;
         if (form == CONSTANT) {
@@ -715,7 +721,15 @@ struct Cursor {
             if (v) emit(i, (u32)v);
             ++i;
             value_due = false;
+            if (STEP) return 0;
         }
+    }
+
+    // Every count before this position has been emitted (all of them once the stream is through).
+    __device__ int decoded() const {
+        if (form == ANS) return ended ? n : i;
+        if (form == SPARSE) return j < nnz ? min((int)get_le(pl, start + 2 * j, 2), n) : n;
+        return form == EMPTY ? n : i;
     }
 
     // The checks left when the stream has been read as far as wanted: a sparse stream's positions not read yet
@@ -961,31 +975,36 @@ __device__ PixelTables warp_tables(const Model& m, int p0, int frame_len, int st
     return PixelTables{has ? m.run[p] : 0, nv, vt, vt + nv + 2, vlut, vlut + LUT_SIZE};
 }
 
-// A lane's counts of DECODE_ROWS positions from c0, in its column of the warp's tile (counts before c0: none).
-struct RowEmit {
-    u32* column;  // the lane's first row; rows are 32 words apart
-    int c0;
+// A lane's counts from position `from` on, in its column of the warp's ring of DECODE_RING rows (position mod
+// DECODE_RING; the rows of the ring are 32 entries apart).
+template <class S>
+struct RingEmit {
+    S* column;
+    int from;
     __device__ void operator()(int pos, u32 v) {
-        if (pos >= c0) column[(pos - c0) * 32] = v;
+        if (pos >= from) column[(pos & (DECODE_RING - 1)) * 32] = (S)v;
     }
 };
 
 // Every pixel's counts of frames [frame_lo, frame_hi) into out ((frame_hi - frame_lo) x frame_len, every value
 // written: no zeroing pass), or float T sqrt(count) (AMPLITUDE). A warp takes 32 neighbouring pixels of one scan
-// block (blockIdx.y from first_block): each lane decodes its stream DECODE_ROWS positions at a time into its
-// column of the warp's tile, then the warp stores those rows, 32 neighbouring values a store (not one scattered
-// store per nonzero count); a range ending inside a scan block reads the rest of its streams to check them, as
-// the CPU twin does. Shared memory per warp (decode_rows_bytes in resident/cuda/compressed.py): the tile
-// (DECODE_ROWS x 32 u32), then 32 tables of stride u16 entries, then 32 LUTs of LUT_PITCH bytes.
-template <class T, bool AMPLITUDE>
+// block (blockIdx.y from first_block). Its lanes decode their streams into the warp's ring of counts (S, the
+// counts' type), each lane one value a round, and the warp stores DECODE_FLUSH rows, 32 neighbouring values a
+// store, once every lane has decoded them; a lane ahead goes on up to the end of the ring meanwhile, so lanes
+// wait for each other only there (decoding a fixed number of rows at a time made every round as long as its
+// slowest lane's: about half the lanes idle, ncu on an H100). A range ending inside a scan block reads the rest of
+// its streams to check them, as the CPU twin does. Shared memory per warp (decode_rows_bytes in
+// resident/cuda/compressed.py): the ring (DECODE_RING x 32 S), then 32 tables of stride u16 entries, then 32
+// LUTs of LUT_PITCH bytes.
+template <class T, bool AMPLITUDE, class S>
 __global__ void decode_rows(STREAM_PARAMS, i64 n_frames, int block, int stride, int first_block, i64 frame_lo, i64 frame_hi, T* out,
                             u64* err) {
     MAKE_STREAMS
     extern __shared__ unsigned long long smem_words[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32* tile = reinterpret_cast<u32*>(reinterpret_cast<u8*>(smem_words) +
-                                       (i64)warp * (DECODE_ROWS * 32 * 4 + 32 * 2 * stride + 32 * LUT_PITCH));
-    u16* cums = reinterpret_cast<u16*>(tile + DECODE_ROWS * 32);
+    S* ring = reinterpret_cast<S*>(reinterpret_cast<u8*>(smem_words) +
+                                   (i64)warp * (DECODE_RING * 32 * sizeof(S) + 32 * 2 * stride + 32 * LUT_PITCH));
+    u16* cums = reinterpret_cast<u16*>(ring + DECODE_RING * 32);
     const int p0 = blockIdx.x * blockDim.x + warp * 32, p = p0 + lane;
     if (p0 >= st.frame_len) return;  // the whole warp
     PixelTables tb = warp_tables(model, p0, st.frame_len, stride, cums, reinterpret_cast<u8*>(cums + 32 * stride));
@@ -996,19 +1015,23 @@ __global__ void decode_rows(STREAM_PARAMS, i64 n_frames, int block, int stride, 
     const int from = (int)max((i64)0, frame_lo - lo), to = (int)min((i64)n, frame_hi - lo);
     Cursor c(model, tb);
     int code = has ? c.open(st, b, p, n) : 0;
-    u32* column = tile + lane;
-    for (int r = 0; r < DECODE_ROWS; ++r) column[r * 32] = 0;
-    RowEmit emit{column, 0};
-    for (int c0 = from; c0 < to; c0 += DECODE_ROWS) {
-        const int rows = min(DECODE_ROWS, to - c0);
-        emit.c0 = c0;
-        if (has && !code) code = c.advance<true>(c0 + rows, emit);
-        __syncwarp();
-        T* row = out + (lo + c0 - frame_lo) * st.frame_len + p;
-        for (int r = 0; r < rows; ++r) {
-            u32 v = column[r * 32];
-            column[r * 32] = 0;
-            if (has) row[(i64)r * st.frame_len] = AMPLITUDE ? (T)sqrtf((float)v) : (T)v;
+    S* column = ring + lane;
+    for (int r = 0; r < DECODE_RING; ++r) column[r * 32] = 0;
+    RingEmit<S> emit{column, from};
+    T* row = out + (lo + from - frame_lo) * st.frame_len + p;
+    for (int stored = from; stored < to;) {
+        const int target = min(stored + DECODE_FLUSH, to), end = min(stored + DECODE_RING, to);
+        while (true) {
+            const int upto = has && !code ? c.decoded() : to;
+            if (__all_sync(0xFFFFFFFFu, upto >= target)) break;
+            if (upto < end) code = c.advance<true, true>(end, emit);
+        }
+#pragma unroll 4
+        for (; stored < target; ++stored, row += st.frame_len) {
+            S& at = column[(stored & (DECODE_RING - 1)) * 32];
+            const u32 v = at;
+            at = 0;
+            if (has) *row = AMPLITUDE ? (T)sqrtf((float)v) : (T)v;
         }
     }
     if (has && !code && to < n) {  // the rest of the stream read and checked, as the CPU twin decodes whole streams

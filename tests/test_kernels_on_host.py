@@ -233,8 +233,8 @@ extern "C" void luts(const unsigned char* run, const unsigned char* values, cons
 extern "C" void rows(int amplitude, int gx, int gy, int threads, {params}, int first, i64 lo, i64 hi, void* out,
                      unsigned long long* err) {{
     launch(Dim{{gx, gy}}, threads, [&] {{
-        if (amplitude) decode_rows<float, true>({args}, first, lo, hi, (float*)out, err);
-        else decode_rows<unsigned short, false>({args}, first, lo, hi, (unsigned short*)out, err);
+        if (amplitude) decode_rows<float, true, unsigned short>({args}, first, lo, hi, (float*)out, err);
+        else decode_rows<unsigned short, false, unsigned short>({args}, first, lo, hi, (unsigned short*)out, err);
     }});
 }}
 extern "C" void one_frame(int gx, {params}, i64 f, const int* order, unsigned* out, unsigned long long* err) {{
@@ -270,9 +270,9 @@ def test_decode_rows_against_the_counts(decoders, frames, amplitude):
     lib, cuda, resident, flat, common, _ = decoders
     lo, hi = frames
     launch, stride = cuda.rows_launch(resident.frame_len, resident.block, lo, hi, cuda.table_stride(resident.model.run, resident.model.values),
-                                      "float" if amplitude else "unsigned short", amplitude)
+                                      "float" if amplitude else "unsigned short", amplitude, 2)
     assert launch.shared_bytes <= 48 * 1024 and stride % 4 == 2
-    assert launch.name == ("decode_rows<float, true>" if amplitude else "decode_rows<unsigned short, false>")
+    assert launch.name == ("decode_rows<float, true, unsigned short>" if amplitude else "decode_rows<unsigned short, false, unsigned short>")
     out = np.full((hi - lo, resident.frame_len), 7, np.float32 if amplitude else np.uint16)
     err = np.full(1, cuda.NO_ERROR, np.uint64)
     lib.rows(int(amplitude), *launch.grid, launch.threads, *common(stride), lo // resident.block, ctypes.c_int64(lo), ctypes.c_int64(hi),
@@ -317,7 +317,7 @@ def test_decode_rows_reports_a_damaged_stream(decoders):
     payload[start + 5] ^= 0x10
     try:
         launch, stride = cuda.rows_launch(resident.frame_len, resident.block, 0, resident.n_frames,
-                                          cuda.table_stride(resident.model.run, resident.model.values), "unsigned short", False)
+                                          cuda.table_stride(resident.model.run, resident.model.values), "unsigned short", False, 2)
         out = np.zeros(flat.shape, np.uint16)
         err = np.full(1, cuda.NO_ERROR, np.uint64)
         lib.rows(0, *launch.grid, launch.threads, *common(stride), 0, ctypes.c_int64(0), ctypes.c_int64(resident.n_frames), pointer(out),
@@ -513,7 +513,7 @@ def test_partial_decodes_check_the_whole_stream(decoders, form):
     try:
         lo = b * resident.block
         launch, stride = cuda.rows_launch(resident.frame_len, resident.block, lo, lo + 3,
-                                          cuda.table_stride(resident.model.run, resident.model.values), "unsigned short", False)
+                                          cuda.table_stride(resident.model.run, resident.model.values), "unsigned short", False, 2)
         out = np.zeros((3, resident.frame_len), np.uint16)
         err = np.full(1, cuda.NO_ERROR, np.uint64)
         lib.rows(0, *launch.grid, launch.threads, *common(stride), b, ctypes.c_int64(lo), ctypes.c_int64(lo + 3), pointer(out), pointer(err))

@@ -32,7 +32,8 @@ NO_ERROR = 2**64 - 1
 ERROR_CODE_BITS = 8  # a kernel's error word: (stream << ERROR_CODE_BITS) | code, NO_ERROR when none
 LUT_SIZE = 64  # starting symbols per table of a pixel's lookup tables
 TILE_BYTES = 16 * 1024  # counts an encoder CTA stages in shared memory at a time (two such buffers)
-DECODE_ROWS = 16  # positions decode_rows decodes into a warp's tile before storing them
+DECODE_RING = 32  # rows of a decode_rows warp's ring of decoded counts: how far its lanes may run apart
+DECODE_FLUSH = 8  # rows of the ring a decode_rows warp stores at a time
 DECODE_WARPS = 4  # warps of a decode_rows block
 LUT_PITCH = 2 * LUT_SIZE + 4  # bytes between two pixels' LUTs in decode_rows' shared memory: an odd number of words
 CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
@@ -61,7 +62,8 @@ DEFINES = compile.defines(  # the constants kernels/compressed.cu takes from Pyt
     LUT_SIZE=LUT_SIZE,
     ERROR_CODE_BITS=ERROR_CODE_BITS,
     TILE_BYTES=TILE_BYTES,
-    DECODE_ROWS=DECODE_ROWS,
+    DECODE_RING=DECODE_RING,
+    DECODE_FLUSH=DECODE_FLUSH,
     LUT_PITCH=LUT_PITCH,
     DESC_WORDS=twin.DESC_WORDS,
 )
@@ -450,24 +452,28 @@ def decode_frames(streams: Streams, model: Model, frames: tuple[int, int], out: 
     lo, hi = twin.frames_target(frames, model.n_frames, frame_len, out, amplitude)
     if hi <= lo:
         return lambda: None
-    launch, stride = rows_launch(frame_len, model.block, lo, hi, model.table_stride, decoded_type(out.dtype), amplitude)
+    launch, stride = rows_launch(frame_len, model.block, lo, hi, model.table_stride, decoded_type(out.dtype), amplitude, model.itemsize)
     err = cupy.full(1, NO_ERROR, dtype=np.uint64)
     compile.run("compressed.cu", DEFINES, launch, (*stream_params(streams, model), np.int64(model.n_frames), np.int32(model.block),
                                                    np.int32(stride), np.int32(lo // model.block), np.int64(lo), np.int64(hi), out, err))
     return raise_error_later(err, frame_len)
 
 
-def rows_launch(frame_len: int, block: int, lo: int, hi: int, table_stride: int, out_type: str, amplitude: bool) -> tuple[Launch, int]:
-    """decode_rows over frames [lo, hi) into C type ``out_type``, and the u16 entries a pixel's tables take there:
-    the model's stride (even) made an odd number of words."""
+def rows_launch(frame_len: int, block: int, lo: int, hi: int, table_stride: int, out_type: str, amplitude: bool,
+                itemsize: int) -> tuple[Launch, int]:
+    """decode_rows over frames [lo, hi) of counts of ``itemsize`` bytes into C type ``out_type``, and the u16
+    entries a pixel's tables take there: the model's stride (even) made an odd number of words."""
     stride = table_stride | 2
-    return Launch(f"decode_rows<{out_type}, {'true' if amplitude else 'false'}>", (grid(frame_len, 32 * DECODE_WARPS), -(-hi // block) - lo // block),
-                  32 * DECODE_WARPS, DECODE_WARPS * decode_rows_bytes(stride)), stride
+    counts = CTYPES[np.dtype(f"u{itemsize}")]
+    return Launch(f"decode_rows<{out_type}, {'true' if amplitude else 'false'}, {counts}>",
+                  (grid(frame_len, 32 * DECODE_WARPS), -(-hi // block) - lo // block), 32 * DECODE_WARPS,
+                  DECODE_WARPS * decode_rows_bytes(stride, itemsize)), stride
 
 
-def decode_rows_bytes(stride: int) -> int:
-    """Shared memory of one decode_rows warp: its tile of counts, 32 tables of ``stride`` entries, 32 LUTs."""
-    return DECODE_ROWS * 32 * 4 + 32 * 2 * stride + 32 * LUT_PITCH
+def decode_rows_bytes(stride: int, itemsize: int) -> int:
+    """Shared memory of one decode_rows warp: its ring of counts of ``itemsize`` bytes, 32 tables of ``stride``
+    entries, 32 LUTs."""
+    return DECODE_RING * 32 * itemsize + 32 * 2 * stride + 32 * LUT_PITCH
 
 
 def launch_decode(streams: Streams, model: Model, pixels: cupy.ndarray, lo: int, hi: int, strides, out: cupy.ndarray):
