@@ -663,9 +663,7 @@ struct Cursor {
 
     // PIECES: a value whose run reaches upto waits for the next advance (its symbol not read yet); otherwise it
     // is read and emitted with its run, and the stream stops at the first run that starts at or after upto.
-    // STEP: a rANS stream stops after one value (the other forms go on to upto), so the lanes of a warp can take
-    // one value each a round.
-    template <bool PIECES, bool STEP = false, class Emit>
+    template <bool PIECES, class Emit>
     __device__ int advance(int upto, Emit& emit) {
         const int stop = min(upto, n), isz = m.itemsize;
         if (form == CONSTANT) {
@@ -721,8 +719,38 @@ struct Cursor {
             if (v) emit(i, (u32)v);
             ++i;
             value_due = false;
-            if (STEP) return 0;
         }
+    }
+
+    // One symbol of a rANS stream (decoded() below upto, no error yet): a run of zeros, or the value due, emitted.
+    // advance in steps that are the same for either (only the table differs), so the lanes of a warp each
+    // decoding one symbol a round take the same path: one symbol a round together.
+    template <class Emit>
+    __device__ int token(Emit& emit) {
+        const int run = tb.run;
+        const bool is_run = !value_due && run > 0;
+        const int s = get_symbol(x, is_run ? tb.rt : tb.vt, is_run ? tb.rlut : tb.vlut);
+        if (!refill(x, word, left)) return E_TRUNCATED;
+        if (is_run) {
+            if (s == run + 1) {
+                ended = true;
+                return 0;
+            }
+            i += s;
+            value_due = s != run;
+            return i >= n ? E_POSITION : 0;
+        }
+        u64 v = (u64)s + (run > 0 ? 1 : 0);
+        if (s == tb.nv) {
+            u64 excess;
+            if (!escape(x, word, left, m.chunks, excess)) return E_TRUNCATED;
+            v += excess;
+        }
+        if (v > m.maxval) return E_VALUE;
+        if (v) emit(i, (u32)v);
+        ++i;
+        value_due = false;
+        return 0;
     }
 
     // Every count before this position has been emitted (all of them once the stream is through).
@@ -989,7 +1017,7 @@ struct RingEmit {
 // Every pixel's counts of frames [frame_lo, frame_hi) into out ((frame_hi - frame_lo) x frame_len, every value
 // written: no zeroing pass), or float T sqrt(count) (AMPLITUDE). A warp takes 32 neighbouring pixels of one scan
 // block (blockIdx.y from first_block). Its lanes decode their streams into the warp's ring of counts (S, the
-// counts' type), each lane one value a round, and the warp stores DECODE_FLUSH rows, 32 neighbouring values a
+// counts' type), each lane one rANS symbol a round, and the warp stores DECODE_FLUSH rows, 32 neighbouring values a
 // store, once every lane has decoded them; a lane ahead goes on up to the end of the ring meanwhile, so lanes
 // wait for each other only there (decoding a fixed number of rows at a time made every round as long as its
 // slowest lane's: about half the lanes idle, ncu on an H100). A range ending inside a scan block reads the rest of
@@ -1024,7 +1052,7 @@ __global__ void decode_rows(STREAM_PARAMS, i64 n_frames, int block, int stride, 
         while (true) {
             const int upto = has && !code ? c.decoded() : to;
             if (__all_sync(0xFFFFFFFFu, upto >= target)) break;
-            if (upto < end) code = c.advance<true, true>(end, emit);
+            if (upto < end) code = c.form == ANS ? c.token(emit) : c.advance<true>(end, emit);
         }
 #pragma unroll 4
         for (; stored < target; ++stored, row += st.frame_len) {
