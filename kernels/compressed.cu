@@ -689,42 +689,16 @@ struct Cursor {
             return 0;
         }
         if (form != ANS) return 0;
-        const int run = tb.run, nv = tb.nv;
-        while (true) {
-            if (!value_due) {
-                if (ended || i >= stop) return 0;
-                if (run > 0) {
-                    int r = get_symbol(x, tb.rt, tb.rlut);
-                    if (!refill(x, word, left)) return E_TRUNCATED;
-                    if (r == run + 1) {
-                        ended = true;
-                        return 0;
-                    }
-                    i += r;
-                    if (i >= n) return E_POSITION;
-                    if (r == run) continue;
-                }
-                value_due = true;
-            }
-            if (PIECES && i >= stop) return 0;
-            int s = get_symbol(x, tb.vt, tb.vlut);
-            if (!refill(x, word, left)) return E_TRUNCATED;
-            u64 v = (u64)s + (run > 0 ? 1 : 0);
-            if (s == nv) {
-                u64 excess;
-                if (!escape(x, word, left, m.chunks, excess)) return E_TRUNCATED;
-                v += excess;
-            }
-            if (v > m.maxval) return E_VALUE;
-            if (v) emit(i, (u32)v);
-            ++i;
-            value_due = false;
+        while (!ended) {
+            if (i >= stop && (!value_due || PIECES)) return 0;
+            if (const int code = token(emit)) return code;
         }
+        return 0;
     }
 
-    // One symbol of a rANS stream (decoded() below upto, no error yet): a run of zeros, or the value due, emitted.
-    // advance in steps that are the same for either (only the table differs), so the lanes of a warp each
-    // decoding one symbol a round take the same path: one symbol a round together.
+    // The next symbol of a rANS stream not yet ended: a run of zeros, or the value due (emitted). advance takes
+    // them in turn; decode_rows' lanes take one a round, through the same steps for either (only the table
+    // differs), so a round's lanes take one path.
     template <class Emit>
     __device__ int token(Emit& emit) {
         const int run = tb.run;
