@@ -9,10 +9,12 @@
 
 __device__ __forceinline__ float2 times(float2 a, float2 b) { return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }
 
-// Where point i of a line sits in shared memory: one pad after every 16 points, so a line's neighbours fall in
-// different banks. A line of n points takes padded(n).
+// The padded layout of far_field_pair's rows, whose columns are transformed too: point i of a row at(i), one pad
+// after every 16 points, so a column's neighbours fall in different banks; a row of n points takes padded(n).
 __device__ __forceinline__ int at(int i) { return i + (i >> 4); }
 __host__ __device__ constexpr int padded(int n) { return n + (n >> 4) + 1; }
+// The least count >= n that is m modulo 16 (float2 points: 16 fill the 32 banks once).
+__host__ __device__ constexpr int congruent(int n, int m) { return n + ((m - n) % 16 + 16) % 16; }
 
 __device__ __forceinline__ float2 plus(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
 __device__ __forceinline__ float2 minus(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
@@ -150,12 +152,19 @@ struct Dft {
 };
 
 // A line of N = P Q points (FIRST: the P-point DFT, SECOND: the Q-point one). fft transforms `lines` lines, line l
-// at data + l * pitch (point i at at(i)), in place, by all the block's threads (it syncs them: call it from every
-// thread); scratch holds lines * P * scratch_pitch points; roots[m] = exp(-2 pi i m / N).
+// at data + l * pitch (point i at i), in place, by all the block's threads (it syncs them: call it from every
+// thread); scratch holds lines * scratch_line points; roots[m] = exp(-2 pi i m / N). Step 1's threads take
+// line l's points q < Q, then line l + 1's: with lines (and their scratch) Q apart modulo 16, the 16 threads
+// of a half-warp meet 16 neighbouring points, all in distinct banks (3.3-way conflicts on an H100 before,
+// at 205 and 208 points a line).
 template <class FIRST, class SECOND>
 struct Line {
     static constexpr int P = FIRST::n, Q = SECOND::n, N = P * Q;
-    static constexpr int scratch_pitch = Q | 1;  // odd: a step's 16 threads of a half-warp meet distinct bank pairs
+    static constexpr int scratch_pitch = Q | 1;  // odd: step 2's 16 threads of a half-warp meet distinct bank pairs
+    static constexpr int scratch_line = congruent(P * scratch_pitch, Q);
+    // Points a line takes in shared memory: Q modulo 16, or 2 where Q alone fills a half-warp (any pitch serves
+    // step 1 then; 2 modulo 4 is what ptycho.cu's columns loads want).
+    static constexpr int pitch = congruent(N, Q < 16 ? Q : 2);
     // Lines l < lines whose point i is point(l, i) (a float2&), in place.
     template <bool INVERSE, class POINT>
     __device__ static void fft_at(POINT point, int lines, float2* scratch, const float2* __restrict__ roots) {
@@ -165,7 +174,7 @@ struct Line {
 #pragma unroll
             for (int p = 0; p < P; ++p) v[p] = point(l, Q * p + q);
             FIRST::template run<INVERSE>(v);
-            float2* y = scratch + l * P * scratch_pitch + q;
+            float2* y = scratch + l * scratch_line + q;
             y[0] = v[0];
 #pragma unroll
             for (int k = 1; k < P; ++k) {
@@ -176,7 +185,7 @@ struct Line {
         __syncthreads();
         for (int j = threadIdx.x; j < lines * P; j += blockDim.x) {
             int l = j / P, k = j - l * P;
-            const float2* y = scratch + (l * P + k) * scratch_pitch;
+            const float2* y = scratch + l * scratch_line + k * scratch_pitch;
             float2 u[Q];
 #pragma unroll
             for (int q = 0; q < Q; ++q) u[q] = y[q];
@@ -186,9 +195,9 @@ struct Line {
         }
         __syncthreads();
     }
-    // Lines l < lines at data + l pitch, point i at at(i).
+    // Lines l < lines at data + l pitch, point i at i.
     template <bool INVERSE>
-    __device__ static void fft(float2* data, int pitch, int lines, float2* scratch, const float2* __restrict__ roots) {
-        fft_at<INVERSE>([=](int l, int i) -> float2& { return data[l * pitch + at(i)]; }, lines, scratch, roots);
+    __device__ static void fft(float2* data, int lines, float2* scratch, const float2* __restrict__ roots) {
+        fft_at<INVERSE>([=](int l, int i) -> float2& { return data[l * pitch + i]; }, lines, scratch, roots);
     }
 };

@@ -218,13 +218,13 @@ __global__ void object_update(float2* __restrict__ object, i64 cols, i64 row0, i
 // transforms several lines at once in shared memory (fft.cuh Line).
 
 // far[k, r, :] = FFT along the row of probe[r, :] object[corner_k + (r, :)], ROW_WARPS rows of the batch per
-// block (a warp per row loads and stores). ROW is the Line of C points. Shared memory: ROW_WARPS padded(C) points, then
+// block (a warp per row loads and stores). ROW is the Line of C points. Shared memory: ROW_WARPS lines of ROW::pitch points, then
 // the FFT's scratch.
 template <class ROW>
 __global__ void rows_forward(const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe, int R, int C,
                              const i64* __restrict__ corners, i64 first, i64 n, const float2* __restrict__ roots, float2* __restrict__ far) {
     extern __shared__ float2 shared[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5, pitch = padded(C);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5, pitch = ROW::pitch;
     const i64 row0 = (i64)blockIdx.x * ROW_WARPS;
     const int count = (int)min((i64)ROW_WARPS, n * R - row0);
     float2 *lines = shared, *scratch = shared + ROW_WARPS * pitch;
@@ -233,58 +233,75 @@ __global__ void rows_forward(const float2* __restrict__ object, i64 cols, const 
         int r = (int)(row - k * R);
         const i64* corner = corners + 2 * (first + k);
         const float2* o = object + (corner[0] + r) * cols + corner[1];
-        for (int s = lane; s < C; s += 32) lines[l * pitch + at(s)] = times(probe[r * C + s], o[s]);
+        for (int s = lane; s < C; s += 32) lines[l * pitch + s] = times(probe[r * C + s], o[s]);
     }
     __syncthreads();
-    ROW::template fft<false>(lines, pitch, count, scratch, roots);
+    ROW::template fft<false>(lines, count, scratch, roots);
     for (int l = warp; l < count; l += warps)
-        for (int s = lane; s < C; s += 32) far[(row0 + l) * C + s] = lines[l * pitch + at(s)];
+        for (int s = lane; s < C; s += 32) far[(row0 + l) * C + s] = lines[l * pitch + s];
 }
+
+// Where thread t of a columns block loads, projects and stores: (column, row) of the tile, a half-warp taking
+// an A x B block (A columns of 8 bytes side by side in memory, B = 16 / A rows), A chosen so that the block's
+// points, columns PITCH apart, fall in 16 distinct bank pairs: 8 for a pitch of 2 modulo 4, 4 for 4 modulo 8,
+// 2 for 8 modulo 16 (an odd pitch takes 8, with conflicts). Threads t < points(R) cover R rows rounded up to B.
+template <int PITCH>
+struct TileOrder {
+    static constexpr int A = PITCH % 4 == 2 ? 8 : PITCH % 8 == 4 ? 4 : PITCH % 16 == 8 ? 2 : 8, B = 16 / A, GROUPS = TILE_C / A;
+    static_assert(TILE_C % A == 0, "whole blocks of columns");
+    __device__ static int points(int R) { return TILE_C * B * ((R + B - 1) / B); }
+    __device__ static int2 point(int t) {
+        const int h = t >> 4, i = t & 15;
+        return int2{i % A + A * (h % GROUPS), i / A + B * (h / GROUPS)};
+    }
+};
 
 // For a tile of TILE_C columns of position k = blockIdx.y: FFTs along the columns, the modulus projection (as
 // `project`, with `scale`), inverse FFTs along the columns, in place; partial[block] = the tile's error sum.
-// COLUMN is the Line of R points. Shared memory: TILE_C padded(R) points, then the FFT's scratch.
+// COLUMN is the Line of R points. Shared memory: TILE_C lines of COLUMN::pitch points, then the FFT's scratch.
 template <class T, class COLUMN>
 __global__ void columns(float2* __restrict__ far, const T* __restrict__ measured, int R, int C, int cr, int cs, float scale,
                         const float2* __restrict__ roots, double* __restrict__ partial) {
     extern __shared__ float2 shared[];
     __shared__ double sums[32];
-    const int pitch = padded(R);
+    constexpr int pitch = COLUMN::pitch;
     const i64 k = blockIdx.y;
-    const int s0 = blockIdx.x * TILE_C, width = min(TILE_C, C - s0);
+    using order = TileOrder<pitch>;
+    const int s0 = blockIdx.x * TILE_C, width = min(TILE_C, C - s0), points = order::points(R);
     float2 *tile = shared, *scratch = shared + TILE_C * pitch;  // column c: tile + c pitch
     float2* wave = far + k * R * C + s0;
-    for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
-        int r = t / TILE_C, c = t - r * TILE_C;
-        if (c < width) tile[c * pitch + at(r)] = wave[(i64)r * C + c];
+    for (int t = threadIdx.x; t < points; t += blockDim.x) {
+        const int2 p = order::point(t);
+        if (p.x < width && p.y < R) tile[p.x * pitch + p.y] = wave[(i64)p.y * C + p.x];
     }
     __syncthreads();
-    COLUMN::template fft<false>(tile, pitch, width, scratch, roots);
+    COLUMN::template fft<false>(tile, width, scratch, roots);
     double error = 0.0;
     const T* pattern = measured + k * R * C;
-    for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
-        int r = t / TILE_C, c = t - r * TILE_C;
-        if (c < width) error += (double)projected(tile[c * pitch + at(r)], amplitude_at(pattern, r, s0 + c, R, C, cr, cs), scale);
+    for (int t = threadIdx.x; t < points; t += blockDim.x) {
+        const int2 p = order::point(t);
+        if (p.x < width && p.y < R)
+            error += (double)projected(tile[p.x * pitch + p.y], amplitude_at(pattern, p.y, s0 + p.x, R, C, cr, cs), scale);
     }
     error = block_sum(error, sums);
     if (threadIdx.x == 0) partial[(i64)blockIdx.y * gridDim.x + blockIdx.x] = error;
-    COLUMN::template fft<true>(tile, pitch, width, scratch, roots);
-    for (int t = threadIdx.x; t < R * TILE_C; t += blockDim.x) {
-        int r = t / TILE_C, c = t - r * TILE_C;
-        if (c < width) wave[(i64)r * C + c] = tile[c * pitch + at(r)];
+    COLUMN::template fft<true>(tile, width, scratch, roots);
+    for (int t = threadIdx.x; t < points; t += blockDim.x) {
+        const int2 p = order::point(t);
+        if (p.x < width && p.y < R) wave[(i64)p.y * C + p.x] = tile[p.x * pitch + p.y];
     }
 }
 
 // Inverse FFTs along the rows, in place: far becomes the updated waves; and the probe's sums as probe_sums',
 // by groups of per_group positions (blockIdx.y), ROW_WARPS rows r per block (a warp each) for
 // each of the group's positions in order. ROW is the Line of C points, SLOTS >= C / 32 the row's pixels each lane
-// sums. Shared memory: ROW_WARPS padded(C) points, then the FFT's scratch.
+// sums. Shared memory: ROW_WARPS lines of ROW::pitch points, then the FFT's scratch.
 template <int SLOTS, class ROW>
 __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict__ object, i64 cols, const float2* __restrict__ probe,
                              int R, int C, const i64* __restrict__ corners, i64 first, i64 n, int per_group,
                              const float2* __restrict__ roots, float2* __restrict__ numerator, float* __restrict__ denominator) {
     extern __shared__ float2 shared[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pitch = padded(C);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pitch = ROW::pitch;
     const int r0 = blockIdx.x * ROW_WARPS, count = min(ROW_WARPS, R - r0), r = r0 + warp;
     float2 *lines = shared, *scratch = shared + ROW_WARPS * pitch, *mine = lines + warp * pitch;
     float2 top[SLOTS];
@@ -298,9 +315,9 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
     for (i64 k = lo; k < hi; ++k) {
         float2* wave = far + (k * R + r) * C;
         if (warp < count)
-            for (int s = lane; s < C; s += 32) mine[at(s)] = wave[s];
+            for (int s = lane; s < C; s += 32) mine[s] = wave[s];
         __syncthreads();
-        ROW::template fft<true>(lines, pitch, count, scratch, roots);
+        ROW::template fft<true>(lines, count, scratch, roots);
         if (warp < count) {
             const i64* corner = corners + 2 * (first + k);
             const float2* o = object + (corner[0] + r) * cols + corner[1];
@@ -308,7 +325,7 @@ __global__ void rows_inverse(float2* __restrict__ far, const float2* __restrict_
             for (int i = 0; i < SLOTS; ++i) {
                 int s = lane + 32 * i;
                 if (s < C) {
-                    float2 v = mine[at(s)], ob = o[s], po = times(probe[r * C + s], ob);
+                    float2 v = mine[s], ob = o[s], po = times(probe[r * C + s], ob);
                     wave[s] = v;
                     float2 t = conj_times(ob, make_float2(v.x - po.x, v.y - po.y));
                     top[i].x += t.x;
@@ -362,7 +379,9 @@ far_field_pair(const float2* __restrict__ object, i64 cols, const float2* __rest
         rows[r * pitch + at(s)] = times(probe[(rank * H + r) * C + s], window[r * cols + s]);
     }
     __syncthreads();
-    for (int l0 = 0; l0 < H; l0 += PAIR_LINES) ROW::template fft<false>(rows + l0 * pitch, pitch, min(PAIR_LINES, H - l0), scratch, roots_c);
+    auto row_point = [=](int l, int i) -> float2& { return rows[l * pitch + at(i)]; };
+    for (int l0 = 0; l0 < H; l0 += PAIR_LINES)
+        ROW::template fft_at<false>([=](int l, int i) -> float2& { return row_point(l0 + l, i); }, min(PAIR_LINES, H - l0), scratch, roots_c);
     const int n0 = rank == 0 ? 0 : (H + 1) / 2, n1 = rank == 0 ? (H + 1) / 2 : H;  // this rank's rows of the radix-2 steps
     cluster_sync();
     for (int t = threadIdx.x; t < (n1 - n0) * C; t += blockDim.x) {
@@ -395,7 +414,8 @@ far_field_pair(const float2* __restrict__ object, i64 cols, const float2* __rest
         odd[i] = minus(e, o);
     }
     cluster_sync();
-    for (int l0 = 0; l0 < H; l0 += PAIR_LINES) ROW::template fft<true>(rows + l0 * pitch, pitch, min(PAIR_LINES, H - l0), scratch, roots_c);
+    for (int l0 = 0; l0 < H; l0 += PAIR_LINES)
+        ROW::template fft_at<true>([=](int l, int i) -> float2& { return row_point(l0 + l, i); }, min(PAIR_LINES, H - l0), scratch, roots_c);
     float2* out = updated + (k * R + rank * H) * C;
     for (int t = threadIdx.x; t < H * C; t += blockDim.x) {
         int r = t / C, s = t - r * C;

@@ -29,6 +29,7 @@
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 struct uint2 { unsigned int x, y; };
+struct int2 { int x, y; };
 struct uint4 { unsigned int x, y, z, w; };
 struct double2 { double x, y; };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }

@@ -67,10 +67,11 @@ def a_batch(window: tuple[int, int], seed: int, positions: int, first: int, n: i
     return geo, obj, probe, batch, rng.poisson(3.0, (batch.n, *window)).astype(np.uint16)
 
 
-@pytest.mark.parametrize("window", [(24, 20), (45, 64)], ids=["6x4,5x4", "9x5,8x8"])
+@pytest.mark.parametrize("window", [(24, 20), (45, 64), (64, 36)], ids=["6x4,5x4", "9x5,8x8", "8x8,6x6"])
 def test_fused_ptycho_kernels_against_their_twin(window, tmp_path):
     """rows_forward, columns and rows_inverse as updated_waves launches them: partial tiles of columns, a last
-    block of fewer rows, a last group of fewer positions, repeated windows."""
+    block of fewer rows, a last group of fewer positions, repeated windows; columns' loads in blocks of 4, 8 and 2
+    columns (line pitches 36, 53 and 72)."""
     cuda = compiling_module("qgpu_dask.phase.iterative.cuda")
     R, C = window
     geo, obj, probe, batch, measured = a_batch(window, 5, 20, 3, 10)

@@ -27,12 +27,18 @@ class Line:
 
     @property
     def scratch_points(self) -> int:
-        """Shared-memory points of one line's scratch between the two steps (kernels/fft.cuh: P rows of an odd pitch)."""
-        return self.P * (self.Q | 1)
+        """Shared-memory points of one line's scratch between the two steps (kernels/fft.cuh scratch_line: P rows
+        of an odd pitch, then up to Q modulo 16)."""
+        return congruent(self.P * (self.Q | 1), self.Q)
+
+    @property
+    def pitch(self) -> int:
+        """Shared-memory points of one line (kernels/fft.cuh Line::pitch)."""
+        return congruent(self.P * self.Q, self.Q if self.Q < 16 else 2)
 
     def shared_points(self, lines: int) -> int:
         """Shared-memory points of ``lines`` lines and their FFT's scratch."""
-        return lines * (padded(self.P * self.Q) + self.scratch_points)
+        return lines * (self.pitch + self.scratch_points)
 
 
 def dft(n: int) -> str:
@@ -66,5 +72,10 @@ def roots(n: int, device: int) -> cupy.ndarray:
 
 
 def padded(n: int) -> int:
-    """Shared-memory points of an n-point line (kernels/fft.cuh padded)."""
+    """Shared-memory points of an n-point row in far_field_pair's padded layout (kernels/fft.cuh padded)."""
     return n + (n >> 4) + 1
+
+
+def congruent(n: int, m: int) -> int:
+    """The least count >= n that is m modulo 16 (kernels/fft.cuh congruent)."""
+    return n + (m - n) % 16
