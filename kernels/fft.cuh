@@ -162,9 +162,9 @@ struct Line {
     static constexpr int P = FIRST::n, Q = SECOND::n, N = P * Q;
     static constexpr int scratch_pitch = Q | 1;  // odd: step 2's 16 threads of a half-warp meet distinct bank pairs
     static constexpr int scratch_line = congruent(P * scratch_pitch, Q);
-    // Points a line takes in shared memory: Q modulo 16, or 2 where Q alone fills a half-warp (any pitch serves
-    // step 1 then; 2 modulo 4 is what ptycho.cu's columns loads want).
-    static constexpr int pitch = congruent(N, Q < 16 ? Q : 2);
+    // Points a line takes in shared memory: Q modulo 16, or 2 where Q is a multiple of 16 (no half-warp spans two
+    // lines then, any pitch serves step 1; 2 modulo 4 suits ptycho.cu's column loads best).
+    static constexpr int pitch = congruent(N, Q % 16 ? Q : 2);
     // Lines l < lines whose point i is point(l, i) (a float2&), in place.
     template <bool INVERSE, class POINT>
     __device__ static void fft_at(POINT point, int lines, float2* scratch, const float2* __restrict__ roots) {

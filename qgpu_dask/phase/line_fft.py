@@ -34,7 +34,7 @@ class Line:
     @property
     def pitch(self) -> int:
         """Shared-memory points of one line (kernels/fft.cuh Line::pitch)."""
-        return congruent(self.P * self.Q, self.Q if self.Q < 16 else 2)
+        return congruent(self.P * self.Q, self.Q if self.Q % 16 else 2)
 
     def shared_points(self, lines: int) -> int:
         """Shared-memory points of ``lines`` lines and their FFT's scratch."""
