@@ -53,109 +53,35 @@ __device__ __noinline__ int sides_exactly(const double* y, const double* x, cons
     return (int)(mx * mx + my * my <= kmax2) | ((int)(px * px + py * py <= kmax2) << 1);
 }
 
-// Which of k - q (bit 0) and k + q (bit 1) lie inside the aperture for a pixel k (float32 yf, xf, and k_off =
-// |k|^2 - kmax2; float64 at y, x) at a frequency q (float32 qf = (q_y, q_x, |q|^2, unused); float64 *q). The
-// tests take |k -+ q|^2 - kmax2 = k_off + |q|^2 -+ 2 k.q in float32, good to about 2e-6 kmax2 where it matters
-// (|q| <= 2 kmax); within `edge` (1e-5 kmax2) of 0 they are made in float64.
-__device__ __forceinline__ int aperture_sides(float yf, float xf, float k_off, const double* y, const double* x, float4 qf, const double2* q,
-                                              float edge, double kmax2) {
-    float kq = fmaf(yf, qf.x, xf * qf.y), base = k_off + qf.z;
-    float out_plus = fmaf(-2.f, kq, base), out_minus = fmaf(2.f, kq, base);
-    if (fminf(fabsf(out_plus), fabsf(out_minus)) <= edge) return sides_exactly(y, x, q, kmax2);
-    return (int)(out_plus <= 0.f) | ((int)(out_minus <= 0.f) << 1);
-}
-
-// For a pixel k with chi(k) = here, at a frequency q (as aperture_sides): (Gamma_plus, Gamma_minus) =
-// exp(i (chi(k) - chi(k - q))) where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q
-// is, else 0; which sides are inside (bits 0, 1). chi and the phase factors are float32.
+// A pixel k (float32 yf, xf, and k_off = |k|^2 - kmax2; float64 at y, x) with chi(k) = here, at a frequency q
+// (float32 qf = (q_y, q_x, |q|^2, unused); float64 *q): (Gamma_plus, Gamma_minus) = exp(i (chi(k) - chi(k - q)))
+// where k - q is inside the aperture and exp(i (chi(k + q) - chi(k))) where k + q is, else 0; which sides are
+// inside (bits 0, 1). The aperture tests take |k -+ q|^2 - kmax2 = k_off + |q|^2 -+ 2 k.q in float32, good to
+// about 2e-6 kmax2 where it matters (|q| <= 2 kmax); within `edge` (1e-5 kmax2) of 0 they are made in float64.
+// chi and the phase factors are float32.
 template <int N>
 __device__ __forceinline__ int trotters(float yf, float xf, float k_off, const double* y, const double* x, float here, float4 qf, const double2* q,
                                         const Poly<N>& poly, float edge, double kmax2, float2& plus, float2& minus) {
-    const int sides = aperture_sides(yf, xf, k_off, y, x, qf, q, edge, kmax2);
+    float kq = fmaf(yf, qf.x, xf * qf.y), base = k_off + qf.z;
+    float out_plus = fmaf(-2.f, kq, base), out_minus = fmaf(2.f, kq, base);
+    bool in_plus = out_plus <= 0.f, in_minus = out_minus <= 0.f;
+    if (fminf(fabsf(out_plus), fabsf(out_minus)) <= edge) {
+        int sides = sides_exactly(y, x, q, kmax2);
+        in_plus = sides & 1;
+        in_minus = sides & 2;
+    }
     float s, c;
     plus = float2{0.f, 0.f};
     minus = float2{0.f, 0.f};
-    if (sides & 1) {
+    if (in_plus) {
         phase_factor(here - chi<N>(xf - qf.y, yf - qf.x, poly), &s, &c);
         plus = float2{c, s};
     }
-    if (sides & 2) {
+    if (in_minus) {
         phase_factor(chi<N>(xf + qf.y, yf + qf.x, poly) - here, &s, &c);
         minus = float2{c, s};
     }
-    return sides;
-}
-
-// chi(k) - chi(k - q) (side 0) and chi(k + q) - chi(k) (side 1) for one q, as polynomials in k of degree N - 1
-// (chi's top degree cancels): DIFF_TERMS<N> coefficients, rows k_y^b from b = N - 1 down, each from k_x^(N - 1 - b)
-// down, DIFF_PITCH<N> floats a polynomial (whole float4s). Evaluated directly, a difference takes 20 multiply-adds
-// at N = 6 where two chi values took 27 each and two shifts, and its float32 sums stay as small as the
-// difference, not as large as chi.
-template <int N>
-constexpr int DIFF_TERMS = N * (N + 1) / 2;
-template <int N>
-constexpr int DIFF_PITCH = (DIFF_TERMS<N> + 3) & ~3;
-
-// The difference polynomials of `count` frequencies q[m] (double2 (q_y, q_x)), side by side (2 m + side) at
-// out, from chi's monomials (float32, as the other kernels take them), summed in float64; by a warp's lanes
-// (every lane calls it; out is visible to the warp after its __syncwarp).
-template <int N>
-__device__ void difference_polys(const Poly<N>& poly, const double2* q, int count, float* out) {
-    constexpr int T = DIFF_TERMS<N>;
-    for (int w = threadIdx.x % 32; w < 2 * count * T; w += 32) {
-        const int m = w / (2 * T), side = (w / T) % 2, k = w % T;
-        int b = N - 1, left = k;  // k_y^b k_x^a of term k
-        while (left >= N - b) {
-            left -= N - b;
-            --b;
-        }
-        const int a = N - 1 - b - left;
-        const double sy = side ? q[m].x : -q[m].x, sx = side ? q[m].y : -q[m].y;  // chi(k + s) - chi(k), s = +-q
-        double sum = 0.0, py = 1.0, cb = 1.0;                                  // s_y^(bb - b), binom(bb, b)
-        for (int bb = b; bb <= N; ++bb) {
-            if (bb > b) {
-                py *= sy;
-                cb = cb * bb / (bb - b);
-            }
-            double px = 1.0, ca = 1.0;
-            for (int aa = a; aa + bb <= N; ++aa) {
-                if (aa > a) {
-                    px *= sx;
-                    ca = ca * aa / (aa - a);
-                }
-                if (aa != a || bb != b) sum += (double)poly.c[bb * (N + 1) + aa] * ca * cb * px * py;
-            }
-        }
-        out[(2 * m + side) * DIFF_PITCH<N> + k] = (float)(side ? sum : -sum);
-    }
-}
-
-// A difference polynomial (difference_polys' layout, 16-byte aligned) at k = (x, y).
-template <int N>
-__device__ __forceinline__ float difference(const float* poly, float x, float y) {
-    if constexpr (N == 0) {
-        return 0.f;
-    } else {
-        float c[DIFF_PITCH<N>];
-#pragma unroll
-        for (int i = 0; i < DIFF_PITCH<N> / 4; ++i) {
-            const float4 v = reinterpret_cast<const float4*>(poly)[i];
-            c[4 * i] = v.x;
-            c[4 * i + 1] = v.y;
-            c[4 * i + 2] = v.z;
-            c[4 * i + 3] = v.w;
-        }
-        float total = 0.f;
-        int k = 0;
-#pragma unroll
-        for (int b = N - 1; b >= 0; --b) {
-            float row = c[k++];
-#pragma unroll
-            for (int a = N - 2 - b; a >= 0; --a) row = fmaf(row, x, c[k++]);
-            total = b == N - 1 ? row : fmaf(total, y, row);
-        }
-        return total;
-    }
+    return (int)in_plus | ((int)in_minus << 1);
 }
 
 // Terms a thread sums in float32 before adding them to its float64 sums: each is at most |G|, so a partial is good
@@ -320,9 +246,8 @@ __host__ __device__ constexpr int block_count(int tiles) {
 // (phase: i (Gamma_plus - Gamma_minus) / u^2) or two (complex: Gamma_plus / u^2, then Gamma_minus / u^2), and
 // Y = [Re X, Im X] (C + 1 complex columns, 2 (C + 1) real ones): yy[f] = Y^T Y, on and above its diagonal
 // (normal_gram turns it into T^H W T and T^H W g). Slot s holds the pixel of G row pixel[s] at (ky, kx)[s], k_f[s] in float32.
-// One warp per frequency. It first derives each alias's two phase differences as polynomials in k (difference_polys,
-// from chi's monomials). The warp takes 32 slots at a time: each lane evaluates its pixel's columns in float32
-// registers and stores Y's row as float64 in the warp's buffer, column by
+// One warp per frequency. The warp takes 32 slots at a time: each lane evaluates its pixel's columns in float32
+// registers (chi from its monomials, kernel parameters) and stores Y's row as float64 in the warp's buffer, column by
 // column (zeros for a pixel with no term). Then Y^T Y of the 32 rows is added 4 rows at a time on the float64
 // tensor cores, one m16n8k4 product per 16 x 8 block on or above the diagonal (Y's 16 x 4 fragment of a row
 // block holds the same values as its two 4 x 8 column tiles: one load per tile); four-row steps with no term
@@ -331,7 +256,7 @@ __host__ __device__ constexpr int block_count(int tiles) {
 template <int N, int D, bool COMPLEX>
 __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64* __restrict__ pixel, i64 n_pix,
                                  const i64* __restrict__ freq, i64 n, const double* __restrict__ ky, const double* __restrict__ kx,
-                                 const float2* __restrict__ k_f, const float* __restrict__ root_w, const Poly<N> poly,
+                                 const float2* __restrict__ k_f, const float* __restrict__ chi_k, const float* __restrict__ root_w, const Poly<N> poly,
                                  const double* __restrict__ alias_q, double kmax2, float inv_u2, double* __restrict__ yy) {
     constexpr int C = COMPLEX ? 2 * D : D;
     constexpr int WIDTH = 2 * (C + 1);             // Y's columns: Re T, Re g, Im T, Im g
@@ -343,20 +268,15 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64
     i64 f = (i64)blockIdx.x * (blockDim.x / 32) + warp;
     if (f >= n) return;  // whole warps leave; only warp-level synchronisation follows
     i64 q = freq[f];
-    // buffer[c * COLUMN_STRIDE + slot]; then the aliases' (q_y, q_x), read by every lane at once, and (q_y, q_x,
-    // |q|^2, 0) in float32; then their difference polynomials (chi(k) - chi(k - q), chi(k + q) - chi(k))
-    double* buffer = buffer_all + (i64)warp * (SPAN * COLUMN_STRIDE + 4 * D + D * DIFF_PITCH<N>);  // 2 D polynomials: D pitches of doubles
-    double2* alias = (double2*)(buffer + SPAN * COLUMN_STRIDE);
-    float4* alias_f = (float4*)(alias + D);
-    float* diffs = (float*)(alias_f + D);
+    double* buffer = buffer_all + (i64)warp * (SPAN * COLUMN_STRIDE + 4 * D);  // buffer[c * COLUMN_STRIDE + slot]
+    double2* alias = (double2*)(buffer + SPAN * COLUMN_STRIDE);                 // the aliases' (q_y, q_x), read by every lane at once
+    float4* alias_f = (float4*)(alias + D);                                     // and (q_y, q_x, |q|^2, 0) in float32
     for (int m = lane; m < D; m += 32) {
         double qy = alias_q[(f * D + m) * 2], qx = alias_q[(f * D + m) * 2 + 1];
         alias[m] = double2{qy, qx};
         alias_f[m] = float4{(float)qy, (float)qx, (float)(qy * qy + qx * qx), 0.f};
     }
     for (int c = WIDTH; c < SPAN; ++c) buffer[c * COLUMN_STRIDE + lane] = 0.0;  // padding columns
-    __syncwarp();
-    difference_polys<N>(poly, alias, D, diffs);
     __syncwarp();
     const float edge = 1e-5f * (float)kmax2;
     double* mine = buffer + lane;  // this lane's row of Y
@@ -372,25 +292,13 @@ __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64
             if (s < n_pix) {
                 double y = ky[s], x = kx[s];
                 float2 kf = k_f[s];
-                float yf = kf.x, xf = kf.y, rw = root_w[s], w = rw * inv_u2;
+                float yf = kf.x, xf = kf.y, here = chi_k[s], rw = root_w[s], w = rw * inv_u2;
                 bool inside = x * x + y * y <= kmax2;
                 float k_off = fmaf(xf, xf, yf * yf) - (float)kmax2;  // |k|^2 <= kmax2: good to about 2e-7 kmax2
 #pragma unroll
                 for (int m = 0; m < D; ++m) {
                     float2 plus{0.f, 0.f}, minus{0.f, 0.f};
-                    if (inside) {
-                        const int sides = aperture_sides(yf, xf, k_off, ky + s, kx + s, alias_f[m], alias + m, edge, kmax2);
-                        float sn, cs;
-                        if (sides & 1) {
-                            phase_factor(difference<N>(diffs + 2 * m * DIFF_PITCH<N>, xf, yf), &sn, &cs);
-                            plus = float2{cs, sn};
-                        }
-                        if (sides & 2) {
-                            phase_factor(difference<N>(diffs + (2 * m + 1) * DIFF_PITCH<N>, xf, yf), &sn, &cs);
-                            minus = float2{cs, sn};
-                        }
-                        any |= sides;
-                    }
+                    if (inside) any |= trotters<N>(yf, xf, k_off, ky + s, kx + s, here, alias_f[m], alias + m, poly, edge, kmax2, plus, minus);
                     if (COMPLEX) {
                         mine[m * COLUMN_STRIDE] = w * plus.x;
                         mine[(C + 1 + m) * COLUMN_STRIDE] = w * plus.y;

@@ -69,12 +69,6 @@ def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:
     return degree, poly.astype(np.float32)
 
 
-def difference_pitch(degree: int) -> int:
-    """Floats of one of normal_equations' difference polynomials (kernels/ssb.cu DIFF_PITCH): the degree - 1
-    polynomial's terms in whole float4s."""
-    return (degree * (degree + 1) // 2 + 3) // 4 * 4
-
-
 def poly_argument(poly: np.ndarray) -> np.void:
     """P as the kernels' Poly<N> struct, passed by value."""
     value = np.zeros((), np.dtype([("c", np.float32, (poly.size,))]))
@@ -175,7 +169,7 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     ky, kx = ky[order], kx[order]
     width = 2 * (cols + 1)  # Y = [Re X, Im X] of X = [T, g]
     span = 16 * math.ceil(width / 16)
-    per_warp = (span * COLUMN_STRIDE + 4 * d + d * difference_pitch(degree)) * 8
+    per_warp = (span * COLUMN_STRIDE + 4 * d) * 8
     optin = compile.limits(cupy.cuda.Device().id)[1]
     warps = min(NORMAL_WARPS, optin // per_warp)
     if warps == 0:
@@ -186,7 +180,8 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     kernel(name)(
         (math.ceil(n / warps),), (32 * warps,),
         (G, np.int64(G[0].size), order, np.int64(n_pix), cupy.asarray(freq, np.int64), np.int64(n), ky, kx,
-         cupy.stack([ky, kx], axis=1).astype(np.float32), cupy.sqrt(cupy.asarray(weights, np.float32))[order], poly_argument(poly),
+         cupy.stack([ky, kx], axis=1).astype(np.float32), cupy.asarray(chi_k, np.float32)[order],
+         cupy.sqrt(cupy.asarray(weights, np.float32))[order], poly_argument(poly),
          cupy.ascontiguousarray(cupy.asarray(alias_q, np.float64)), np.float64(kmax2), np.float32(1.0 / upsampling**2), yy),
         shared_mem=warps * per_warp,
     )
