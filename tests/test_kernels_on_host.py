@@ -22,6 +22,7 @@ from qgpu_dask.formats import codec
 from qgpu_dask.phase import cpu as phase_cpu
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.phase.iterative import cpu
+from qgpu_dask.phase.optics import TERMS
 from qgpu_dask.phase.iterative.geometry import Geometry
 from qgpu_dask.phase.iterative.update import batch_of
 
@@ -428,16 +429,22 @@ extern "C" void sums(const unsigned long long* desc, const int* item_acq, const 
     assert (out[0] == weights @ flat.T.astype(np.uint64)).all()
 
 
-def test_normal_equations_kernel_against_its_twin(tmp_path):
+ALL_TERMS = {f"C{n}{m}": c for (n, m), c in zip(TERMS, (-30.0, 5.0, 50.0, 40.0, 1e4, 1e4, 1e4, 1e5, 1e5, 1e5, 1e6, 1e6, 1e6, 1e6))}
+ALL_TERMS |= {f"phi{n}{m}": 0.1 * i for i, (n, m) in enumerate(TERMS) if m}  # as benchmarks/direct_gpu.py
+
+
+@pytest.mark.parametrize("terms", ["C10 C12", "all"])
+def test_normal_equations_kernel_against_its_twin(terms, tmp_path):
     """normal_equations and normal_gram with the launches phase.cuda makes (pixels in a shuffled order), both
     methods on three frequencies of each alias group (8 and 9 aliases: the complex method's Y^T Y in two passes over
-    the pixels), against the CPU twin within the GPU test's 1e-5 of the largest entry."""
+    the pixels), against the CPU twin within the GPU test's 1e-5 of the largest entry; chi of degree 2 and of
+    degree 6 (all 14 aberration terms, as the benchmark's)."""
     from test_direct import OPTICS, SCAN, U, bright_field
     from qgpu_dask.phase import direct
     from qgpu_dask.phase.optics import chi, chi_table
 
     cuda = compiling_module("qgpu_dask.phase.cuda")
-    optics = OPTICS.with_(det_sampling_mrad=2.0)
+    optics = OPTICS.with_(det_sampling_mrad=2.0, **({"aberrations": ALL_TERMS} if terms == "all" else {}))
     ky, kx = bright_field(optics)
     rng = np.random.default_rng(9)
     G = (rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1)) + 1j * rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1))).astype(np.complex64)
