@@ -606,6 +606,9 @@ TABLES: tuple[Table | Figure, ...] = (
         F("bitshuffle_lz4/with_viewer/frames_per_s", "{:,.0f}"), " frames/s of 192 x 192 uint16 (", F("bitshuffle_lz4/with_viewer/GB_per_s", "{:.1f}"),
         " GB/s of counts, ", RatioOf("bitshuffle_lz4/with_viewer/frames_per_s", "arina_rate_frames_per_s"), " x an Arina's 120,000)")),
     Figure("guide_live_viewer", GUIDE, "live_cuda", "live_gpu", (F("bitshuffle_lz4/with_viewer/views_per_s", "{:.0f}"), " queries/s")),
+    Figure("readme_series", "README.md", "series_gpu", "series_gpu", (
+        F("acquisitions"), " held on one GPU: a new bright-field disk over all of them in ", F("doses/0/new_bf/ms_per_acquisition", "{:.2f}"),
+        " ms per acquisition at ", F("doses/0/dose", "{:.1f}"), " counts per pixel")),
     Figure("guide_frame", GUIDE, "series_gpu", "series_gpu", (
         F("doses/0/frame/p50_ms", "{:.2f}"), " ms p50 at ", F("doses/0/dose", "{:.1f}"), " counts per pixel (", F("doses/1/frame/p50_ms", "{:.2f}"),
         " ms at ", F("doses/1/dose", "{:.0f}"), ")")),
