@@ -12,6 +12,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +23,11 @@ from qgpu_dask.formats import codec
 from qgpu_dask.phase import cpu as phase_cpu
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.phase.iterative import cpu
-from qgpu_dask.phase.optics import TERMS
 from qgpu_dask.phase.iterative.geometry import Geometry
 from qgpu_dask.phase.iterative.update import batch_of
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # direct_gpu's aberrations
 COMPILER = shutil.which("g++")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="needs a C++20 compiler (g++)")
 SHARED = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?(\w+(?: \w+)*) (\w+)\[\];")
@@ -429,10 +430,6 @@ extern "C" void sums(const unsigned long long* desc, const int* item_acq, const 
     assert (out[0] == weights @ flat.T.astype(np.uint64)).all()
 
 
-ALL_TERMS = {f"C{n}{m}": c for (n, m), c in zip(TERMS, (-30.0, 5.0, 50.0, 40.0, 1e4, 1e4, 1e4, 1e5, 1e5, 1e5, 1e6, 1e6, 1e6, 1e6))}
-ALL_TERMS |= {f"phi{n}{m}": 0.1 * i for i, (n, m) in enumerate(TERMS) if m}  # as benchmarks/direct_gpu.py
-
-
 @pytest.mark.parametrize("terms", ["C10 C12", "all"])
 def test_normal_equations_kernel_against_its_twin(terms, tmp_path):
     """normal_equations and normal_gram with the launches phase.cuda makes (pixels in a shuffled order), both
@@ -440,11 +437,12 @@ def test_normal_equations_kernel_against_its_twin(terms, tmp_path):
     the pixels), against the CPU twin within the GPU test's 1e-5 of the largest entry; chi of degree 2 and of
     degree 6 (all 14 aberration terms, as the benchmark's)."""
     from test_direct import OPTICS, SCAN, U, bright_field
+    from direct_gpu import ABERRATIONS  # all 14 terms, as the benchmark measures them
     from qgpu_dask.phase import direct
     from qgpu_dask.phase.optics import chi, chi_table
 
     cuda = compiling_module("qgpu_dask.phase.cuda")
-    optics = OPTICS.with_(det_sampling_mrad=2.0, **({"aberrations": ALL_TERMS} if terms == "all" else {}))
+    optics = OPTICS.with_(det_sampling_mrad=2.0, **({"aberrations": ABERRATIONS} if terms == "all" else {}))
     ky, kx = bright_field(optics)
     rng = np.random.default_rng(9)
     G = (rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1)) + 1j * rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1))).astype(np.complex64)
