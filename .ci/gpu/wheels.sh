@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Here, from the repository root: the wheels the GPU machine lacks, into .whl/ (ignored; the device call
+# carries it). The machine has Python 3.12 with numpy, CuPy, h5py, numba, pytest and xdist; it has no Dask,
+# Zarr or hdf5plugin. hdf5plugin keeps only the filters the package writes and reads (bitshuffle, LZ4, zstd,
+# blosc): its other plugins are 170 MB and the carried tree may hold 64 MiB.
+#   bash .ci/gpu/wheels.sh            # the package's needs (~14 MB)
+#   bash .ci/gpu/wheels.sh NAME==V    # and more (peers for load_formats, run_udf, live_detectors)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .whl
+PKGS=(dask==2026.7.1 distributed==2026.7.1 dask-cuda==26.10.0 rapids-dask-dependency==26.10.0
+      zarr==3.1.6 numcodecs==0.17.1 donfig google-crc32c partd locket tblib zict tornado hdf5plugin==7.1.0 "$@")
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_34_x86_64 \
+  -d .whl "${PKGS[@]}" 2>&1 | grep -v '^WARNING: Location' || true
+for wheel in .whl/hdf5plugin-*.whl; do
+  python3 - "$wheel" <<'PY'
+import sys, zipfile
+KEEP = ("libh5bshuf", "libh5lz4", "libh5zstd", "libh5blosc.")
+path = sys.argv[1]
+with zipfile.ZipFile(path) as z:
+    items = [(i, z.read(i)) for i in z.infolist()
+             if "/plugins/" not in i.filename or i.filename.split("/")[-1].startswith(KEEP)]
+with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+    for info, data in items:
+        z.writestr(info, data)
+PY
+done
+ls .whl | sed 's/^/  /'
+du -sh .whl
