@@ -142,3 +142,20 @@ def test_check_in_a_shallow_clone_compares_figures_without_history(tmp_path):
     run = subprocess.run(check, cwd=clone, capture_output=True, text=True, timeout=120)
     assert run.returncode == 1
     assert "docs/benchmarks.md: gpu_dense" in run.stderr and "run python benchmarks/tables.py" in run.stderr
+
+
+def test_gpu_round_knows_every_benchmark():
+    """.ci/gpu/round.py runs every benchmark but those it names as left out, each writing the results files the
+    docs' tables read of it, and its summary figure is a field of the committed JSON."""
+    sys.path.insert(0, str(ROOT / ".ci" / "gpu"))
+    import round as gpu_round
+
+    assert sorted(gpu_round.STEPS.keys() | gpu_round.NOT_IN_ROUND.keys()) == SCRIPTS
+    assert not gpu_round.STEPS.keys() & gpu_round.NOT_IN_ROUND.keys()
+    for name, step in gpu_round.STEPS.items():
+        assert step.script == name
+        read = {item.result for item in tables.TABLES if item.benchmark == name}
+        assert set(step.results) <= read, f"{name}: {step.results} not among the tables' {read}"
+        path = ROOT / "benchmarks" / "results" / f"{step.results[0]}.json"
+        if path.exists():
+            gpu_round.lookup(json.loads(path.read_text())["results"], step.headline)
