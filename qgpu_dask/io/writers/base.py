@@ -1,5 +1,6 @@
-"""What every export writer shares: the Calibration it records, the loop that writes a resident's counts a
-block of whole scan rows at a time (so the file never passes through memory whole), the HDF5 counts dataset
+"""What every export writer shares: the Calibration it records, the Counts it writes (a resident's name, shape
+and dtype, and its counts as host blocks of whole scan rows, so the file never passes through memory whole:
+the owner sends them to the writer's own process, ``process.py``), the HDF5 counts dataset
 (one bitshuffle-LZ4 chunk a frame, HDF5 filter 32008, as DECTRIS detectors write them), and the move of a
 finished file or store onto its name (written under ``<name>.partial``, so a failed export leaves nothing)."""
 
@@ -14,9 +15,7 @@ from typing import Iterator
 
 import h5py
 import hdf5plugin
-
-from ...device import to_host
-from ...resident.base import Resident
+import numpy as np
 
 BLOCK_BYTES = 64 * 2**20  # counts written at a time
 
@@ -32,31 +31,45 @@ class Calibration:
     semiangle_mrad: float
 
 
-def node_name(resident: Resident) -> str:
-    """The resident's name as one HDF5/Zarr node ("/" would nest groups; HyperSpy writes it as "-" too)."""
-    return resident.name.replace("/", "-")
+@dataclass(frozen=True)
+class Counts:
+    """What a writer writes: the acquisition's name, 4-D shape and dtype, and ``blocks``, its counts as host
+    arrays of ``rows_per_block`` whole scan rows each (the last one shorter), in order."""
+
+    name: str
+    shape: tuple[int, int, int, int]
+    dtype: np.dtype
+    blocks: Iterator[np.ndarray]
 
 
-def rows_per_block(resident: Resident) -> int:
+def node_name(counts: Counts) -> str:
+    """The acquisition's name as one HDF5/Zarr node ("/" would nest groups; HyperSpy writes it as "-" too)."""
+    return counts.name.replace("/", "-")
+
+
+def rows_per_block(shape: tuple[int, ...], dtype: np.dtype) -> int:
     """Whole scan rows written at a time: about BLOCK_BYTES of counts, at least one row."""
-    _, cols, det_rows, det_cols = resident.shape
-    return max(1, BLOCK_BYTES // (cols * det_rows * det_cols * resident.dtype.itemsize))
+    _, cols, det_rows, det_cols = shape
+    return max(1, BLOCK_BYTES // (cols * det_rows * det_cols * np.dtype(dtype).itemsize))
 
 
-def write_counts(resident: Resident, out) -> None:
-    """Copy the resident's counts into ``out`` (an h5py dataset or Zarr array of its 4-D shape), a block of
-    ``rows_per_block`` scan rows at a time, decoded from any layout."""
-    rows, cols, det_rows, det_cols = resident.shape
-    per = rows_per_block(resident)
-    for lo in range(0, rows, per):
-        hi = min(rows, lo + per)
-        out[lo:hi] = to_host(resident.frames_flat(lo * cols, hi * cols)).reshape(hi - lo, cols, det_rows, det_cols)
+def block_bounds(shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[int, int]]:
+    """The scan rows (lo, hi) of each block, in order."""
+    per = rows_per_block(shape, dtype)
+    return [(lo, min(shape[0], lo + per)) for lo in range(0, shape[0], per)]
 
 
-def hdf5_counts(group: h5py.Group, name: str, resident: Resident) -> h5py.Dataset:
-    """An empty dataset for the resident's counts in ``group``: one bitshuffle-LZ4 chunk a frame."""
-    det_rows, det_cols = resident.shape[2:]
-    return group.create_dataset(name, resident.shape, resident.dtype, chunks=(1, 1, det_rows, det_cols),
+def write_counts(counts: Counts, out) -> None:
+    """Copy the counts into ``out`` (an h5py dataset or Zarr array of their 4-D shape), block by block."""
+    _, cols, det_rows, det_cols = counts.shape
+    for (lo, hi), block in zip(block_bounds(counts.shape, counts.dtype), counts.blocks, strict=True):
+        out[lo:hi] = block.reshape(hi - lo, cols, det_rows, det_cols)
+
+
+def hdf5_counts(group: h5py.Group, name: str, counts: Counts) -> h5py.Dataset:
+    """An empty dataset for the counts in ``group``: one bitshuffle-LZ4 chunk a frame."""
+    det_rows, det_cols = counts.shape[2:]
+    return group.create_dataset(name, counts.shape, counts.dtype, chunks=(1, 1, det_rows, det_cols),
                                 **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
 
 

@@ -19,8 +19,7 @@ from uuid import uuid4
 import h5py
 import numpy as np
 
-from ...resident.base import Resident
-from .base import Calibration, hdf5_counts, node_name, write_counts, written_in_place
+from .base import Calibration, Counts, hdf5_counts, node_name, write_counts, written_in_place
 
 
 def group(parent: h5py.Group, name: str, group_type: str, python_class: str | None = None) -> h5py.Group:
@@ -48,9 +47,9 @@ def metadata_item(metadata: h5py.Group, key: str, value: float | str | bool | li
         metadata.create_dataset(key, data=float(value)).attrs["type"] = b"number"
 
 
-def write_emd(resident: Resident, path: Path, calibration: Calibration | None) -> None:
-    """Write the resident to ``path`` as py4DSTEM's DataCube in an EMD 1.0 file."""
-    name = node_name(resident)
+def write_emd(counts: Counts, path: Path, calibration: Calibration | None) -> None:
+    """Write the counts to ``path`` as py4DSTEM's DataCube in an EMD 1.0 file."""
+    name = node_name(counts)
     det = calibration.det_sampling_mrad if calibration else None
     scan = (calibration.scan_step_nm, "nm") if calibration else (1.0, "pixels")
     detector = (det, "mrad") if det else (1.0, "pixels")
@@ -69,6 +68,6 @@ def write_emd(resident: Resident, path: Path, calibration: Calibration | None) -
         for i, (dim, (step, units)) in enumerate(zip(("Rx", "Ry", "Qx", "Qy"), (scan, scan, detector, detector))):
             vector = cube.create_dataset(f"dim{i}", data=np.array([0.0, step]))  # a linear dim vector: its first two values
             vector.attrs.update({"name": dim, "units": units})
-        data = hdf5_counts(cube, "data", resident)
+        data = hdf5_counts(cube, "data", counts)
         data.attrs["units"] = "pixel intensity"
-        write_counts(resident, data)
+        write_counts(counts, data)

@@ -19,22 +19,21 @@ import h5py
 import zarr
 from zarr.codecs import BloscCodec
 
-from ...resident.base import Resident
 from ..readers.zarr_array import is_store
-from .base import Calibration, hdf5_counts, node_name, rows_per_block, write_counts, written_in_place
+from .base import Calibration, Counts, hdf5_counts, node_name, rows_per_block, write_counts, written_in_place
 
 FORMAT_VERSION = "3.3"
 UNKNOWN = "_None_"  # how HyperSpy writes an attribute that is None (pixels: no unit)
 
 
-def signal_group(root, file_format: str, resident: Resident, calibration: Calibration | None):
-    """Write HyperSpy's tree for the resident's signal under ``root`` (an h5py or Zarr group: both make groups
+def signal_group(root, file_format: str, counts: Counts, calibration: Calibration | None):
+    """Write HyperSpy's tree for the counts' signal under ``root`` (an h5py or Zarr group: both make groups
     and take attributes alike); its group, for the ``data``."""
-    rows, cols, det_rows, det_cols = resident.shape
+    rows, cols, det_rows, det_cols = counts.shape
     step = float(calibration.scan_step_nm) if calibration else 1.0
     det = float(calibration.det_sampling_mrad) if calibration and calibration.det_sampling_mrad else None
     root.attrs.update({"file_format": file_format, "file_format_version": FORMAT_VERSION})
-    signal = root.require_group("Experiments").require_group(node_name(resident))
+    signal = root.require_group("Experiments").require_group(node_name(counts))
     signal.attrs.update({"package": "", "package_version": ""})
     signal.require_group("attributes").attrs.update({"_lazy": False, "ragged": False})
     for i, (size, navigate, name, scale, units) in enumerate((
@@ -43,7 +42,7 @@ def signal_group(root, file_format: str, resident: Resident, calibration: Calibr
         signal.require_group(f"axis-{i}").attrs.update({"_type": "UniformDataAxis", "is_binned": False, "name": name, "navigate": navigate,
                                                         "offset": 0.0, "scale": scale, "size": size, "units": units})
     metadata = signal.require_group("metadata")
-    metadata.require_group("General").attrs["title"] = resident.name
+    metadata.require_group("General").attrs["title"] = counts.name
     metadata.require_group("Signal").attrs["signal_type"] = "electron_diffraction"
     if calibration:
         metadata.require_group("Acquisition_instrument").require_group("TEM").attrs.update(
@@ -52,22 +51,22 @@ def signal_group(root, file_format: str, resident: Resident, calibration: Calibr
     return signal
 
 
-def write_hspy(resident: Resident, path: Path, calibration: Calibration | None) -> None:
-    """Write the resident to ``path`` in HyperSpy's HDF5 layout."""
+def write_hspy(counts: Counts, path: Path, calibration: Calibration | None) -> None:
+    """Write the counts to ``path`` in HyperSpy's HDF5 layout."""
     with written_in_place(path) as partial, h5py.File(partial, "w") as f:
-        write_counts(resident, hdf5_counts(signal_group(f, "HyperSpy", resident, calibration), "data", resident))
+        write_counts(counts, hdf5_counts(signal_group(f, "HyperSpy", counts, calibration), "data", counts))
 
 
-def write_zspy(resident: Resident, path: Path, calibration: Calibration | None) -> None:
-    """Write the resident to ``path`` in HyperSpy's Zarr layout (a directory store, Zarr format 3); an earlier
+def write_zspy(counts: Counts, path: Path, calibration: Calibration | None) -> None:
+    """Write the counts to ``path`` in HyperSpy's Zarr layout (a directory store, Zarr format 3); an earlier
     Zarr store there is replaced, anything else is left alone."""
     if path.exists() and not is_store(path):
         raise ValueError(f"{str(path)!r} exists and is not a Zarr store: remove it or export to another path")
-    rows, cols, det_rows, det_cols = resident.shape
+    rows, cols, det_rows, det_cols = counts.shape
     with written_in_place(path) as partial:
         root = zarr.open_group(str(partial), mode="w", zarr_format=3)
-        signal = signal_group(root, "ZSpy", resident, calibration)
-        data = signal.create_array("data", shape=resident.shape, dtype=resident.dtype, chunks=(1, 1, det_rows, det_cols),
-                                   shards=(min(rows, rows_per_block(resident)), cols, det_rows, det_cols), fill_value=0,
+        signal = signal_group(root, "ZSpy", counts, calibration)
+        data = signal.create_array("data", shape=counts.shape, dtype=counts.dtype, chunks=(1, 1, det_rows, det_cols),
+                                   shards=(min(rows, rows_per_block(counts.shape, counts.dtype)), cols, det_rows, det_cols), fill_value=0,
                                    compressors=BloscCodec(cname="lz4", shuffle="bitshuffle"), dimension_names=("y", "x", "ky", "kx"))
-        write_counts(resident, data)
+        write_counts(counts, data)
