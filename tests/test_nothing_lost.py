@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -15,6 +16,9 @@ import psutil
 import pytest
 
 import qgpu_dask as qd
+
+from conftest import BACKENDS, make_service
+from test_recovery import wait_for
 
 DET = (192, 192)
 
@@ -98,3 +102,51 @@ def test_a_crashed_export_writer_costs_the_export_only(svc, names, rng, tmp_path
 
     with h5py.File(again) as f:
         assert (f[f"Experiments/{acq.name}/data"][...] == frames.reshape(32, 32, *DET)).all()
+
+
+@pytest.fixture(params=BACKENDS)
+def own(request):
+    """A cluster of its own: a worker is killed."""
+    svc = make_service(request.param, n_workers=2, budget="256 MiB")
+    yield svc
+    svc.close()
+
+
+def test_a_live_acquisition_outlives_its_worker(own, rng):
+    """Killed mid-scan, a live acquisition comes back from its live copy as live as it was; it then completes and
+    keeps a saved copy."""
+    frames = counts(rng, 16, 16)
+    live = own.create("live-x", scan_shape=(16, 16), det_shape=DET, dtype="uint16")
+    live.append(frames[:100])
+    live.append(frames[100:200])
+    home = live.info()["second_home"]
+    assert home.startswith("a node-local live copy (its frames written as they arrive)"), home
+    victim = live.owner
+    os.kill(own.client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+    wait_for(lambda: (e := own.state()["acquisitions"].get("live-x")) and e["state"] == "ready" and e.get("restored_from"), 120,
+             "live-x held again on the survivor")
+    entry = own.state()["acquisitions"]["live-x"]
+    assert entry["restored_from"] == "live copy" and entry["live"] and entry["owner"] != victim
+    again = own["live-x"]
+    assert again.received == 200
+    assert (again.frame(12, 7) == frames[12 * 16 + 7]).all()
+    disk = qd.masks.disk(DET, (96, 96), 30)
+    assert (again.virtual_image(disk).ravel()[:200] == (frames[:200] * disk).sum(axis=(1, 2))).all()
+    again.append(frames[200:])  # the detector goes on
+    assert again.received == 256
+    assert (again.virtual_image(disk).ravel() == (frames * disk).sum(axis=(1, 2))).all()
+    wait_for(lambda: "live copy" not in own.state()["acquisitions"]["live-x"]["second_home"], 60, "a saved copy in place of the live one")
+    assert own.state()["acquisitions"]["live-x"]["second_home"].startswith("a node-local saved copy")
+
+
+def test_every_acquisition_says_where_its_second_home_is(svc, names, rng, tmp_path):
+    frames = counts(rng, 4, 4)
+    put = svc.put(frames.reshape(4, 4, *DET), name=names())
+    assert put.info()["second_home"] == "the copy of the put array the scheduler keeps"
+    path = tmp_path / "a.h5"
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f["d"] = frames.reshape(4, 4, *DET)
+    loaded = svc.load(str(path), dataset="d", name=names())
+    assert loaded.info()["second_home"].startswith(("its source file", "a node-local saved copy"))

@@ -63,6 +63,7 @@ class Catalog(SchedulerPlugin):
                 "qgpu_keep_copy": self.keep_copy,
                 "qgpu_forget_copy": self.forget_copy,
                 "qgpu_local_copy": self.local_copy,
+                "qgpu_copy_lost": self.copy_lost,
                 "qgpu_restored": self.restored,
                 "qgpu_state": self.state,
             }
@@ -156,6 +157,26 @@ class Catalog(SchedulerPlugin):
         entry["local"] = copy
         return True
 
+    def copy_lost(self, *, name: str, owner: str, error: str) -> None:
+        """``owner`` removed the live copy of ``name`` (it could not grow): the entry says why it has none."""
+        entry = self.acquisitions.get(name)
+        if entry is not None and entry["owner"] == owner:
+            entry.pop("local", None)
+            entry["copy_error"] = error
+            self.log("copy-lost", name=name, owner=owner, error=error)
+
+    def second_home(self, name: str, entry: dict) -> str:
+        """Where ``name`` would be held again from if its shard were lost, in words."""
+        local = entry.get("local")
+        if local is not None:
+            what = "live copy (its frames written as they arrive)" if local.get("live") else "saved copy"
+            return f"a node-local {what}, {local['path']} on {local['host']}"
+        if entry.get("source"):
+            return f"its source file, {entry['source']['path']}"
+        if name in self.copies:
+            return "the copy of the put array the scheduler keeps"
+        return f"none{': ' + entry['copy_error'] if entry.get('copy_error') else ''}: save it (acq.save) to keep it beyond its worker"
+
     def restored(self, *, name: str, owner: str, restored_from: str, stale: dict | None = None, copy_error: str | None = None) -> None:
         """Where ``owner`` held ``name`` again from ("local copy", "source file", "put copy"), and why its local
         copy could not be used, in its entry and its re-home's (or move's) event; a copy ``stale`` that was not
@@ -176,6 +197,8 @@ class Catalog(SchedulerPlugin):
 
     def state(self) -> dict:
         """Everything, for clients: workers, shards, acquisitions, recent events."""
+        for name, entry in self.acquisitions.items():
+            entry["second_home"] = self.second_home(name, entry)
         return {"workers": sorted(self.workers), "shards": self.shards, "acquisitions": self.acquisitions, "events": self.events[-50:],
                 "copy_bytes": sum(len(c) for c in self.copies.values())}
 

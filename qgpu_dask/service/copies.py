@@ -11,12 +11,19 @@ process exits. A copy's file name carries the process id of the shard holding it
 (``<name>-<pid>-<hex>.qgpu``): a copy whose process is gone and that no survivor took over within
 ``STALE`` seconds (a whole cluster killed) is removed by the next shard that starts on the host.
 
+A live acquisition (``svc.create``, a Dask array put block by block) has no source file: its shard keeps a
+live copy beside them (``<name>-<pid>-<hex>.live``: a header, then the raw frames appended as they arrive),
+so a worker's death loses nothing a detector sent; recovery holds it again from that copy, as live as it was.
+Once complete, a compressed one is saved as held and its live copy removed. A live copy that cannot grow (a
+full disk) is removed, and the acquisition has no second home from then on (its catalog entry says so).
+
 ``QGPU_DASK_COPIES`` on the workers: the folder (default ``<tempdir>/qgpu-dask-copies-<uid>``), or ``0``
 for no copies.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -25,12 +32,18 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
+import numpy as np
+
+from ..device import to_host
 from ..io.saved import save_resident
 from ..resident import Resident
 from .handoff import alive
 
 FOLDER_ENV = "QGPU_DASK_COPIES"
 STALE = 3600.0  # seconds after which a copy no live process holds is removed
+SUFFIXES = (".qgpu", ".live")  # a saved resident; a live acquisition's frames as they arrived
+LIVE_FORMAT = "qgpu-live-1"
+LIVE_HEADER = 4096  # bytes of a live copy's JSON header (space-padded), the frames after it
 
 
 def folder() -> Path | None:
@@ -48,25 +61,76 @@ def host_of(address: str) -> str:
 
 def written(resident: Resident, address: str) -> dict | None:
     """A copy of ``resident`` saved in this worker's folder, as the catalog keeps it ({"path", "host", "bytes"});
-    None where copies are off or the folder's copies would then take more than half of the space that would be
-    free without them (copies never crowd out the node's other users)."""
+    None where there is no room for it (``room_for``)."""
+    path = room_for(resident.name, resident.nbytes, ".qgpu")
+    if path is None:
+        return None
+    nbytes = save_resident(resident, path)
+    return {"path": str(path), "host": host_of(address), "bytes": nbytes}
+
+
+def room_for(name: str, nbytes: int, suffix: str) -> Path | None:
+    """A new copy's path in this worker's folder, or None where copies are off or ``nbytes`` more would take the
+    folder's copies over half of the space that would be free without them (copies never crowd out the
+    node's other users)."""
     where = folder()
     if where is None:
         return None
     where.mkdir(parents=True, exist_ok=True)
-    held = sum(p.stat().st_size for p in where.glob("*.qgpu") if p.is_file())
-    if 2 * (held + resident.nbytes) > shutil.disk_usage(where).free + held:
+    held = sum(p.stat().st_size for kind in SUFFIXES for p in where.glob(f"*{kind}") if p.is_file())
+    if 2 * (held + nbytes) > shutil.disk_usage(where).free + held:
         return None
-    path = where / f"{resident.name}-{os.getpid()}-{uuid.uuid4().hex[:12]}.qgpu"
-    nbytes = save_resident(resident, path)
-    return {"path": str(path), "host": host_of(address), "bytes": nbytes}
+    return where / f"{name}-{os.getpid()}-{uuid.uuid4().hex[:12]}{suffix}"
+
+
+def live_started(name: str, shape: tuple, dtype, layout: str, address: str) -> dict | None:
+    """A live copy of a new live acquisition (its header; frames follow by :func:`live_appended`), as the
+    catalog keeps it ({"path", "host", "bytes", "live": True}); None where there is no room for all its frames."""
+    raw = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    path = room_for(name, LIVE_HEADER + raw, ".live")
+    if path is None:
+        return None
+    header = {"format": LIVE_FORMAT, "name": name, "shape": list(map(int, shape)), "dtype": np.dtype(dtype).str, "layout": layout}
+    path.write_bytes(json.dumps(header).encode().ljust(LIVE_HEADER))
+    return {"path": str(path), "host": host_of(address), "bytes": LIVE_HEADER + raw, "live": True}
+
+
+def live_appended(copy: dict, frames, start: int) -> None:
+    """Write ``frames`` (host or device arrays) into a live copy as scan positions ``start`` on (in place,
+    so appends that finish out of order still land in scan order)."""
+    data = np.ascontiguousarray(to_host(frames))
+    fd = os.open(copy["path"], os.O_WRONLY)
+    try:
+        view, at = memoryview(data).cast("B"), LIVE_HEADER + start * (data.nbytes // max(len(data), 1))
+        while view:  # pwrite may write less than asked
+            done = os.pwrite(fd, view, at)
+            view, at = view[done:], at + done
+    finally:
+        os.close(fd)
+
+
+def live_frames(path: str | os.PathLike) -> tuple[dict, np.ndarray]:
+    """A live copy's header and the frames it holds (mapped from the file, not read); ValueError naming the
+    file where it is not one, or a frame was cut short."""
+    with open(path, "rb") as f:
+        head = f.read(LIVE_HEADER)
+    try:
+        header = json.loads(head.decode())
+        assert header["format"] == LIVE_FORMAT
+    except (ValueError, KeyError, AssertionError):
+        raise ValueError(f"{str(path)!r} is not a live copy ({LIVE_FORMAT}): its header is damaged") from None
+    shape, dtype = tuple(header["shape"]), np.dtype(header["dtype"])
+    frame = shape[2] * shape[3] * dtype.itemsize
+    whole = (os.path.getsize(path) - LIVE_HEADER) // frame  # a frame cut short by the crash is not taken
+    frames = np.memmap(path, dtype, "r", offset=LIVE_HEADER, shape=(whole, shape[2], shape[3])) if whole else np.empty((0, *shape[2:]), dtype)
+    return header, frames
 
 
 def taken_over(copy: dict) -> dict:
     """``copy`` renamed as this process's (a shard that reopened a lost shard's copy holds it now)."""
     path = Path(copy["path"])
     stem = path.name.rsplit("-", 2)[0]
-    mine = path.with_name(f"{stem}-{os.getpid()}-{uuid.uuid4().hex[:12]}.qgpu")
+    mine = path.with_name(f"{stem}-{os.getpid()}-{uuid.uuid4().hex[:12]}{path.suffix}")
     os.replace(path, mine)
     return copy | {"path": str(mine)}
 
@@ -86,7 +150,7 @@ def sweep() -> list[str]:
     if where is None or not where.is_dir():
         return gone
     before = time.time() - STALE
-    for path in where.glob("*.qgpu"):
+    for path in (p for suffix in SUFFIXES for p in where.glob(f"*{suffix}")):
         try:
             if not alive(holder(path)) and path.stat().st_mtime < before:
                 path.unlink()

@@ -166,7 +166,7 @@ class Recovery:
             return "released meanwhile"
         how = {"source": entry.get("source"), "layout": entry.get("asked", "auto"), "copy": self.catalog.copies.get(name),
                "local": entry.get("local") if state == "rehoming" else None}  # a move reads the source: the copy's owner lives
-        if how["source"] is None and how["copy"] is None:
+        if how["source"] is None and how["copy"] is None and how["local"] is None:
             return "it has no source file and no copy to be held again from"
         entry["state"] = state
         entry["target"] = target

@@ -43,7 +43,7 @@ from ..resident.base import check_dtype, check_shape
 from ..resident.compressed import check_layout
 from ..resident.live import LIVE_LAYOUTS, LiveCounts, start_bytes
 from .budget import Budget
-from .copies import reachable, removed, sweep as sweep_copies, taken_over, written
+from .copies import live_appended, live_frames, live_started, reachable, removed, sweep as sweep_copies, taken_over, written
 from .handoff import STALE, Handoff, sweep
 from .lane import LaneServer
 from .layout import Plan, check_saved, held_as, planned
@@ -345,7 +345,10 @@ class Shard:
         """Hold ``copy`` as ``resident``'s node-local copy once the catalog has recorded it; removed instead if
         the catalog refuses it or ``name`` was released, moved or replaced meanwhile."""
         if await self.worker.scheduler.qgpu_local_copy(name=name, owner=self.address, copy=copy) and self.residents.get(name) is resident:
+            earlier = self.copies.get(name)
             self.copies[name] = copy
+            if earlier is not None and earlier["path"] != copy["path"]:
+                removed(earlier)  # a live copy, once its acquisition is saved as held
         else:
             removed(copy)
 
@@ -476,18 +479,30 @@ class Shard:
 
     # -- live acquisitions ------------------------------------------------------
 
-    async def create(self, name: str, shape: tuple, dtype: str, layout: str) -> dict:
-        """Hold a new, empty live acquisition ``name`` that grows by ``append`` and ``ingest``."""
+    async def create(self, name: str, shape: tuple, dtype: str, layout: str, copy: dict | None = None,
+                     frames: np.ndarray | None = None) -> dict:
+        """Hold a new, empty live acquisition ``name`` that grows by ``append`` and ``ingest``, with a live copy
+        (``copies.py``) as its second home: ``copy`` and the ``frames`` it holds (taken over from a lost
+        shard: appended before the acquisition is ready again), else a new one."""
         shape, dtype = check_shape(shape), check_dtype(dtype)
         check_layout(layout, dtype, LIVE_LAYOUTS)
 
         def build() -> tuple[Resident, str]:
             resident = LiveCounts(name, shape, dtype, layout, array_module())
             resident.room = lambda nbytes: self.budget.check_room(f"live acquisition {name!r} needs", nbytes)
+            if frames is not None:
+                step = max(1, shape[1], len(frames) // 8)
+                for lo in range(0, len(frames), step):
+                    resident.append(np.array(frames[lo:lo + step]))
             synchronize()
             return resident, f"{layout}: asked for"
 
-        return await self.add(name, start_bytes(shape, dtype, layout), build, None, layout)
+        record = await self.add(name, start_bytes(shape, dtype, layout), build, None, layout)
+        if copy is None:
+            copy = await self.on(self.copying, live_started, name, shape, dtype, layout, self.address)
+        if copy is not None:
+            await self.own_copy(name, self.residents[name], copy)
+        return record
 
     def live(self, name: str) -> LiveCounts:
         resident = self.resident(name)
@@ -500,8 +515,24 @@ class Shard:
         resident = self.live(name)
         if name in self.ingesting:
             raise ValueError(f"acquisition {name!r} is ingesting from {self.ingesting[name]}: appends would interleave with its frames")
-        received = await self.on(self.loads, resident.append, frames)
+        loop = asyncio.get_running_loop()
+        received = await self.on(self.loads, lambda: self.kept_live(name, resident.append(frames), frames, loop))
         await self.settle(name)
+        return received
+
+    def kept_live(self, name: str, received: int, frames, loop: asyncio.AbstractEventLoop) -> int:
+        """Write frames just appended (ending at position ``received``) into ``name``'s live copy, if it has
+        one; a copy that cannot take them (a full disk) is removed and the catalog told; ``received``."""
+        copy = self.copies.get(name)
+        if copy is not None and copy.get("live"):
+            try:
+                live_appended(copy, frames, received - len(frames))
+            except OSError as err:
+                if self.copies.get(name) is copy:
+                    del self.copies[name]
+                removed(copy)
+                error = f"its live copy could not take frames up to {received} ({err}): it has no second home now"
+                asyncio.run_coroutine_threadsafe(self.worker.scheduler.qgpu_copy_lost(name=name, owner=self.address, error=error), loop)
         return received
 
     async def received(self, name: str) -> int:
@@ -536,7 +567,7 @@ class Shard:
                 name, resident = names[k], residents[k]
                 if self.residents.get(name) is not resident:
                     raise ValueError(f"acquisition {name!r} was released while {source.describe()} streamed into it: the stream was dropped")
-                resident.append(block)
+                self.kept_live(name, resident.append(block), block, loop)
                 frames += len(block)
                 if resident.complete and k + 1 < len(names):
                     asyncio.run_coroutine_threadsafe(self.settle(name), loop).result()
@@ -564,6 +595,8 @@ class Shard:
                                                            "; its index did not fit the budget, so every query reads the counts")
                 await self.worker.scheduler.qgpu_commit(name=name, owner=self.address,
                                                         record={**done.describe(), "source": None, "live": False, "layout_reason": reason})
+                if (self.copies.get(name) or {}).get("live") and resident.layout == "compressed":
+                    asyncio.ensure_future(self.keep_copy(name, done))  # saved as held: smaller than its frames
 
     # -- recovery and release ---------------------------------------------------
 
@@ -574,14 +607,22 @@ class Shard:
         else from the bytes the catalog kept of a put array. ``how``: source (or None), layout, copy (or None),
         local (the node-local copy, or None). The catalog learns where it came from (``restored_from``, and
         ``copy_error`` when the copy could not be used)."""
-        local, copy_error, saved = how["local"], None, None
+        local, copy_error, saved, live = how["local"], None, None, None
         if reachable(local, self.address):
             try:
-                saved = await self.on(self.loads, read_saved, local["path"])
+                if local.get("live"):
+                    live = await self.on(self.loads, live_frames, local["path"])
+                else:
+                    saved = await self.on(self.loads, read_saved, local["path"])
             except (OSError, ValueError) as err:
                 copy_error = f"{type(err).__name__}: {err}"
                 removed(local)
-        if saved is not None:
+        if live is not None:
+            header, frames = live
+            record = await self.create(name, tuple(header["shape"]), header["dtype"], header["layout"], taken_over(local), frames)
+            await self.settle(name)
+            restored_from = "live copy"
+        elif saved is not None:
             record = await self.load_saved(name, Source(path=local["path"]), how["layout"], recorded=how["source"], saved=saved)
             restored_from = "local copy"
             try:
