@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import h5py
 import numpy as np
 import pytest
@@ -76,6 +78,19 @@ def test_bad_reductions(acq, roi, op, error, match):
 def test_frame_out_of_range(acq, row, col):
     with pytest.raises(IndexError):
         acq.frame(row, col)
+    still_usable(acq)
+
+
+@pytest.mark.parametrize("row, col, says", [(-1, 0, "scan row -1 is out of range: rows are 0 to 3"),
+                                            (0, -16, "scan col -16 is out of range: cols are 0 to 4"),
+                                            (4, 0, "scan row 4 is out of range: rows are 0 to 3")])
+def test_negative_scan_indices_are_out_of_range(svc, acq, row, col, says):
+    """A negative scan index is refused like any other outside the scan (frame(-1, 0) gave the last row's
+    frame), for an acquisition and for a series."""
+    with pytest.raises(IndexError, match=re.escape(says + " (a scan of 4 x 5)")):
+        acq.frame(row, col)
+    with pytest.raises(IndexError, match=re.escape(says)):
+        qd.Series(svc, [acq, acq]).frame(row, col)
     still_usable(acq)
 
 
