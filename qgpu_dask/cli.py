@@ -4,23 +4,29 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
+import os
 import signal
 import socket
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import numpy as np
 
 from .detector import masks
 from .figure import figure
+from .io.registry import open_reader
 from .io.source import Source
 from .io.simulator import serve
 from .io.synthetic import crystal, crystal_geometry
 from .service import Service
+from .service.service import scheduler_address
 from .phase.calibration import icom
 from .phase.optics import Optics
 
@@ -157,14 +163,13 @@ def view(args: argparse.Namespace) -> int:
     from .view.server import ViewServer
 
     try:
-        optics = Optics(**json.loads(Path(args.optics).read_text())) if args.optics else None
         svc = Service.connect(args.address, scheduler_file=args.scheduler_file)
-    except (OSError, ValueError, TypeError) as err:
+    except (OSError, ValueError) as err:
         print(f"qgpu-dask view: {err}", file=sys.stderr)
         return 1
     stop = [False]
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
-    with svc, ViewServer(svc, args.host, args.port, args.token, optics) as server:
+    with svc, ViewServer(svc, args.host, args.port, args.token, args.optics) as server:
         print(f"viewer of {len(svc.acquisitions())} acquisitions at {server.url}", flush=True)
         try:
             while not stop[0]:
@@ -181,56 +186,160 @@ def simulate(args: argparse.Namespace) -> int:
     def ready() -> None:  # listening, the first frames read
         print(f"serving {args.file} on {args.host}:{args.port}" + (f" at {args.rate:g} frames/s" if args.rate else ""), flush=True)
 
-    with socket.create_server((args.host, args.port)) as listener:
+    with listening(args.host, args.port) as listener:
         sent, seconds = serve(source, listener, args.rate, compressed=args.compressed, ready=ready)
     print(f"sent {sent} frames in {seconds:.2f} s from the client's connection ({sent / max(seconds, 1e-9):.0f} frames/s)")
     return 0
 
 
+class BadArgument(Exception):
+    """An argument that cannot work, found before anything starts: one line naming it and what to do, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors one line (exit 2) rather than the usage and then the error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def at_least(low: int, what: str) -> Callable[[str], int]:
+    """An argument type: an integer of ``low`` or more; ``what`` says what to give."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer: give {what}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}: give {what}")
+        return value
+
+    return parse
+
+
+def positive(text: str) -> float:
+    """An argument type: a finite number above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number above 0: give one")
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argument type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give 0 to 65535 (0: any free one)")
+    return value
+
+
+def listening(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port``; BadArgument naming --host or --port where there can be none."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise BadArgument(f"--host {host}: not an address of this machine ({err.strerror}): give its name or IP address") from None
+    try:
+        return socket.create_server((host, port))
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise BadArgument(f"--port {port}: {host}:{port} is in use: give another port, or 0 for any free one") from None
+        raise BadArgument(f"--port {port}: cannot listen on {host}:{port} ({os.strerror(err.errno) if err.errno else err}): "
+                          "give another --host or --port") from None
+
+
+def check_scheduler_file(args: argparse.Namespace) -> None:
+    """BadArgument unless ``--scheduler-file`` (where given) is a scheduler file; it is not read whole to find out."""
+    if args.scheduler_file is not None:
+        try:
+            scheduler_address(args.scheduler_file)
+        except (OSError, ValueError) as err:
+            raise BadArgument(f"--scheduler-file: {err}") from None
+
+
+def check_demo(args: argparse.Namespace) -> None:
+    """The output folder can be one (the numbers were checked as they were parsed)."""
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise BadArgument(f"--out {args.out}: it is a file, not a folder: give a folder (made if missing)")
+
+
+def check_view(args: argparse.Namespace) -> None:
+    """The scheduler file, the port and the optics (``args.optics`` becomes the Optics its file gives)."""
+    check_scheduler_file(args)
+    listening(args.host, args.port).close()  # the viewer's server takes it once connected
+    if args.optics:
+        try:
+            args.optics = Optics(**json.loads(Path(args.optics).read_text()))
+        except (OSError, ValueError, TypeError) as err:
+            raise BadArgument(f"--optics {args.optics}: {err}: give a JSON file of qd.Optics keyword arguments") from None
+
+
+def check_simulate(args: argparse.Namespace) -> None:
+    """The file opens (its format, shape and dtype found) before the port is taken."""
+    try:
+        open_reader(Source(str(args.file), args.dataset, tuple(args.scan_shape) if args.scan_shape else None)).close()
+    except (OSError, ValueError, KeyError) as err:
+        raise BadArgument(err.args[0] if isinstance(err, KeyError) else str(err)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     """The command's argument parser (the docs' tests check their command lines with it)."""
-    parser = argparse.ArgumentParser(prog="qgpu-dask", description=__doc__)
+    parser = Parser(prog="qgpu-dask", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="synthetic crystal series on the embedded cluster: virtual images, checked, drawn as one figure")
-    p.add_argument("--scan", type=int, nargs=2, default=(96, 96), metavar=("ROWS", "COLS"))
-    p.add_argument("--det", type=int, nargs=2, default=(96, 96), metavar=("ROWS", "COLS"))
-    p.add_argument("--dose", type=float, default=2000.0, help="electrons per probe position")
-    p.add_argument("--frames", type=int, default=None, help="acquisitions in the series (default: one per shard, at least 2)")
-    p.add_argument("--workers", type=int, default=None, help="workers of the embedded cluster")
+    p.add_argument("--scan", type=at_least(1, "scan rows and cols of 1 or more"), nargs=2, default=(96, 96), metavar=("ROWS", "COLS"))
+    p.add_argument("--det", type=at_least(8, "a detector of 8 x 8 pixels or more"), nargs=2, default=(96, 96), metavar=("ROWS", "COLS"))
+    p.add_argument("--dose", type=positive, default=2000.0, help="electrons per probe position")
+    p.add_argument("--frames", type=at_least(1, "1 or more acquisitions"), default=None,
+                   help="acquisitions in the series (default: one per shard, at least 2)")
+    p.add_argument("--workers", type=at_least(1, "1 or more workers"), default=None, help="workers of the embedded cluster")
     p.add_argument("--out", default="demo-output", help="folder for the HDF5 files and the figure demo.png")
     p.add_argument("--layout", default="compressed", choices=("compressed", "dense", "auto"),
                    help="how the workers hold the series (compressed: the smallest; see svc.load)")
     p.add_argument("--keep", action="store_true", help="keep the HDF5 files it wrote (removed at the end otherwise)")
-    p.set_defaults(run=demo)
+    p.set_defaults(run=demo, check=check_demo)
     p = sub.add_parser("info", help="shards and acquisitions of a running cluster")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--address", help="scheduler address, e.g. tcp://host:8786")
     where.add_argument("--scheduler-file", help="scheduler file written by `dask scheduler --scheduler-file`")
-    p.set_defaults(run=info)
+    p.set_defaults(run=info, check=check_scheduler_file)
     p = sub.add_parser("simulate", help="a detector: replay an acquisition file as a frame stream over TCP (svc.ingest reads it)")
     p.add_argument("file", help="any file svc.load reads")
-    p.add_argument("--rate", type=float, default=None, help="frames per second (default: as fast as it goes)")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--rate", type=positive, default=None, help="frames per second (default: as fast as it goes)")
+    p.add_argument("--port", type=port_number, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--dataset", default=None, help="the HDF5 dataset (default: found)")
     p.add_argument("--scan-shape", type=int, nargs=2, default=None, metavar=("ROWS", "COLS"), help="for 3-D stacks")
     p.add_argument("--compressed", action="store_true", help="send an Arina/Eiger master's bitshuffle-LZ4 chunks as they are stored")
-    p.set_defaults(run=simulate)
+    p.set_defaults(run=simulate, check=check_simulate)
     p = sub.add_parser("view", help="the viewer as a web page for every acquisition of a running cluster")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--address", help="scheduler address, e.g. tcp://host:8786")
     where.add_argument("--scheduler-file", help="scheduler file written by `dask scheduler --scheduler-file`")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback a token is asked for)")
-    p.add_argument("--port", type=int, default=8790, help="port (0: any free one)")
+    p.add_argument("--port", type=port_number, default=8790, help="port (0: any free one)")
     p.add_argument("--token", default=None, help="the token pages must carry (default: made up where one is asked)")
     p.add_argument("--optics", default=None, help="JSON file of qd.Optics keyword arguments (CoM, iCoM, SSB images, scale bars)")
-    p.set_defaults(run=view)
+    p.set_defaults(run=view, check=check_view)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command of ``argv``; its arguments are checked first, and a bad one is one line on stderr, exit 2."""
     args = parser().parse_args(argv)
-    return args.run(args)
+    try:
+        args.check(args)
+        return args.run(args)
+    except BadArgument as err:
+        print(f"qgpu-dask {args.command}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import re
+import subprocess
+
 import h5py
 import numpy as np
 import pytest
@@ -79,6 +83,19 @@ def test_frame_out_of_range(acq, row, col):
     still_usable(acq)
 
 
+@pytest.mark.parametrize("row, col, says", [(-1, 0, "scan row -1 is out of range: rows are 0 to 3"),
+                                            (0, -16, "scan col -16 is out of range: cols are 0 to 4"),
+                                            (4, 0, "scan row 4 is out of range: rows are 0 to 3")])
+def test_negative_scan_indices_are_out_of_range(svc, acq, row, col, says):
+    """A negative scan index is refused like any other outside the scan (frame(-1, 0) gave the last row's
+    frame), for an acquisition and for a series."""
+    with pytest.raises(IndexError, match=re.escape(says + " (a scan of 4 x 5)")):
+        acq.frame(row, col)
+    with pytest.raises(IndexError, match=re.escape(says)):
+        qd.Series(svc, [acq, acq]).frame(row, col)
+    still_usable(acq)
+
+
 def test_unknown_and_released(svc, acq, names, rng):
     with pytest.raises(KeyError, match="no acquisition named 'nope'"):
         svc["nope"]
@@ -114,6 +131,54 @@ def test_bad_files(svc, acq, tmp_path):
     with pytest.raises(ValueError, match="not an HDF5 file"):
         svc.load(tmp_path / "junk.h5")
     assert not [a for a in svc.state()["acquisitions"] if a in ("flat", "junk", "missing")]
+    still_usable(acq)
+
+
+def test_a_cut_short_hdf5_file_is_named(svc, acq, tmp_path, rng):
+    """A truncated HDF5 file (copied in part) is refused naming it and what is wrong, alone and in a series
+    (HDF5's "Unable to synchronously open file (truncated file: eof = ...)" named no file)."""
+    whole = qd.samples.write_hdf5(tmp_path / "whole.h5", rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16))
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(whole.read_bytes()[:1500])
+    says = re.escape(f"{str(cut)!r} is cut short: 1500 bytes of the {whole.stat().st_size} its HDF5 header gives")
+    with pytest.raises(ValueError, match=says):
+        qd.inspect(cut)
+    with pytest.raises(ValueError, match=says):
+        svc.load(cut, progress=False)
+    with pytest.raises(ValueError, match=says):
+        svc.load([whole, cut], name=["whole", "cut"], progress=False)
+    assert "whole" not in svc and "cut" not in svc
+    still_usable(acq)
+
+
+def test_a_failed_save_names_the_users_path(acq, tmp_path):
+    """Saving or exporting where the file cannot be written names the path given, not the hidden temporary file
+    written first (a folder that is a file; a folder with no room left, where a tmpfs can be mounted)."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file")
+    with pytest.raises(NotADirectoryError) as caught:
+        acq.save(blocker / "scan.qgpu")
+    message = str(caught.value)
+    assert caught.value.filename == str(blocker / "scan.qgpu") and str(blocker / "scan.qgpu") in message and ".tmp" not in message, message
+    with pytest.raises(ValueError) as caught:  # an export's failure is its ValueError
+        acq.export(blocker / "scan.hspy")
+    message = str(caught.value)
+    assert str(blocker / "scan.hspy") in message and "Not a directory" in message and ".partial" not in message, message
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], capture_output=True).returncode != 0:
+        pytest.skip("no tmpfs can be mounted here for a full folder")
+    try:
+        with open(full / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(bytes(4096))
+        with pytest.raises(OSError) as caught:
+            acq.save(full / "scan.qgpu")
+        message = str(caught.value)
+        assert caught.value.errno == errno.ENOSPC and str(full / "scan.qgpu") in message and ".tmp" not in message, message
+        assert sorted(p.name for p in full.iterdir()) == ["filler"]
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
     still_usable(acq)
 
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ from PIL import Image
 
 import qgpu_dask as qd
 from qgpu_dask.cli import main
+from processes import free_ports
 
 
 def test_info_prints_shards_and_acquisitions(svc, names, scheduler_file, capsys):
@@ -58,8 +63,8 @@ def test_info_and_connect_without_a_scheduler(tmp_path, capsys):
     started = time.monotonic()
     typo = tmp_path / "typo.json"
     missing = f"no scheduler file {str(typo)!r}: give the file that `dask scheduler --scheduler-file` wrote"
-    assert main(["info", "--scheduler-file", str(typo)]) == 1
-    assert capsys.readouterr().err == f"qgpu-dask info: {missing}\n"
+    assert main(["info", "--scheduler-file", str(typo)]) == 2  # a bad argument
+    assert capsys.readouterr().err == f"qgpu-dask info: --scheduler-file: {missing}\n"
     with pytest.raises(FileNotFoundError, match=re.escape(missing)):
         qd.Service.connect(scheduler_file=typo)
     with socket.socket() as probe:
@@ -96,3 +101,45 @@ def test_demo_removes_its_files_when_it_fails(tmp_path):
     with pytest.raises(ValueError, match="the roi selects no scan position"):
         main(["demo", "--scan", "1", "1", "--det", "16", "16", "--workers", "1", "--out", str(out)])
     assert list(out.glob("*.h5")) == []
+
+
+def command(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``qgpu-dask argv`` run as its own process (this checkout's package), in ``cwd``."""
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.run([sys.executable, "-m", "qgpu_dask.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def refused(done: subprocess.CompletedProcess, *named: str) -> str:
+    """The one line a refused command printed on stderr, checked: exit status 2, nothing on stdout, no traceback,
+    every string of ``named`` in it."""
+    line = done.stderr.strip()
+    assert done.returncode == 2 and len(line.splitlines()) == 1 and not done.stdout, (done.returncode, done.stdout, done.stderr)
+    assert all(n in line for n in named), line
+    return line
+
+
+def test_bad_arguments_are_one_line_and_start_nothing(tmp_path, scheduler_file, rng):
+    """Each bad argument is one line on stderr naming it and what to do, exit status 2, and nothing started: no
+    cluster, no folder, no port taken, no file read whole (these printed tracebacks)."""
+    line = refused(command("demo", "--scan", "0", "0", "--out", "out", cwd=tmp_path), "--scan", "0")
+    assert "give" in line and not (tmp_path / "out").exists()
+    refused(command("demo", "--det", "16", "-4", "--out", "out", cwd=tmp_path), "--det", "-4")
+    refused(command("demo", "--dose", "0", "--out", "out", cwd=tmp_path), "--dose")
+    assert not (tmp_path / "out").exists()
+
+    port = free_ports(1)[0]
+    refused(command("simulate", "nope.h5", "--port", str(port), cwd=tmp_path), "nope.h5", "no such file")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))  # the port was not left taken: it binds again
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        refused(command("view", "--scheduler-file", str(scheduler_file), "--port", str(port), cwd=tmp_path), "--port", str(port), "in use")
+        np.save(tmp_path / "scan.npy", rng.integers(0, 9, (2, 2, 4, 4), dtype=np.uint16))
+        refused(command("simulate", "scan.npy", "--port", str(port), cwd=tmp_path), "--port", str(port), "in use")
+    refused(command("view", "--scheduler-file", str(scheduler_file), "--port", "-5", cwd=tmp_path), "--port", "-5", "0 to 65535")
+
+    big = qd.samples.write_hdf5(tmp_path / "big.h5", np.zeros((2, 2, 4, 4), np.uint16))
+    os.truncate(big, 2**30)  # 1 GiB (sparse): it must not be read to learn that it is not a scheduler file
+    refused(command("info", "--scheduler-file", str(big), cwd=tmp_path), "--scheduler-file", repr(str(big)), "not a scheduler file",
+            "not 1.00 GiB")  # refused by its size
+    refused(command("info", "--scheduler-file", "typo.json", cwd=tmp_path), "--scheduler-file", "'typo.json'", "no scheduler file")

@@ -61,7 +61,8 @@ def test_virtual_images_and_reductions(svc, names, rng, dtype):
     assert (acq.reduce(None, "max") == data.max(axis=(0, 1))).all()
     frame = acq.frame(4, 5)
     assert frame.dtype == data.dtype and (frame == data[4, 5]).all()
-    assert (acq.frame(-1, -1) == data[-1, -1]).all()
+    rows, cols = data.shape[:2]
+    assert (acq.frame(rows - 1, cols - 1) == data[-1, -1]).all()  # the last (a negative index is out of range)
 
 
 def test_max_starts_from_selected_frames(svc, names):

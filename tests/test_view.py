@@ -142,10 +142,13 @@ def test_bad_asks_are_answered_with_errors_and_change_nothing(viewed, svc):
             ({"type": "detector", "seq": 3, "detector": {"kind": "annulus", "center": [3, 3]}}, "missing inner, outer"),
             ({"type": "region", "seq": 4, "rect": [40, 40, 50, 50], "op": "sum"}, "holds no scan position"),
             ({"type": "region", "seq": 5, "rect": [0, 0, 2, 2], "op": "median"}, "one of sum, mean, max"),
-            ({"type": "cursor", "seq": 6, "row": 12, "col": 0}, "outside the 12x10 scan"),
+            ({"type": "cursor", "seq": 6, "row": 12, "col": 0}, "scan row 12 is out of range: rows are 0 to 11"),
             ({"type": "index", "seq": 7, "index": 1}, "outside 0..0"),
             ({"type": "mode", "seq": 8, "mode": "ssb"}, "needs Optics"),
             ({"type": "delete", "seq": 9}, "whose type is one of"),
+            ({"type": "region", "seq": 10, "rect": [-1, 0, 2, 2], "op": "sum"}, "scan region top -1 is out of range: rows are 0 to 11"),
+            ({"type": "region", "seq": 11, "rect": [0, -3, 2, 2], "op": "sum"}, "scan region left -3 is out of range: cols are 0 to 9"),
+            ({"type": "cursor", "seq": 12, "row": 0, "col": -1}, "scan col -1 is out of range: cols are 0 to 9"),
         ]
         for ask, says in bad:
             await page.ask(**ask)

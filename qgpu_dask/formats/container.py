@@ -137,7 +137,8 @@ def write(path: PathLike, meta: dict, arrays: dict[str, np.ndarray]) -> int:
     """Write ``arrays`` with the header ``meta`` to ``path``; returns the file's bytes.
 
     The file is written under a temporary name in the same folder and renamed
-    over ``path`` at the end, so a crash never leaves a half-written file there.
+    over ``path`` at the end, so a crash never leaves a half-written file there;
+    an OSError names ``path`` (the name the caller gave), not the temporary one.
     """
     path = Path(path)
     meta = json.loads(json.dumps(meta))  # as it will read back: tuples become lists
@@ -176,10 +177,23 @@ def write(path: PathLike, meta: dict, arrays: dict[str, np.ndarray]) -> int:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # never made: its folder is not one
+        if isinstance(err, OSError):
+            raise unwritable(err, path) from None
         raise
     return size
+
+
+def unwritable(err: OSError, path: PathLike) -> OSError:
+    """``err`` (writing ``path`` failed, perhaps on a temporary file beside it) as the same kind of OSError naming
+    ``path`` and what to do."""
+    why = os.strerror(err.errno) if err.errno else str(err)
+    return OSError(err.errno, f"{why}: cannot write the file there; give a path in a folder this worker can write, "
+                              "with room for the file", str(path))
 
 
 def read_header(path: PathLike) -> dict:

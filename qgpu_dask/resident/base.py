@@ -53,6 +53,14 @@ def check_shape(shape) -> tuple[int, int, int, int]:
     return shape
 
 
+def out_of_range(what: str, value: int, axis: str, scan_shape: tuple[int, int]) -> IndexError:
+    """The error for ``what`` (a scan index along ``axis``, "row" or "col") at ``value``, outside the scan: it
+    names the index and the valid range, the same words wherever a scan position is given."""
+    rows, cols = scan_shape
+    size = rows if axis == "row" else cols
+    return IndexError(f"{what} {value} is out of range: {axis}s are 0 to {size - 1} (a scan of {rows} x {cols})")
+
+
 def roi_indices(roi, scan_shape: tuple[int, int]) -> np.ndarray:
     """Flat indices (int64, C order) of the scan positions a bool ROI selects; None selects all."""
     n = scan_shape[0] * scan_shape[1]
@@ -223,15 +231,14 @@ class Resident(AcquisitionShape, ABC):
         return to_host(out).reshape(self.det_shape), int(indices.size)
 
     def frame(self, row: int, col: int) -> np.ndarray:
-        """The diffraction pattern at scan position (row, col), native dtype; NumPy."""
-        rows, cols = self.scan_shape
-        for axis, value, size in (("row", row, rows), ("col", col, cols)):
+        """The diffraction pattern at scan position (row, col), native dtype; NumPy. A negative index is out of
+        range (it does not count from the end)."""
+        for axis, value in (("row", row), ("col", col)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
                 raise IndexError(f"scan {axis} index must be an integer, got {value!r}")
-            if not -size <= value < size:
-                raise IndexError(f"scan {axis} {value} is out of range for a scan of {rows} x {cols}")
-        index = (int(row) % rows) * cols + int(col) % cols
-        return to_host(self.frame_flat(index)).reshape(self.det_shape)
+            if not 0 <= value < self.scan_shape[axis == "col"]:
+                raise out_of_range(f"scan {axis}", int(value), axis, self.scan_shape)
+        return to_host(self.frame_flat(int(row) * self.scan_shape[1] + int(col))).reshape(self.det_shape)
 
     def checksum(self, chunk_bytes: int = CHECKSUM_BYTES) -> str:
         """SHA-256 hex digest of the logical counts: C order, little-endian native dtype, shape

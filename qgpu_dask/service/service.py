@@ -41,6 +41,7 @@ from .spawn import check_main_guard
 PathLike = str | os.PathLike
 CONNECT_WAIT = 5.0  # seconds connect waits for a scheduler's port to answer
 STOP_SECONDS = 60.0  # how long a closing local cluster waits for each shard to drop what it holds
+SCHEDULER_FILE_BYTES = 2**20  # far above a scheduler file's few hundred bytes of JSON
 INSPECT_AHEAD = 8  # sources of a list inspected before their loads start; the next ones are inspected while those load
 
 
@@ -60,14 +61,18 @@ def check_listening(address: str, what: str) -> None:
 
 def scheduler_address(scheduler_file: PathLike) -> str:
     """The address in a scheduler file; FileNotFoundError or ValueError naming the file at once (the Client
-    would wait for the file to appear)."""
+    would wait for the file to appear). A file larger than SCHEDULER_FILE_BYTES is refused by its size, unread."""
     path = Path(scheduler_file).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"no scheduler file {str(path)!r}: give the file that `dask scheduler --scheduler-file` wrote")
+    size = path.stat().st_size
+    not_one = f"{str(path)!r} is not a scheduler file (JSON with the scheduler's \"address\""
+    if size > SCHEDULER_FILE_BYTES:
+        raise ValueError(f"{not_one}, not {format_bytes(size)}): give the file that `dask scheduler --scheduler-file` wrote")
     try:
-        return str(json.loads(path.read_text())["address"])
+        return str(json.loads(path.read_bytes())["address"])
     except (ValueError, KeyError, TypeError):
-        raise ValueError(f"{str(path)!r} is not a scheduler file (JSON with the scheduler's \"address\")") from None
+        raise ValueError(f"{not_one}): give the file that `dask scheduler --scheduler-file` wrote") from None
 
 
 class Service:

@@ -16,6 +16,7 @@ import numpy as np
 from ..detector import masks
 from ..phase.calibration import bright_field_disk
 from ..phase.optics import Optics
+from ..resident.base import out_of_range
 from ..service import Acquisition, Series
 from .protocol import GRID_SIDE, MODES, OPS
 
@@ -104,8 +105,9 @@ class ViewState:
             row, col = (int(v) for v in cursor)
         except (TypeError, ValueError):
             raise ValueError(f"a scan position is (row, col), got {cursor!r}") from None
-        if not (0 <= row < rows and 0 <= col < cols):
-            raise ValueError(f"scan position ({row}, {col}) is outside the {rows}x{cols} scan")
+        for axis, value, size in (("row", row, rows), ("col", col, cols)):
+            if not 0 <= value < size:
+                raise out_of_range(f"scan {axis}", value, axis, (rows, cols))
         return row, col
 
     def check_region(self, rect, op: str) -> tuple[tuple[int, int, int, int], str]:
@@ -116,7 +118,10 @@ class ViewState:
             top, left, bottom, right = (int(v) for v in rect)
         except (TypeError, ValueError):
             raise ValueError(f"a scan region is [top, left, bottom, right], got {rect!r}") from None
-        top, left, bottom, right = max(top, 0), max(left, 0), min(bottom, rows), min(right, cols)
+        for side, value, axis in (("top", top, "row"), ("left", left, "col"), ("bottom", bottom, "row"), ("right", right, "col")):
+            if value < 0:  # a negative bound would count from the scan's far edge in a slice
+                raise out_of_range(f"scan region {side}", value, axis, (rows, cols))
+        bottom, right = min(bottom, rows), min(right, cols)  # a region past the far edges is cut there
         if top >= bottom or left >= right:
             raise ValueError(f"the scan region {list(rect)} holds no scan position of the {rows}x{cols} scan")
         return (top, left, bottom, right), op

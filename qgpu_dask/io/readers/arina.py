@@ -24,7 +24,7 @@ from ...formats.bitshuffle_lz4 import ChunkError, decompress_stored
 from ..batches import Chunks
 from ..source import Source
 from .base import BLOCK_BYTES, Format, ScanShapeNeeded, as_4d, frames_per_block, native_order
-from .hdf5 import filter_pipeline, is_hdf5
+from .hdf5 import filter_pipeline, is_hdf5, open_hdf5
 from .stored_chunks import StoredChunks
 
 BITSHUFFLE = 32008
@@ -37,7 +37,7 @@ def is_master(path: Path, dataset: str | None = None) -> bool:
     ``dataset`` asks for its frames (None or ``/entry/data``; another dataset is read as plain HDF5)."""
     if dataset not in (None, DATA_GROUP) or not is_hdf5(path):
         return False
-    with h5py.File(path, "r") as f:
+    with open_hdf5(path) as f:
         group = f.get(DATA_GROUP)
         return isinstance(group, h5py.Group) and "data_000001" in group
 
@@ -74,7 +74,7 @@ class ArinaReader:
 
     def __init__(self, path: Path, scan_shape=None):
         self.path = path
-        self.file = h5py.File(path, "r")
+        self.file = open_hdf5(path)
         try:
             group = self.file[DATA_GROUP]
             names = sorted(n for n in group if n.startswith("data_"))

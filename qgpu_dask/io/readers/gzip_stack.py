@@ -21,7 +21,7 @@ import numpy as np
 
 from ..source import Source
 from .base import BLOCK_BYTES, Format, frames_per_block
-from .hdf5 import HDF5Reader, choose_dataset, is_hdf5
+from .hdf5 import HDF5Reader, choose_dataset, is_hdf5, open_hdf5
 from .stored_chunks import StoredChunks
 
 DEFLATE = h5py.h5z.FILTER_DEFLATE
@@ -55,7 +55,7 @@ def holds_stack(path: Path, dataset: str | None) -> bool:
     per frame; a dataset HDF5Reader would refuse is left to it, to name what is wrong."""
     if not is_hdf5(path):
         return False
-    with h5py.File(path, "r") as f:
+    with open_hdf5(path) as f:
         try:
             name = choose_dataset(f, dataset, path)
         except (KeyError, ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -28,6 +29,20 @@ def is_hdf5(path: Path, dataset: str | None = None) -> bool:
             f.seek(offset)
             head = f.read(8)
     return False
+
+
+def open_hdf5(path: Path) -> h5py.File:
+    """The HDF5 file at ``path`` open for reading; where HDF5 cannot open it, the error names the file and what
+    is wrong: ValueError for one cut short (HDF5 says only "truncated file: eof = ..."), an OSError naming it
+    otherwise."""
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:
+        cut = re.search(r"truncated file: eof = (\d+),.*stored_eof = (\d+)", str(err))
+        if cut:
+            raise ValueError(f"{str(path)!r} is cut short: {cut[1]} bytes of the {cut[2]} its HDF5 header gives (copied in part, "
+                             "or still being written): copy it whole again") from None
+        raise OSError(err.errno, f"HDF5 cannot open it ({err})", str(path)) from None
 
 
 def filter_pipeline(dataset: h5py.Dataset) -> list[tuple[int, str]]:
@@ -68,7 +83,7 @@ class HDF5Reader:
 
     def __init__(self, path: Path, dataset: str | None, scan_shape):
         self.path = path
-        self.file = h5py.File(path, "r")
+        self.file = open_hdf5(path)
         try:
             dataset = choose_dataset(self.file, dataset, path)
             self.dataset = self.file[dataset]

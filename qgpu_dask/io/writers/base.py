@@ -17,6 +17,8 @@ import h5py
 import hdf5plugin
 import numpy as np
 
+from ...formats.container import unwritable
+
 BLOCK_BYTES = 64 * 2**20  # counts written at a time
 
 
@@ -85,19 +87,22 @@ def remove(path: Path) -> None:
 def written_in_place(path: Path) -> Iterator[Path]:
     """Yield ``<path>.partial`` to write; once written, move it onto ``path`` (an old directory store there is
     renamed aside first and then removed, since a rename cannot replace a full directory); on an error remove
-    it."""
+    it. An OSError names ``path``, not the partial file."""
     partial = path.with_name(path.name + ".partial")
-    remove(partial)
     try:
-        yield partial
-        if partial.is_dir() and path.is_dir():
-            old = path.with_name(path.name + ".replaced")
-            remove(old)
-            os.replace(path, old)
-            os.replace(partial, path)
-            remove(old)
-        else:
-            os.replace(partial, path)
-    finally:
         remove(partial)
+        try:
+            yield partial
+            if partial.is_dir() and path.is_dir():
+                old = path.with_name(path.name + ".replaced")
+                remove(old)
+                os.replace(path, old)
+                os.replace(partial, path)
+                remove(old)
+            else:
+                os.replace(partial, path)
+        finally:
+            remove(partial)
+    except OSError as err:
+        raise unwritable(err, path) from None
 
