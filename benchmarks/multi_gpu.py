@@ -16,6 +16,7 @@ Without GPUs it runs the same on CPU workers (a dry run).
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 
@@ -88,9 +89,9 @@ def main() -> None:
     parser.add_argument("--kill", default=None, help="representation whose largest-G run ends with a worker kill")
     parser.add_argument("--gpus", type=int, default=None, help="largest G (default: every GPU, or 2 CPU workers)")
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--file", type=Path, default=Path("/tmp/qgpu-multi-gpu.h5"), help="kept and reused when its shape matches")
+    parser.add_argument("--file", type=Path, default=Path(tempfile.gettempdir()) / "qgpu-multi-gpu.h5", help="kept and reused when its shape matches")
     args = record.parse(parser, small={"scan": (8, 8), "det": (16, 16), "runs": ["dense:6", "compressed:6"], "kill": "compressed", "repeat": 2,
-                                       "file": Path("/tmp/qgpu-multi-gpu-small.h5")})
+                                       "file": Path(tempfile.gettempdir()) / "qgpu-multi-gpu-small.h5"})
     cp = cupy_or_none()
     max_g = args.gpus or (cp.cuda.runtime.getDeviceCount() if cp is not None else 2)
     scan, det = tuple(args.scan), tuple(args.det)

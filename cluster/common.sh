@@ -87,12 +87,13 @@ wait_for_file() {
     done
 }
 
-# start_scheduler: a fresh scheduler writing $SCHEDULER_FILE (a stale file is removed first).
+# start_scheduler [OPTS...]: a fresh scheduler writing $SCHEDULER_FILE (a stale file is removed first),
+# with OPTS, then $QGPU_SCHEDULER_ARGS (whose options win).
 start_scheduler() {
     mkdir -p "$(dirname "$SCHEDULER_FILE")"
     rm -f "$SCHEDULER_FILE"
     # shellcheck disable=SC2086  # QGPU_SCHEDULER_ARGS is meant to split into words
-    start scheduler dask scheduler --scheduler-file "$SCHEDULER_FILE" ${QGPU_SCHEDULER_ARGS:-}
+    start scheduler dask scheduler --scheduler-file "$SCHEDULER_FILE" "$@" ${QGPU_SCHEDULER_ARGS:-}
     SCHEDULER_PID="${PIDS[-1]}"
     wait_for_file "$SCHEDULER_PID"
 }

@@ -59,11 +59,13 @@ class Started:
     def __init__(self, folder: Path):
         self.folder, self.processes = folder, []
 
-    def start(self, command: list[str], ready: Callable[[str], T | None], what: str, timeout_s: float = 120) -> T:
-        """Start ``command`` and wait until ``ready(its log so far)`` gives a value (the ports it listens on), and return it."""
+    def start(self, command: list[str], ready: Callable[[str], T | None], what: str, timeout_s: float = 120,
+              env: dict[str, str] | None = None) -> T:
+        """Start ``command`` (in ``env``, else this one) and wait until ``ready(its log so far)`` gives a value (the
+        ports it listens on), and return it."""
         log = self.folder / f"{what}-{len(self.processes)}.log"
         with open(log, "w") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.processes.append(process)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -2,7 +2,8 @@
 what benchmarks/results/*.json give (benchmarks/tables.py --check), also in a shallow clone.
 
 Each ``python benchmarks/X.py --small`` runs as a subprocess on CPU workers (QGPU_DASK_CPU=1) and, where CuPy
-sees a GPU, again on the GPU (marked ``gpu``), writing its JSON into a temporary QGPU_DASK_RESULTS.
+sees a GPU, again on the GPU (marked ``gpu``), writing its JSON into a temporary QGPU_DASK_RESULTS and its files
+into a temporary TMPDIR: the system's temporary folder gets nothing of qgpu's.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,7 +77,12 @@ def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path):
         pytest.skip(f"benchmarks/{script}.py drives chromium: apt-get install chromium chromium-driver")
     if script in NEEDS_SIMULATORS and not (Path(sys.executable).parent / "libertem-live-mib-sim").exists():
         pytest.skip(f"benchmarks/{script}.py is fed by LiberTEM-live's simulators: pip install 'libertem-live[sim]'")
-    env = {**os.environ, "QGPU_DASK_RESULTS": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    system_temp = Path(tempfile.gettempdir())
+    before = {p.name for p in system_temp.glob("qgpu*")}
+    env = {**os.environ, "QGPU_DASK_RESULTS": str(tmp_path), "TMPDIR": str(temp),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     if backend == "cpu":
         env["QGPU_DASK_CPU"] = "1"
     else:
@@ -83,6 +90,8 @@ def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path):
     run = subprocess.run([sys.executable, f"benchmarks/{script}.py", "--small"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, f"benchmarks/{script}.py --small failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    left = sorted({p.name for p in system_temp.glob("qgpu*")} - before)
+    assert not left, f"benchmarks/{script}.py --small left {left} in {system_temp}: write under tempfile.gettempdir()"
     written = list(tmp_path.glob("*.json"))
     assert len(written) == 1, f"benchmarks/{script}.py --small wrote {written}, not one JSON"
     doc = json.loads(written[0].read_text())

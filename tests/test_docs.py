@@ -102,6 +102,14 @@ def test_every_block_is_of_a_known_kind(document):
         assert lang in RUN | SHOWN, f"{document}:{line}: a block marked {lang!r}: mark it python, bash or text so the docs test knows what to do"
 
 
+def left_open(namespace: dict) -> list[str]:
+    """The names of services a document connected to a cluster and never closed: once that cluster stops, each
+    logs a page of connection errors (a service on the client of one that owns its cluster closes with it)."""
+    services = {name: value for name, value in namespace.items() if type(value).__name__ == "Service"}
+    owners = {id(s.client) for s in services.values() if s.cluster is not None}
+    return [name for name, s in services.items() if s.cluster is None and id(s.client) not in owners and not s.closed]
+
+
 @pytest.mark.parametrize("document", DOCUMENTS)
 def test_document_runs_as_written(document, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -113,6 +121,7 @@ def test_document_runs_as_written(document, tmp_path, monkeypatch):
                 run_python(text, where, namespace)
             elif lang == "bash":
                 run_bash(text, where)
+        assert not left_open(namespace), f"{document} leaves {left_open(namespace)} connected: close them as a user would"
     finally:
         for value in list(namespace.values()):
             if type(value).__name__ == "Service":

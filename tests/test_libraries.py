@@ -3,6 +3,8 @@ and HyperSpy and pyxem working on it; every count compared with ours."""
 
 from __future__ import annotations
 
+import logging
+
 import dask
 import numpy as np
 import pytest
@@ -65,6 +67,20 @@ def export_counts(rng) -> np.ndarray:
     return counts
 
 
+def quietly_loaded(path, caplog):
+    """``hs.load(path)``, which must neither warn nor log a warning (an unknown signal type would)."""
+    import warnings
+
+    import hyperspy.api as hs
+
+    caplog.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        signal = hs.load(path)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    return signal
+
+
 def assert_calibrated_signal(signal, acq, counts: np.ndarray) -> None:
     """A HyperSpy signal read from an export with OPTICS: the counts, the title, axes in nm and mrad, the beam."""
     assert (signal.data == counts).all() and signal.metadata.General.title == acq.name
@@ -75,7 +91,7 @@ def assert_calibrated_signal(signal, acq, counts: np.ndarray) -> None:
     assert tem.beam_energy == 300.0 and tem.convergence_angle == 20.0
 
 
-def test_an_export_reads_in_hyperspy_rosettasciio_libertem_and_h5py(svc, names, rng, tmp_path):
+def test_an_export_reads_in_hyperspy_rosettasciio_libertem_and_h5py(svc, names, rng, tmp_path, caplog):
     import h5py
     import hyperspy.api as hs
     from rsciio.hspy import file_reader
@@ -88,7 +104,7 @@ def test_an_export_reads_in_hyperspy_rosettasciio_libertem_and_h5py(svc, names, 
     for layout in ("dense", "compressed"):
         acq = svc.put(counts, name=names(), layout=layout)
         path = acq.export(tmp_path / f"{layout}.hspy", optics)
-        assert_calibrated_signal(hs.load(path), acq, counts)
+        assert_calibrated_signal(quietly_loaded(path, caplog), acq, counts)
         assert (file_reader(path)[0]["data"] == counts).all()
         assert (libertem_counts("hdf5", path=path, ds_path=f"Experiments/{acq.name}/data") == counts).all()
         with h5py.File(path) as f:
@@ -105,7 +121,7 @@ def test_an_export_reads_in_hyperspy_rosettasciio_libertem_and_h5py(svc, names, 
     plain.release()
 
 
-def test_a_zspy_export_reads_in_hyperspy_rosettasciio_zarr_and_our_loader(svc, names, rng, tmp_path):
+def test_a_zspy_export_reads_in_hyperspy_rosettasciio_zarr_and_our_loader(svc, names, rng, tmp_path, caplog):
     import hyperspy.api as hs
     import zarr
     from rsciio.zspy import file_reader
@@ -117,7 +133,7 @@ def test_a_zspy_export_reads_in_hyperspy_rosettasciio_zarr_and_our_loader(svc, n
     for layout in ("dense", "compressed"):
         acq = svc.put(counts, name=names(), layout=layout)
         path = acq.export(tmp_path / f"{layout}.zspy", optics)
-        assert_calibrated_signal(hs.load(path), acq, counts)
+        assert_calibrated_signal(quietly_loaded(path, caplog), acq, counts)
         assert (file_reader(path)[0]["data"] == counts).all()
         data = zarr.open(path, mode="r")[f"Experiments/{acq.name}/data"]
         assert data.metadata.zarr_format == 3 and data.chunks == (1, 1, 16, 12) and (data[:] == counts).all()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
+from urllib.parse import quote, unquote
 
 import numpy as np
 import pytest
@@ -261,6 +263,33 @@ def test_the_listing_page_script_and_tokens(svc, viewed):
 
     header, _ = asyncio.run(unknown())
     assert "no acquisition named 'no-such-scan'" in header["message"]
+
+
+def test_series_are_offered_and_opened_only_of_one_shape(svc, viewed, names):
+    """Two acquisitions of another detector shape beside the fixture's two: the listing offers each shape's pair
+    as a series, never all four; a page or widget of mixed shapes is refused, saying why."""
+    server, acqs, _ = viewed
+    smaller = [svc.put(c, name=names()) for c in pattern_series(np.random.default_rng(3), det=(24, 24))]
+    try:
+        listing = urllib.request.urlopen(server.url, timeout=30).read().decode()
+        offered = sorted(unquote(n) for n in re.findall(r'href="/series/\?names=([^"&]*)', listing))
+        assert offered == sorted(",".join(a.name for a in group) for group in (acqs, smaller)), listing
+        assert "12×10 × 24×24" in listing and 'href="/series/"' not in listing
+
+        async def refused(path):
+            async with Page(ws(server, path)) as page:
+                return (await page.answer("error"))[0]["message"]
+
+        assert "differ in shape" in asyncio.run(refused("/series/ws"))
+        message = asyncio.run(refused(f"/series/ws?names={quote(acqs[0].name)},{quote(smaller[0].name)}"))
+        assert "one detector shape" in message and "(24, 24), (32, 32)" in message
+        with pytest.raises(ValueError, match="one detector shape"):
+            ViewState(qd.Series(svc, [acqs[1], smaller[1]]))
+    finally:
+        for a in smaller:
+            a.release()
+    single = urllib.request.urlopen(server.url, timeout=30).read().decode()
+    assert "of shape 12×10 × 32×32 as one series" in single
 
 
 def test_frames_round_trip_aligned():

@@ -23,6 +23,19 @@ from qgpu_dask.detector import masks
 
 pytestmark = needs_browser
 
+# Run before the page's own scripts: on every change of the page, note which loading indicators show while no
+# image (pattern) has been drawn yet.
+LOADING_WATCH = """
+window.loadingSeen = {image: false, pattern: false};
+new MutationObserver(() => {
+  const viewer = (window.qgpuViewers || [])[0];
+  for (const kind of ["image", "pattern"]) {
+    const loading = document.querySelector(`[data-role=${kind}-loading]`);
+    if (loading && !loading.hidden && loading.offsetHeight > 0 && !(viewer && viewer.drawn[kind] > 0)) window.loadingSeen[kind] = true;
+  }
+}).observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
+"""
+
 
 @pytest.fixture(scope="module")
 def view_command(svc, scheduler_file):
@@ -55,8 +68,17 @@ def test_dragging_the_detector_redraws_the_api_image(svc, view_command, browser,
     try:
         browser.get(view_command)
         assert "browser-view" in browser.page_source  # the listing
-        browser.get(view_command + "acq/browser-view/")
-        wait_for(browser, f"{VIEWER} && {VIEWER}.drawn.image > 0 && {VIEWER}.drawn.pattern > 0")
+        # from its first change on, the page records whether a loading indicator showed before the first image
+        watch = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": LOADING_WATCH})
+        try:
+            browser.get(view_command + "acq/browser-view/")
+            wait_for(browser, f"{VIEWER} && {VIEWER}.drawn.image > 0 && {VIEWER}.drawn.pattern > 0")
+        finally:
+            browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", watch)
+        assert browser.execute_script("return window.loadingSeen;") == {"image": True, "pattern": True}
+        assert not browser.find_element("css selector", "[data-role=image-loading]").is_displayed()
+        assert not browser.find_element("css selector", "[data-role=pattern-loading]").is_displayed()
+        assert browser.find_element("css selector", "[data-role=pattern-label]").text == "browser-view: scan position (10, 12)"
         first = browser.execute_script(f"return {VIEWER}.lastImage;")
         assert first["detector"]["kind"] == "disk" and first["shape"] == [20, 24]
         assert first["detector"]["center"] == pytest.approx([20, 26], abs=1)  # on the calibrated bright-field disk
@@ -81,6 +103,7 @@ def test_dragging_the_detector_redraws_the_api_image(svc, view_command, browser,
         shown = browser.execute_script(f"return {VIEWER}.lastPattern;")
         row, col = shown["source"]["cursor"]
         assert (np.array(shown["values"]).reshape(48, 48) == counts[row, col]).all() and (row, col) == (5, 3)
+        assert browser.find_element("css selector", "[data-role=pattern-label]").text == "browser-view: scan position (5, 3)"
 
         # a detector off the pattern is refused on the page; the image stays and the viewer answers again
         browser.execute_script(f"{VIEWER}.setDetector({{kind: 'disk', center: [400, 400], radius: 2}});")

@@ -1,8 +1,9 @@
 """The viewer as a web page for every acquisition of a running service (``qgpu-dask view``), on tornado.
 
-Routes: ``/`` lists the acquisitions (and links the Dask dashboard); ``/acq/<name>/`` views one and
-``/series/`` all of them as one series (``?names=a,b``: those); each page loads ``viewer.js`` and talks over ``ws`` beside it (the
-protocol's frames). The server binds 127.0.0.1 unless told otherwise; bound elsewhere it asks for a token
+Routes: ``/`` lists the acquisitions with their shapes (and links the Dask dashboard), offering a series of
+each shape held more than once; ``/acq/<name>/`` views one and ``/series/?names=a,b`` those as one series
+(no names: every acquisition, where all have one shape); each page loads ``viewer.js`` and talks over ``ws``
+beside it (the protocol's frames). The server binds 127.0.0.1 unless told otherwise; bound elsewhere it asks for a token
 (given, or made and printed as Jupyter does) on every request. Each page gets its own view (a Session): pages
 read residents, never change or release them.
 """
@@ -26,7 +27,7 @@ import tornado.web
 import tornado.websocket
 
 from ..phase.optics import Optics
-from ..service import Series, Service
+from ..service import Acquisition, Series, Service
 from .protocol import frame
 from .session import Session
 from .state import ViewState
@@ -55,15 +56,44 @@ class Guarded(tornado.web.RequestHandler):
         return path + (f"?token={quote(self.app.token)}" if self.app.token else "")
 
 
+def shape_text(shape) -> str:
+    rows, cols, det_rows, det_cols = shape
+    return f"{rows}×{cols} × {det_rows}×{det_cols}"
+
+
+def by_shape(acquisitions: list[Acquisition]) -> dict[tuple, list[Acquisition]]:
+    """The acquisitions grouped by shape (scan and detector): those of one group can be viewed as one series,
+    slider and grid alike."""
+    groups: dict[tuple, list[Acquisition]] = {}
+    for acq in acquisitions:
+        groups.setdefault(tuple(acq.shape), []).append(acq)
+    return groups
+
+
 class Listing(Guarded):
     async def get(self):
-        names = (await asyncio.get_running_loop().run_in_executor(None, self.app.service.state))["acquisitions"]
-        rows = "".join(f'<li><a href="{html.escape(self.link("/acq/" + quote(n, safe="") + "/"))}">{html.escape(n)}</a></li>' for n in sorted(names))
+        held = await asyncio.get_running_loop().run_in_executor(None, self.app.service.acquisitions)
+        groups = by_shape(held)
+        rows = "".join(f'<li><a href="{html.escape(self.link("/acq/" + quote(a.name, safe="") + "/"))}">{html.escape(a.name)}</a> '
+                       f'({shape_text(a.shape)} {a.dtype})</li>' for a in held)
+        series = [
+            f'<li><a href="{html.escape(self.series_link(group))}">the {len(group)} of shape {shape_text(shape)} as one series</a></li>'
+            for shape, group in groups.items() if len(group) > 1]
+        if series:
+            offer = f"<p>Series (a series is of acquisitions of one shape):</p><ul>{''.join(series)}</ul>"
+        elif len(held) > 1:
+            offer = "<p>No series: a series is of acquisitions of one shape, and no two of these have the same shape.</p>"
+        else:
+            offer = ""
         dashboard = self.app.dashboard
         self.write(f"""<!doctype html><meta charset="utf-8"><title>qgpu-dask viewer</title>
 <body style="font-family: sans-serif"><h1>qgpu-dask: resident acquisitions</h1>
 {f'<p><a href="{html.escape(dashboard)}" target="_blank">Dask dashboard</a></p>' if dashboard else ''}
-<p>{len(names)} held. <a href="{self.link('/series/')}">All as one series</a></p><ul>{rows}</ul></body>""")
+<p>{len(held)} held.</p><ul>{rows}</ul>{offer}</body>""")
+
+    def series_link(self, group: list[Acquisition]) -> str:
+        names = ",".join(quote(a.name, safe="") for a in group)
+        return f"/series/?names={names}" + (f"&token={quote(self.app.token)}" if self.app.token else "")
 
 
 class Page(Guarded):
@@ -160,6 +190,8 @@ class ViewServer:
         held = [self.service[n] for n in names] if names else self.service.acquisitions()
         if not held:
             raise ValueError("the service holds no acquisition yet: load one, then reload this page")
+        if not names and len(by_shape(held)) > 1:
+            raise ValueError("the acquisitions held differ in shape: open a series of one shape from the listing")
         return ViewState(Series(self.service, held), self.optics)
 
     def admits(self, token: str) -> bool:

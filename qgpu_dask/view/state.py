@@ -44,6 +44,10 @@ class ViewState:
     def __init__(self, series: Series, optics: Optics | None = None, detector: dict | None = None):
         if not isinstance(series, Series) or len(series) == 0:
             raise ValueError(f"a viewer shows an Acquisition or a Series of them, got {type(series).__name__}")
+        shapes = sorted({a.det_shape for a in series})
+        if len(shapes) > 1:  # the slider keeps the detector, which is drawn on one pattern shape
+            raise ValueError(f"a viewed series is of one detector shape; these acquisitions have {', '.join(map(str, shapes))}: "
+                             f"view the acquisitions of each shape as a series of their own")
         self.series = series if not isinstance(series, Acquisition) else series.plain()
         self.optics = optics
         self.lock = threading.Lock()
@@ -76,9 +80,6 @@ class ViewState:
                 if not isinstance(index, int) or not 0 <= index < len(self.series):
                     raise ValueError(f"acquisition index {index!r} is outside 0..{len(self.series) - 1}")
                 shape = self.series[index].shape
-                if shape[2:] != self.acquisition.shape[2:]:
-                    raise ValueError(f"acquisition {self.series[index].name!r} has detector shape {shape[2:]}, not "
-                                     f"{self.acquisition.shape[2:]}: view it on its own")
                 cursor = (min(shown.cursor[0], shape[0] - 1), min(shown.cursor[1], shape[1] - 1))
                 shown = dataclasses.replace(shown, index=index, cursor=cursor, region=None)
             if "detector" in changes:

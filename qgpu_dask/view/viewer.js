@@ -510,6 +510,11 @@ const STYLE = `
 .qv-status { min-height: 1.3em; }
 .qv-status .error, .qv-status .closed { color: #c53030; font-weight: 600; }
 .qv-status .live { color: #2f855a; }
+.qv-loading { width: ${CSS_SIDE}px; height: ${CSS_SIDE / 2}px; display: flex; align-items: center; justify-content: center; gap: 8px; color: #ddd; }
+.qv-loading::before { content: ""; width: 14px; height: 14px; border: 2px solid #666; border-top-color: #ddd; border-radius: 50%; animation: qv-spin 0.8s linear infinite; }
+@keyframes qv-spin { to { transform: rotate(360deg); } }
+.qv-loading.stopped::before { display: none; }
+.qv-label { font-weight: 600; min-height: 1.3em; }
 `;
 
 // --- the viewer ------------------------------------------------------------------------------------
@@ -568,11 +573,15 @@ export function mount(el, transport, options = {}) {
     patternSvg: svgEl("svg", { "data-role": "pattern-overlay" }),
     scale: sel("pattern-scale", ["linear", "log"], "log"),
     patternHover: h("div", { "data-role": "pattern-hover", class: "qv-readout" }),
+    patternLabel: h("div", { "data-role": "pattern-label", class: "qv-label" }),
+    imageLoading: h("div", { "data-role": "image-loading", class: "qv-loading" }, "loading the image…"),
+    patternLoading: h("div", { "data-role": "pattern-loading", class: "qv-loading" }, "loading the pattern…"),
     detText: h("div", { "data-role": "detector-text", class: "qv-readout" }),
   };
-  const imageStage = h("div", { class: "qv-stage" }, ui.image);
+  // each stage shows a loading indicator until its first picture is drawn
+  const imageStage = h("div", { class: "qv-stage" }, ui.imageLoading, ui.image);
   imageStage.append(ui.imageSvg);
-  const patternStage = h("div", { class: "qv-stage" }, ui.pattern);
+  const patternStage = h("div", { class: "qv-stage" }, ui.patternLoading, ui.pattern);
   patternStage.append(ui.patternSvg);
   const sep = () => h("span", { class: "sep" });
   const root = h("div", { class: "qv" },
@@ -586,7 +595,7 @@ export function mount(el, transport, options = {}) {
         h("div", { class: "qv-bar" }, "mode", ui.mode, "region op", ui.op),
         h("div", { class: "qv-bar" }, "map", ui.cmap, "percentiles", ui.lo, ui.hi, "γ", ui.gamma),
         ui.imageHover, ui.imageInfo),
-      h("div", { class: "qv-panel" }, patternStage,
+      h("div", { class: "qv-panel" }, ui.patternLabel, patternStage,
         h("div", { class: "qv-bar" }, "scale", ui.scale),
         ui.patternHover, ui.detText)));
   el.append(root);
@@ -666,6 +675,7 @@ export function mount(el, transport, options = {}) {
     const c = contrast();
     const [lo, hi] = percentiles(values, [c.lo, c.hi]);
     paint(ui.image, values, rows, cols, ui.cmap.value, lo, hi, c.gamma);
+    ui.imageLoading.hidden = true;
     sizeStage(ui.image, ui.imageSvg, rows, cols);
     drawImageOverlay();
   }
@@ -692,8 +702,22 @@ export function mount(el, transport, options = {}) {
     const { rows, cols } = S.pattern;
     const [shown, lo, hi] = patternDisplay();
     paint(ui.pattern, shown, rows, cols, ui.cmap.value, lo, hi);
+    ui.patternLoading.hidden = true;
     sizeStage(ui.pattern, ui.patternSvg, rows, cols);
+    ui.patternLabel.textContent = patternLabel();
     drawPatternOverlay();
+  }
+
+  // What the pattern shown is of: the acquisition and the scan position (row, col), or the region's reduction.
+  function patternLabel() {
+    if (!S.pattern) return "";
+    const { source = {}, index } = S.pattern.header;
+    const name = S.names[index] ?? `acquisition ${index}`;
+    if (source.rect) {
+      const [top, left, bottom, right] = source.rect;
+      return `${name}: ${source.op} over scan rows ${top}–${bottom - 1}, columns ${left}–${right - 1}`;
+    }
+    return source.cursor ? `${name}: scan position (${source.cursor[0]}, ${source.cursor[1]})` : name;
   }
 
   function drawPatternOverlay() {
@@ -801,6 +825,7 @@ export function mount(el, transport, options = {}) {
     if (!values) return;
     const [rows, cols] = header.shape;
     S.image = { values, rows, cols, header };
+    S.info = "";
     drawImage();
     hooks.drawn.image++;
     hooks.lastImage = record(header, values, { detector: header.detector, mode: header.mode, index: header.index });
@@ -852,7 +877,7 @@ export function mount(el, transport, options = {}) {
     S.calibration = st.calibration || null;
     S.optics = st.optics || null;
     S.live = st.live || null;
-    S.info = "";
+    S.info = S.image ? "" : "loading the first image…";
     const n = S.names.length;
     if (!busy("index")) S.index = st.index ?? 0;
     ui.index.max = Math.max(0, n - 1);
@@ -868,6 +893,7 @@ export function mount(el, transport, options = {}) {
     ui.dashboard.hidden = !(dashboardLink && link);
     if (link) ui.dashboard.href = link;
     for (const [k, tile] of [...ui.gridBox.children].entries()) tile.classList.toggle("current", k === S.index);
+    ui.patternLabel.textContent = patternLabel();
     drawImageOverlay();
     drawPatternOverlay();
   }
@@ -1088,7 +1114,7 @@ export function mount(el, transport, options = {}) {
 img{image-rendering:pixelated;max-width:${EXPORT_SIDE}px}pre{background:#f4f4f4;padding:8px}</style></head>
 <body><h1>${escapeHtml(name)}</h1><p>Exported ${escapeHtml(date)} from the qgpu-dask viewer.</p>
 <figure><img alt="virtual image" src="${a.toDataURL("image/png")}"><figcaption>Image (${escapeHtml(S.image.header.mode)})</figcaption></figure>
-<figure><img alt="diffraction pattern" src="${b.toDataURL("image/png")}"><figcaption>Pattern (${escapeHtml(JSON.stringify(S.pattern.header.source ?? {}))})</figcaption></figure>
+<figure><img alt="diffraction pattern" src="${b.toDataURL("image/png")}"><figcaption>Pattern (${escapeHtml(patternLabel())})</figcaption></figure>
 <h2>Detector</h2><pre>${escapeHtml(JSON.stringify(S.detector, null, 2))}</pre></body></html>
 `;
       download(`${baseName()}.html`, new Blob([text], { type: "text/html" }));
@@ -1116,6 +1142,10 @@ img{image-rendering:pixelated;max-width:${EXPORT_SIDE}px}pre{background:#f4f4f4;
   const unclose = transport.onClose?.((info) => {
     S.closed = info || {};
     stopPlay();
+    for (const loading of [ui.imageLoading, ui.patternLoading]) {
+      loading.textContent = "not loaded: the connection closed";
+      loading.classList.add("stopped");
+    }
     renderStatus();
   });
   const stallTimer = setInterval(flush, 1000); // frees a channel whose answer never came

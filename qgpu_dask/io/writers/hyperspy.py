@@ -3,6 +3,8 @@
 nm and the detector axes in mrad where calibrated, else pixels), and ``metadata`` with the title and, with a
 Calibration, the beam energy and convergence angle where HyperSpy keeps them (``Acquisition_instrument.TEM``).
 HyperSpy (``hs.load``), RosettaSciIO and LiberTEM (``ds_path="Experiments/<name>/data"``, HDF5) read them.
+The signal type is left empty, as HyperSpy writes a Signal2D: plain HyperSpy knows no diffraction type and warns
+on one it does not know; with pyxem, ``signal.set_signal_type("electron_diffraction")`` makes it pyxem's.
 
 The .zspy store is Zarr format 3. RosettaSciIO 0.15 reads it (its zspy reader opens the store with
 ``zarr.open``, which reads formats 2 and 3) but, with zarr-python 3, cannot write it (its writer asks for
@@ -43,7 +45,7 @@ def signal_group(root, file_format: str, counts: Counts, calibration: Calibratio
                                                         "offset": 0.0, "scale": scale, "size": size, "units": units})
     metadata = signal.require_group("metadata")
     metadata.require_group("General").attrs["title"] = counts.name
-    metadata.require_group("Signal").attrs["signal_type"] = "electron_diffraction"
+    metadata.require_group("Signal").attrs["signal_type"] = ""  # a plain Signal2D (see the module's text)
     if calibration:
         metadata.require_group("Acquisition_instrument").require_group("TEM").attrs.update(
             {"beam_energy": float(calibration.energy_keV), "convergence_angle": float(calibration.semiangle_mrad)})
