@@ -75,7 +75,7 @@ def main() -> None:
         writer = getattr(importlib.import_module(f"{__package__}.{module}"), function)
         writer(Counts(header["name"], shape, dtype, blocks(source, shape, dtype)), Path(header["path"]), header["calibration"])
     except BaseException as err:  # whatever stopped the writer goes back to the owner, named
-        plain = isinstance(err, OSError) and err.errno  # HDF5's own text of ENOSPC runs over several lines
+        plain = isinstance(err, OSError) and err.errno and not err.filename  # HDF5's own text of ENOSPC runs over lines
         message = f"[Errno {err.errno}] {os.strerror(err.errno)}" if plain else str(err)
         answer.write(pickle.dumps({"type": type(err).__name__, "message": message}))
         answer.flush()
