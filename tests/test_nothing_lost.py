@@ -21,6 +21,7 @@ from conftest import BACKENDS, make_service
 from test_recovery import wait_for
 
 DET = (192, 192)
+RUNS = int(os.environ.get("QGPU_DASK_FULL_DISK_RUNS", "1"))  # of each layout and acquisition (issue 56 measured 20)
 
 
 @pytest.fixture
