@@ -413,8 +413,8 @@ class Service:
         port)``). A Series of live acquisitions on one shard (``svc.create([...])``) takes the detector's
         consecutive acquisitions, one each, on one connection; each is held as loaded once complete. The
         frames go from the stream to the owner, not through this client. Returns the owner's {"frames",
-        "received", "stopped"} (received: per acquisition for a series; with ``wait=False`` a future of it,
-        while queries go on). If the stream stops inside a frame or breaks, the error is raised and the positions
+        "received"} (received: per acquisition for a series; "stopped": why, for an ingest stopped early;
+        with ``wait=False`` a future of it, while queries go on). If the stream stops inside a frame or breaks, the error is raised and the positions
         that arrived are kept. An interrupted wait (Ctrl-C) stops the owner reading the stream, once the frames
         in hand are appended: they are kept, and the acquisition stays live (``append`` or ``ingest`` fill
         the rest)."""

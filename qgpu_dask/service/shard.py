@@ -565,7 +565,7 @@ class Shard:
         one acquisition, or consecutive acquisitions of a detector's series on one connection (a
         ``SeriesSource``), each settled as it completes. When the stream ends early or breaks, what arrived
         is kept (and the error raised). Releasing an acquisition drops the stream; ``cancel`` (its client,
-        ``asker``, interrupted) stops reading it after the frames in hand, keeping them ("stopped": why)."""
+        ``asker``, interrupted) stops reading it after the frames in hand, keeping them (the reply's "stopped": why)."""
         residents = [self.live(name) for name in names]
         if len(names) > 1 and not hasattr(source, "series"):
             raise ValueError(f"{source.describe()} sends one acquisition a connection: ingest {len(names)} acquisitions one by one")
@@ -613,7 +613,7 @@ class Shard:
             stop.ended.set()
             for name in names:
                 await self.settle(name)
-        return {"frames": frames, "received": [r.received for r in residents], "stopped": stop.why}
+        return {"frames": frames, "received": [r.received for r in residents]} | ({} if stop.why is None else {"stopped": stop.why})
 
     async def settle(self, name: str) -> None:
         """A live acquisition whose every position has arrived becomes the plain resident it now is (and
