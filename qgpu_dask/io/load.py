@@ -108,8 +108,9 @@ def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType,
     with ``coding`` (chosen from frames spread over the scan, ``model_sample``), else with a model from the
     first frames. For a GPU, a reader of bitshuffle-LZ4 frames hands on their stored chunks, read into pinned
     buffers and decoded there, in batches of GPU_BATCH_BYTES of counts; the reads run AHEAD of the decoding
-    and coding in a thread of their own. ``beyond(nbytes)`` raises where the resident would hold ``nbytes``
-    more than the ``reserved`` (nothing is added then). Its buffers come from the passing pool, what the resident
+    and coding in a thread of their own. ``progress(frames held so far)`` follows each append of coded blocks
+    (a load's stop raises there: a batch of a large scan takes seconds to code on a CPU). ``beyond(nbytes)``
+    raises where the resident would hold ``nbytes`` more than the ``reserved`` (nothing is added then). Its buffers come from the passing pool, what the resident
     keeps from the held one (``device.passing_memory``)."""
     with passing_memory():
         live = LiveCounts(name, reader.shape, check_dtype(reader.dtype), "compressed", xp, coding)
@@ -129,6 +130,7 @@ def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType,
             step = append_frames(live.shape, live.dtype, live.block or codec.MAX_BLOCK)
             for at in range(0, len(frames), step):  # whole blocks coded in one pass each
                 live.append(frames[at : at + step])
+                progress(start + min(at + step, len(frames)))
 
         try:
             read_blocks(batches, append, progress)

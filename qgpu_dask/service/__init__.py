@@ -3,5 +3,6 @@
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture
 from .service import Service, ServiceInfo
+from .stops import Cancelled
 
-__all__ = ["Acquisition", "QueryFuture", "Series", "Service", "ServiceInfo"]
+__all__ = ["Acquisition", "Cancelled", "QueryFuture", "Series", "Service", "ServiceInfo"]

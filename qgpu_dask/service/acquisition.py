@@ -154,10 +154,9 @@ class Series(Sequence):
         optics and upsampling for each method, so another ``strength`` only re-solves."""
         return self.ask(DirectPtycho, optics, method, upsampling, strength, wait=wait)
 
-    def release(self) -> None:
-        """Release every acquisition of the series."""
-        for acq in self.acquisitions:
-            acq.release()
+    def release(self) -> list[str]:
+        """Release every acquisition of the series, in whatever state (``Service.release``); what was done to each."""
+        return [acq.release() for acq in self.acquisitions]
 
     def __repr__(self) -> str:
         """One line: how many, their names (the first few and the last) and on how many shards."""
@@ -242,9 +241,10 @@ class Acquisition(AcquisitionShape, Series):
         or frames past the scan raise ValueError (``LiveCounts.append``, on the owner) and add nothing."""
         return self.call(Shard.append, np.ascontiguousarray(frames)).result()
 
-    def release(self) -> None:
-        """Free this acquisition's memory on its shard and forget its name."""
-        self.call(Shard.release).result()
+    def release(self) -> str:
+        """Free this acquisition's memory on its shard and forget its name, in whatever state it is: a load or
+        re-home under way is stopped (``Service.release``); what was done."""
+        return self.service.release(self.name)
 
     def save(self, path: str | os.PathLike) -> str:
         """Write this acquisition as it is held (compressed streams as they are) to ``path``; returns the absolute path.

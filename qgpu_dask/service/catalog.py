@@ -8,11 +8,14 @@ below, and it sees workers come and go. An acquisition is "loading", "ready",
 shard, which alone may claim it. The copies of ``svc.put`` arrays that a
 re-home needs are kept here, limited to ``COPY_LIMIT`` bytes in all; where a
 compressed acquisition has a node-local copy (``copies.py``), its entry names
-it (``local``).
+it (``local``). A load's entry names the client that asked for it (``asker``)
+until it is ready: when that client leaves, the load is stopped on its owner
+(``stops.py``). ``release`` frees a name in any state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -20,7 +23,9 @@ from dask.utils import format_bytes
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .placement import free_bytes
-from .recovery import Recovery
+from .recovery import Recovery, plain
+from .shard import Shard, shard_key
+from .stops import Cancelled
 
 PLUGIN_NAME = "qgpu-catalog"
 COPY_LIMIT = 2 * 2**30
@@ -51,15 +56,20 @@ class Catalog(SchedulerPlugin):
         self.budget_request: int | None = None
         self.recovery: Recovery | None = None
         self.workers: dict = {}  # the scheduler's workers (address -> state), once started
+        self.clients: dict = {}  # the scheduler's clients (id -> state), once started
+        self.rpc = None  # the scheduler's connections to workers, once started
 
     async def start(self, scheduler) -> None:
         self.workers = scheduler.workers
+        self.clients = scheduler.clients
+        self.rpc = scheduler.rpc
         scheduler.handlers.update(
             {
                 "qgpu_register_shard": self.register_shard,
                 "qgpu_claim": self.claim,
                 "qgpu_commit": self.commit,
                 "qgpu_drop": self.drop,
+                "qgpu_release": self.release,
                 "qgpu_keep_copy": self.keep_copy,
                 "qgpu_forget_copy": self.forget_copy,
                 "qgpu_local_copy": self.local_copy,
@@ -87,13 +97,18 @@ class Catalog(SchedulerPlugin):
             self.log("shard-added", address=address)
             self.recovery.schedule()
 
-    def claim(self, *, name: str, owner: str, nbytes: int) -> None:
-        """Reserve ``name`` for a load on ``owner``; ValueError if the name is taken (unless ``owner`` is its target)."""
+    def claim(self, *, name: str, owner: str, nbytes: int, asker: str | None = None, restore: bool = False) -> None:
+        """Reserve ``name`` for a load on ``owner`` asked for by client ``asker``; ValueError if the name is taken
+        (unless ``owner`` is its target). ``restore``: the load holds ``name`` again for this catalog (a re-home or
+        move), Cancelled if it was released meanwhile; so is a load whose client has left."""
         held = self.acquisitions.get(name)
+        if restore and (held is None or held.get("target") != owner):
+            raise Cancelled(f"acquisition {name!r} was released while {owner} was holding it again")
         if held is not None:
             if held.get("target") == owner:
                 return
             raise ValueError(f"an acquisition named {name!r} already exists (on {held['owner']}, {held['state']}): release it or choose another name")
+        self.check_asker(name, asker)
         if owner not in self.shards:
             raise KeyError(f"no shard on worker {owner}")
         free = free_bytes(self.state())[owner]
@@ -102,7 +117,12 @@ class Catalog(SchedulerPlugin):
                 f"acquisition {name!r} needs {format_bytes(nbytes)}, but the GPU of {owner}, shared with other shards, "
                 f"has {format_bytes(max(free, 0))} of its budget left"
             )
-        self.acquisitions[name] = {"name": name, "owner": owner, "nbytes": int(nbytes), "state": "loading"}
+        self.acquisitions[name] = {"name": name, "owner": owner, "nbytes": int(nbytes), "state": "loading", "asker": asker}
+
+    def check_asker(self, name: str, asker: str | None) -> None:
+        """Cancelled where the client that asked for the load of ``name`` has left: nobody would hold it."""
+        if asker is not None and asker not in self.clients:
+            raise Cancelled(f"the client that asked for acquisition {name!r} has left")
 
     def commit(self, *, name: str, owner: str, record: dict) -> None:
         """A load finished: ``name`` is ready on ``owner`` (for a re-home or move: the target becomes the owner).
@@ -110,6 +130,7 @@ class Catalog(SchedulerPlugin):
         entry = self.acquisitions.get(name)
         if entry is None or owner not in (entry["owner"], entry.get("target")):
             raise KeyError(f"acquisition {name!r} was not claimed by {owner}")
+        self.check_asker(name, entry.pop("asker", None))
         settled = "completed" if entry["state"] == "ready" else "created" if record.get("live") else "loaded"
         previous, event = entry["owner"], {"rehoming": "rehomed", "moving": "moved"}.get(entry["state"], settled)
         entry.pop("target", None)
@@ -135,6 +156,42 @@ class Catalog(SchedulerPlugin):
             self.log("load-failed" if entry["state"] == "loading" else "released", name=name, owner=owner)
             return True
         return False
+
+    async def release(self, *, name: str) -> str:
+        """Free ``name`` in any state, and say what was done: its name and put copy are forgotten here at once,
+        then its load is stopped on its owner ("loading": ``Shard.cancel``, which waits until the load has undone
+        its budget), a re-home or move is stopped on its target, and the owner frees what it holds
+        (``Shard.discard``). KeyError for a name the catalog does not know."""
+        entry = self.acquisitions.pop(name, None)
+        if entry is None:
+            raise KeyError(f"no acquisition named {name!r} (known: {sorted(self.acquisitions) or 'none'})")
+        self.copies.pop(name, None)
+        state, owner, target = entry["state"], entry["owner"], entry.get("target")
+        self.log("released", name=name, owner=owner, state=state)
+        done = []
+        if state == "loading":
+            done.append(f"its load on {owner} {await self.tell(owner, Shard.cancel, name, None, 'its name was released')}")
+        if target is not None:
+            done.append(f"holding it again on {target} {await self.tell(target, Shard.cancel, name, None, 'its name was released')}")
+            await self.tell(target, Shard.discard, name)  # it may have finished as the name went
+        if state in ("ready", "moving", "rehoming", "lost") and owner in self.shards:
+            done.append(f"freed on {owner}" if await self.tell(owner, Shard.discard, name) is True else f"not held on {owner}")
+        if state in ("lost", "rehoming") and owner not in self.shards:
+            done.append(f"its shard {owner} was lost")
+        return f"released {name!r} ({state}): " + "; ".join(done)
+
+    async def tell(self, address: str, method, *args) -> object:
+        """Shard method ``method(*args)`` on worker ``address``, its reply; a shard that cannot be reached (its
+        worker gone: the catalog's entry is gone already) says so in the reply."""
+        if address not in self.shards:
+            return "gone"
+        try:
+            reply = await self.rpc(address).actor_execute(actor=shard_key(address), function=method.__name__, args=list(args), kwargs={})
+        except OSError as err:
+            return f"unreachable ({err})"
+        if reply["status"] != "OK":
+            raise plain(reply["exception"])
+        return plain(reply["result"])
 
     def keep_copy(self, *, name: str, data: bytes) -> None:
         """Keep a put array's bytes (``np.save`` form) so the acquisition can be held again if its shard is lost."""
@@ -205,6 +262,13 @@ class Catalog(SchedulerPlugin):
     def add_worker(self, scheduler, worker: str) -> None:
         """A worker joined (a nanny's restart, a new node): recovery starts a shard on it and gives it a share."""
         self.recovery.schedule()
+
+    def remove_client(self, scheduler, client: str) -> None:
+        """A client left (closed, or its process died): the loads it asked for and that are still under way are
+        stopped on their owners (those not yet claimed are refused by ``claim``)."""
+        for name, entry in list(self.acquisitions.items()):
+            if entry["state"] == "loading" and entry.get("asker") == client:
+                asyncio.ensure_future(self.tell(entry["owner"], Shard.cancel, name, client, "its client left"))
 
     def remove_worker(self, scheduler, worker: str, **kwargs: Any) -> None:
         """A worker left: its acquisitions are lost until re-homed, its loads in flight fail, moves to it stop."""

@@ -235,8 +235,12 @@ class Service:
         loads = self.start_loads(paths, dataset, name, scan_shape, worker, layout, one)
         if one:
             owner, loaded = loads.owners[0], loads.names[0]
-            waited(loads.futures[0], f"loading {loaded}", loads.raw_bytes[0], "B",
-                   lambda: self.router.call(owner, Shard.load_progress, [loaded]).result(), progress)
+            try:
+                waited(loads.futures[0], f"loading {loaded}", loads.raw_bytes[0], "B",
+                       lambda: self.router.call(owner, Shard.load_progress, [loaded]).result(), progress)
+            except BaseException:  # Ctrl-C, or the load's own error: nothing of it stays, its name and budget are free
+                self.release_loaded(loads, loads.futures)
+                raise
             return Acquisition(self, loads.record(loads.futures[0]))
         return Series(self, [Acquisition(self, r) for r in self.gather(loads, progress, "loading")])
 
@@ -253,8 +257,9 @@ class Service:
         """Load like :meth:`load` and yield each acquisition as soon as it is resident, while later
         files are still being read (first done, first yielded).
 
-        If a load fails, the acquisitions not yet yielded are released and the
-        error is raised; those already yielded stay. Where the shards fill up
+        If a load fails, or the iteration stops early (Ctrl-C, a break), the
+        acquisitions not yet yielded are stopped or released (and the error
+        raised); those already yielded stay. Where the shards fill up
         part-way (placement: ``worker`` pinned, or every shard), the acquisitions
         before the first that does not fit are loaded and yielded, and then a
         ValueError names it and the ones after it, none of which was loaded.
@@ -266,9 +271,11 @@ class Service:
             for future in bar.finished():
                 pending.discard(future)
                 if future.exception() is not None:
-                    self.release_loaded(pending)
                     raise future.exception()
                 yield Acquisition(self, loads.record(future))
+        except BaseException:
+            self.release_loaded(loads, pending)
+            raise
         finally:
             bar.close()
         if loads.refused is not None:
@@ -307,11 +314,11 @@ class Service:
                         loads.refused = f"{err}; {rest} not loaded ({i} of {len(names)} were)"
                         return loads
                     loads.futures.append(self.router.on_loop(self.router.placed(names[i], owner, meta["load_bytes"], worker is not None,
-                                                                                Shard.load, sources[i], layout)))
+                                                                                Shard.load, sources[i], layout, self.client.id)))
                     loads.raw_bytes.append(meta["raw_bytes"])
                     loads.owners.append(owner)
         except BaseException:
-            self.release_loaded(loads.futures)  # nothing of the list stays
+            self.release_loaded(loads, loads.futures)  # nothing of the list stays
             raise
         return loads
 
@@ -325,12 +332,22 @@ class Service:
                 if i == len(shards) - 1:
                     raise
 
-    def release_loaded(self, futures) -> None:
-        """Wait for ``futures`` (loads) and release the acquisitions they made."""
-        concurrent.futures.wait(futures)
+    def release_loaded(self, loads: "Loads", futures) -> None:
+        """Nothing of the loads ``futures`` (of ``loads``) stays: those under way are stopped on their owners (their
+        names and budget freed there, ``Shard.cancel``), then those that finished all the same are released."""
+        cancels = [self.router.call(loads.owners[i], Shard.cancel, loads.names[i], self.client.id, "its client stopped waiting")
+                   for i, f in enumerate(loads.futures) if f in futures and not f.done()]
+        concurrent.futures.wait([*cancels, *futures])
         for f in futures:
             if f.exception() is None:
-                self[f.result()["name"]].release()
+                self.release(loads.record(f)["name"])
+
+    def release(self, name: str) -> str:
+        """Free acquisition ``name`` in whatever state it is: a load under way is stopped on its owner (its budget
+        and name freed before this returns), a re-home or move is stopped, one held is freed; says what was done.
+        KeyError for a name the catalog does not know."""
+        self.check_open()
+        return self.client.sync(self.client.scheduler.qgpu_release, name=name)
 
     def put(self, array: np.ndarray, name: str | None = None, worker: str | None = None, layout: str = "auto") -> Acquisition:
         """Send an in-memory 4-D array to a shard as a new acquisition (``layout`` as in :meth:`load`).
@@ -401,9 +418,11 @@ class Service:
         port)``). A Series of live acquisitions on one shard (``svc.create([...])``) takes the detector's
         consecutive acquisitions, one each, on one connection; each is held as loaded once complete. The
         frames go from the stream to the owner, not through this client. Returns the owner's {"frames",
-        "received"} (received: per acquisition for a series; with ``wait=False`` a future of it, while
-        queries go on). If the stream stops inside a frame or breaks, the error is raised and the positions
-        that arrived are kept."""
+        "received"} (received: per acquisition for a series; "stopped": why, for an ingest stopped early;
+        with ``wait=False`` a future of it, while queries go on). If the stream stops inside a frame or breaks, the error is raised and the positions
+        that arrived are kept. An interrupted wait (Ctrl-C) stops the owner reading the stream, once the frames
+        in hand are appended: they are kept, and the acquisition stays live (``append`` or ``ingest`` fill
+        the rest)."""
         single = isinstance(acq, Acquisition)
         acqs = [acq] if single else list(acq)
         names = [a.name for a in acqs]
@@ -412,14 +431,25 @@ class Service:
             if len(held) < len(names):
                 raise ValueError("the acquisitions of one stream must be held by one shard, these are on several: create them"
                                  " together (svc.create([...]))")
-            return self.router.send(owner, Shard.ingest, held, source)
+            return self.router.send(owner, Shard.ingest, held, source, self.client.id)
 
         future = QueryFuture(self.router.routed(names, send),
                              lambda replies, positions: replies[0] | ({"received": replies[0]["received"][0]} if single else {}))
         if not wait:
             return future
+        try:
+            return self.ingested(future, acqs, progress)
+        except BaseException:
+            if not future.done():  # Ctrl-C: the owner stops reading, keeping what arrived
+                self.router.call(acqs[0].owner, Shard.cancel, names[0], self.client.id, "its client was interrupted").result()
+            raise
+
+    @staticmethod
+    def ingested(future: QueryFuture, acqs: "list[Acquisition]", progress: bool) -> dict:
+        """``future.result()`` of an ingest into ``acqs``, with a bar of the frames received while it runs."""
         if not progress:
             return future.result()  # nothing to show: the owner is not asked how far it is
+        names = [a.name for a in acqs]
         total = sum(a.n_frames for a in acqs)
         with tqdm(total=total, desc=f"ingest {names[0]}" + (f" .. {names[-1]}" if len(names) > 1 else ""), unit="frame",
                   disable=not progress) as bar:
@@ -442,11 +472,14 @@ class Service:
         try:
             for _ in bar.finished():
                 pass
+        except BaseException:  # Ctrl-C: the loads under way are stopped, those done released
+            self.release_loaded(loads, loads.futures)
+            raise
         finally:
             bar.close()
         errors = [f.exception() for f in loads.futures if f.exception() is not None]
         if errors:
-            self.release_loaded([f for f in loads.futures if f.exception() is None])
+            self.release_loaded(loads, [f for f in loads.futures if f.exception() is None])
             raise errors[0]
         return [loads.record(f) for f in loads.futures]
 

@@ -47,6 +47,7 @@ from .copies import live_appended, live_frames, live_started, reachable, removed
 from .handoff import STALE, Handoff, sweep
 from .lane import LaneServer
 from .layout import Plan, check_saved, held_as, planned
+from .stops import Stop
 
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,8 @@ class Shard:
         sweep_copies()
         atexit.register(self.remove_copies)
         self.ingesting: dict[str, str] = {}  # live acquisition -> the stream feeding it
+        self.stops: dict[str, Stop] = {}  # the stop of each load and ingest under way here, by name (``stops.py``)
+        self.restoring: set[str] = set()  # names being held again here for the catalog (a re-home or move)
         self.reading: dict[str, int] = {}  # acquisition being loaded -> bytes of counts read so far
         self.plans: dict[tuple[Source, str], tuple[float, tuple, Plan]] = {}  # inspect's compressed plans: (made, stamp, plan)
         self.handoff = Handoff()
@@ -260,25 +263,60 @@ class Shard:
             return None
         return kept[2]
 
-    async def load(self, name: str, source: Source, layout: str = "auto") -> dict:
+    async def load(self, name: str, source: Source, layout: str = "auto", asker: str | None = None) -> dict:
         """Read ``source`` into a new resident named ``name`` (the file is opened once; a saved resident is
         reopened as saved). A compressed one is coded as it is read and admitted by the bytes it is expected
         to hold; one that outgrows them and the shard's free budget is refused, nothing of it left. LOADS_OPEN
-        run at a time (the others wait, their files not opened yet)."""
+        run at a time (the others wait, their files not opened yet). ``asker``: the id of the client that
+        asked for it, whose leaving or ``cancel`` stops it (``stops.py``)."""
+        if name in self.stops:
+            raise ValueError(f"an acquisition named {name!r} is already being loaded or ingested on {self.address}: "
+                             "release it or choose another name")
+        stop = self.stops[name] = Stop([name], asker)
         self.loads_waiting += 1
         self.loads_done.clear()
         try:
-            async with self.load_slots:
+            await self.slot(stop)
+            try:
                 if await self.on(self.loads, is_saved, source):
                     return await self.load_saved(name, source, layout)
                 record = await self.read_source(name, source, layout)
+            finally:
+                self.load_slots.release()
         finally:
+            del self.stops[name]
+            stop.ended.set()
             self.loads_waiting -= 1
             if not self.loads_waiting:
                 self.loads_done.set()
         if record["layout"] == "compressed":
             asyncio.ensure_future(self.keep_copy(name, self.residents[name]))
         return record
+
+    async def slot(self, stop: Stop) -> None:
+        """One of the LOADS_OPEN load slots, in turn; Cancelled if ``stop`` is asked while waiting for it."""
+        acquire = asyncio.ensure_future(self.load_slots.acquire())
+        while not (await asyncio.wait([acquire], timeout=ADMIT_POLL))[0]:
+            if stop.asked:
+                acquire.cancel()
+                try:
+                    await acquire
+                except asyncio.CancelledError:
+                    pass
+                else:
+                    self.load_slots.release()  # it got the slot as it was cancelled
+                stop.check()
+
+    async def cancel(self, name: str, asker: str | None = None, why: str = "its name was released") -> str:
+        """Stop the load or ingest of ``name`` under way here (only if ``asker`` asked for it, unless None) and
+        wait until it has ended: a load undoes what it claimed (budget, what it built, its name), an ingest
+        keeps the frames that arrived. What was done: "stopped", or "nothing under way"."""
+        stop = self.stops.get(name)
+        if stop is None or (asker is not None and stop.asker != asker):
+            return "nothing under way"
+        stop.ask(why)
+        await stop.ended.wait()
+        return "stopped"
 
     async def read_source(self, name: str, source: Source, layout: str) -> dict:
         """``load`` of a detector file (opened once here): its resident added, its record."""
@@ -290,8 +328,11 @@ class Shard:
                 plan = await self.on(self.loads, self.plan, source, reader, layout, meta, self.budget.free_bytes())
             frame_bytes = meta["raw_bytes"] // (meta["shape"][0] * meta["shape"][1])
 
-            def seen(frames: int) -> None:
+            stop = self.stops[name]
+
+            def seen(frames: int) -> None:  # after each block read: a stop asked ends the read here
                 self.reading[name] = frames * frame_bytes
+                stop.check()
 
             def read() -> tuple[Resident, str]:
                 more = 0  # reserved beyond plan.reserve by a load that outgrew it
@@ -423,10 +464,15 @@ class Shard:
                   kept: dict | None = None) -> dict:
         """Admit ``nbytes``, claim the name in the catalog, build the resident (and the reason for its layout),
         check that it fits if it came out larger than admitted, commit (``kept``: what the reader found that the
-        record keeps, the positions of a scan that is not a raster); undo everything on failure."""
-        await self.admitted(name, nbytes)
+        record keeps, the positions of a scan that is not a raster); undo everything on failure or when the
+        load's stop is asked (``cancel``)."""
+        stop = self.stops.get(name)
+        await self.admitted(name, nbytes, stop)
         try:
-            await self.worker.scheduler.qgpu_claim(name=name, owner=self.address, nbytes=nbytes)
+            if stop is not None:
+                stop.check()
+            await self.worker.scheduler.qgpu_claim(name=name, owner=self.address, nbytes=nbytes, asker=None if stop is None else stop.asker,
+                                                   restore=name in self.restoring)
         except BaseException:
             self.budget.unreserve(nbytes)
             raise
@@ -439,6 +485,8 @@ class Shard:
                                  " budget= (or QGPU_DASK_BUDGET)") from None
             if resident.nbytes > nbytes:
                 self.budget.check_room(f"acquisition {name!r} ({reason}) needs", resident.nbytes - nbytes)
+            if stop is not None:
+                stop.check()
             self.forget(name)
             self.residents[name] = resident
             record = {**resident.describe(), **(kept or {}), "source": source, "asked": asked, "layout_reason": reason}
@@ -465,16 +513,19 @@ class Shard:
             resident.index_to_come = False
             logger.warning("the index of %r was not built (%s): its queries read the counts", name, err)
 
-    async def admitted(self, name: str, nbytes: int) -> None:
+    async def admitted(self, name: str, nbytes: int, stop: Stop | None) -> None:
         """Admit ``nbytes`` for ``name``; where they do not fit while loads under way hold reservations (a coded
         load reserves more than it comes to hold), ask again as those end, so a filling GPU refuses only what
-        cannot fit beside what is held (it refused the 120th of a series while two loads were still coding)."""
+        cannot fit beside what is held (it refused the 120th of a series while two loads were still coding), or
+        until ``stop`` is asked."""
         while True:
             try:
                 return self.budget.admit(name, nbytes)
             except ValueError:
                 if name in self.residents or not self.budget.reserved:
                     raise
+            if stop is not None:
+                stop.check()
             await asyncio.sleep(ADMIT_POLL)
 
     # -- live acquisitions ------------------------------------------------------
@@ -540,11 +591,12 @@ class Shard:
         resident = self.resident(name)
         return resident.received if isinstance(resident, LiveCounts) else resident.n_frames
 
-    async def ingest(self, names: list[str], source: FrameSource) -> dict:
+    async def ingest(self, names: list[str], source: FrameSource, asker: str | None = None) -> dict:
         """Read ``source``'s frames into live acquisitions ``names`` here, as they come (one stream at a time):
         one acquisition, or consecutive acquisitions of a detector's series on one connection (a
         ``SeriesSource``), each settled as it completes. When the stream ends early or breaks, what arrived
-        is kept (and the error raised). Releasing an acquisition drops the stream."""
+        is kept (and the error raised). Releasing an acquisition drops the stream; ``cancel`` (its client,
+        ``asker``, interrupted) stops reading it after the frames in hand, keeping them (the reply's "stopped": why)."""
         residents = [self.live(name) for name in names]
         if len(names) > 1 and not hasattr(source, "series"):
             raise ValueError(f"{source.describe()} sends one acquisition a connection: ingest {len(names)} acquisitions one by one")
@@ -554,7 +606,12 @@ class Shard:
         busy = [f"{n!r} is already ingesting from {self.ingesting[n]}" for n in names if n in self.ingesting]
         if busy:
             raise ValueError(f"acquisition {busy[0]}: one stream at a time keeps its frames in order")
+        busy = [n for n in names if n in self.stops]
+        if busy:
+            raise ValueError(f"acquisition {busy[0]!r} is being loaded on {self.address}")
         self.ingesting.update((n, source.describe()) for n in names)
+        stop = Stop(names, asker)
+        self.stops.update((n, stop) for n in names)
         loop = asyncio.get_running_loop()
 
         def pull() -> int:
@@ -563,14 +620,19 @@ class Shard:
                 blocks = source.series(det_shape, residents[0].dtype, [r.n_frames - r.received for r in residents], xp)
             else:
                 blocks = ((0, block) for block in source.frames(det_shape, residents[0].dtype, xp))
-            for k, block in blocks:
-                name, resident = names[k], residents[k]
-                if self.residents.get(name) is not resident:
-                    raise ValueError(f"acquisition {name!r} was released while {source.describe()} streamed into it: the stream was dropped")
-                self.kept_live(name, resident.append(block), block, loop)
-                frames += len(block)
-                if resident.complete and k + 1 < len(names):
-                    asyncio.run_coroutine_threadsafe(self.settle(name), loop).result()
+            try:
+                for k, block in blocks:
+                    name, resident = names[k], residents[k]
+                    if self.residents.get(name) is not resident:
+                        raise ValueError(f"acquisition {name!r} was released while {source.describe()} streamed into it: the stream was dropped")
+                    self.kept_live(name, resident.append(block), block, loop)
+                    frames += len(block)
+                    if resident.complete and k + 1 < len(names):
+                        asyncio.run_coroutine_threadsafe(self.settle(name), loop).result()
+                    if stop.asked:
+                        break  # the frames in hand are kept; closing the blocks closes the connection
+            finally:
+                blocks.close()
             return frames
 
         try:
@@ -578,8 +640,11 @@ class Shard:
         finally:
             for name in names:
                 self.ingesting.pop(name, None)
+                self.stops.pop(name, None)
+            stop.ended.set()
+            for name in names:
                 await self.settle(name)
-        return {"frames": frames, "received": [r.received for r in residents]}
+        return {"frames": frames, "received": [r.received for r in residents]} | ({} if stop.why is None else {"stopped": stop.why})
 
     async def settle(self, name: str) -> None:
         """A live acquisition whose every position has arrived becomes the plain resident it now is (and
@@ -607,6 +672,16 @@ class Shard:
         else from the bytes the catalog kept of a put array. ``how``: source (or None), layout, copy (or None),
         local (the node-local copy, or None). The catalog learns where it came from (``restored_from``, and
         ``copy_error`` when the copy could not be used)."""
+        self.restoring.add(name)
+        try:
+            record, restored_from, copy_error, local = await self.restored(name, how)
+        finally:
+            self.restoring.discard(name)
+        await self.worker.scheduler.qgpu_restored(name=name, owner=self.address, restored_from=restored_from, stale=local, copy_error=copy_error)
+        return record
+
+    async def restored(self, name: str, how: dict) -> tuple[dict, str, str | None, dict | None]:
+        """``restore``'s hold: the record, where it came from, why the copy could not be used, the copy."""
         local, copy_error, saved, live = how["local"], None, None, None
         if reachable(local, self.address):
             try:
@@ -643,27 +718,20 @@ class Shard:
             restored_from = "put copy"
         else:
             raise ValueError(f"acquisition {name!r} has no source file and no copy to be held again from")
-        await self.worker.scheduler.qgpu_restored(name=name, owner=self.address, restored_from=restored_from, stale=local, copy_error=copy_error)
-        return record
+        return record, restored_from, copy_error, local
 
     def forget(self, name: str) -> None:
         """Drop what queries keep for ``name`` (released, moved, or its name reused)."""
         for kept in self.ctx.kept.values():
             kept.forget(name)
 
-    async def discard(self, name: str) -> None:
-        """Free ``name`` here without touching the catalog: it has moved to another shard (which keeps a copy of its own)."""
+    async def discard(self, name: str) -> bool:
+        """Free ``name`` here (its node-local copy too) without touching the catalog: it was released there, or has
+        moved to another shard (which keeps a copy of its own). Whether it was held here."""
         removed(self.copies.pop(name, None))
-        if self.residents.pop(name, None) is not None:
-            self.forget(name)
-            await self.on(self.queries, free_cached_memory)
-
-    async def release(self, name: str) -> None:
-        """Drop ``name`` from this shard and the catalog, returning its device memory."""
-        self.resident(name)
-        del self.residents[name]
-        removed(self.copies.pop(name, None))
+        if self.residents.pop(name, None) is None:
+            return False
         self.forget(name)
-        await self.worker.scheduler.qgpu_drop(name=name, owner=self.address)
         await self.on(self.queries, free_cached_memory)
+        return True
 
