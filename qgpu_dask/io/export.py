@@ -24,7 +24,7 @@ import numpy as np
 from ..device import to_host
 from ..resident.base import Resident
 from .source import disk_bytes
-from .writers.base import Calibration, block_bounds, remove
+from .writers.base import Calibration, block_bounds, remove, rows_per_block
 from .writers.process import STARTER, WRITERS, send
 
 FULL_BYTES = 2**20  # a disk with less free is named full when a writer crashed on it (HDF5 crashes on ENOSPC)
@@ -45,7 +45,7 @@ def export_resident(resident: Resident, path: str | os.PathLike, calibration: Ca
         raise ValueError(f"{str(path)!r}: an export is named .hspy, .h5 or .hdf5 (HyperSpy's HDF5 layout), .zspy (HyperSpy's "
                          f"Zarr v3 layout) or .emd (EMD 1.0, py4DSTEM's DataCube): give the path one of these suffixes")
     header = {"suffix": path.suffix.lower(), "path": str(path), "calibration": calibration, "name": resident.name,
-              "shape": tuple(resident.shape), "dtype": np.dtype(resident.dtype).str}
+              "shape": tuple(resident.shape), "dtype": np.dtype(resident.dtype).str, "rows": rows_per_block(resident.shape, resident.dtype)}
     cols = resident.shape[1]
     with tempfile.TemporaryFile() as errors:
         starter = STARTER.format(package=str(Path(__file__).resolve().parents[1]))
@@ -53,7 +53,7 @@ def export_resident(resident: Resident, path: str | os.PathLike, calibration: Ca
         try:
             try:
                 send(writer.stdin, pickle.dumps(header))
-                for lo, hi in block_bounds(resident.shape, resident.dtype):
+                for lo, hi in block_bounds(resident.shape[0], header["rows"]):
                     send(writer.stdin, np.ascontiguousarray(to_host(resident.frames_flat(lo * cols, hi * cols))))
                 writer.stdin.close()
             except BrokenPipeError:

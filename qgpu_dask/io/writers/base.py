@@ -36,11 +36,12 @@ class Calibration:
 @dataclass(frozen=True)
 class Counts:
     """What a writer writes: the acquisition's name, 4-D shape and dtype, and ``blocks``, its counts as host
-    arrays of ``rows_per_block`` whole scan rows each (the last one shorter), in order."""
+    arrays of ``rows`` whole scan rows each (the last one shorter), in order."""
 
     name: str
     shape: tuple[int, int, int, int]
     dtype: np.dtype
+    rows: int
     blocks: Iterator[np.ndarray]
 
 
@@ -55,16 +56,15 @@ def rows_per_block(shape: tuple[int, ...], dtype: np.dtype) -> int:
     return max(1, BLOCK_BYTES // (cols * det_rows * det_cols * np.dtype(dtype).itemsize))
 
 
-def block_bounds(shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[int, int]]:
-    """The scan rows (lo, hi) of each block, in order."""
-    per = rows_per_block(shape, dtype)
-    return [(lo, min(shape[0], lo + per)) for lo in range(0, shape[0], per)]
+def block_bounds(scan_rows: int, rows: int) -> list[tuple[int, int]]:
+    """The scan rows (lo, hi) of each block of ``rows``, in order."""
+    return [(lo, min(scan_rows, lo + rows)) for lo in range(0, scan_rows, rows)]
 
 
 def write_counts(counts: Counts, out) -> None:
     """Copy the counts into ``out`` (an h5py dataset or Zarr array of their 4-D shape), block by block."""
     _, cols, det_rows, det_cols = counts.shape
-    for (lo, hi), block in zip(block_bounds(counts.shape, counts.dtype), counts.blocks, strict=True):
+    for (lo, hi), block in zip(block_bounds(counts.shape[0], counts.rows), counts.blocks, strict=True):
         out[lo:hi] = block.reshape(hi - lo, cols, det_rows, det_cols)
 
 

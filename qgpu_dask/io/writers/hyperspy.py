@@ -22,7 +22,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from ..readers.zarr_array import is_store
-from .base import Calibration, Counts, hdf5_counts, node_name, rows_per_block, write_counts, written_in_place
+from .base import Calibration, Counts, hdf5_counts, node_name, write_counts, written_in_place
 
 FORMAT_VERSION = "3.3"
 UNKNOWN = "_None_"  # how HyperSpy writes an attribute that is None (pixels: no unit)
@@ -69,6 +69,6 @@ def write_zspy(counts: Counts, path: Path, calibration: Calibration | None) -> N
         root = zarr.open_group(str(partial), mode="w", zarr_format=3)
         signal = signal_group(root, "ZSpy", counts, calibration)
         data = signal.create_array("data", shape=counts.shape, dtype=counts.dtype, chunks=(1, 1, det_rows, det_cols),
-                                   shards=(min(rows, rows_per_block(counts.shape, counts.dtype)), cols, det_rows, det_cols), fill_value=0,
+                                   shards=(min(rows, counts.rows), cols, det_rows, det_cols), fill_value=0,
                                    compressors=BloscCodec(cname="lz4", shuffle="bitshuffle"), dimension_names=("y", "x", "ky", "kx"))
         write_counts(counts, data)

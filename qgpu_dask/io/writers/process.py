@@ -5,7 +5,7 @@ Python running ``main`` here (``STARTER``), sends it a header and then the count
 and reads its answer on its stdout: a crash costs the export, never the worker.
 
 On stdin, each message an 8-byte little-endian length and its bytes: first the pickled header {"suffix",
-"path", "calibration", "name", "shape", "dtype"}, then each block of ``block_bounds`` in order, its raw
+"path", "calibration", "name", "shape", "dtype", "rows"}, then each block of ``block_bounds`` in order, its raw
 counts. On stdout, once: a pickled {"type", "message"} of the error that stopped it, or None when the file is
 complete. A writer that stops early stops reading, so the owner's next send fails and it reads the answer.
 """
@@ -53,10 +53,10 @@ def receive(stream: BinaryIO) -> bytes:
     return body
 
 
-def blocks(stream: BinaryIO, shape: tuple[int, ...], dtype: np.dtype) -> Iterator[np.ndarray]:
+def blocks(stream: BinaryIO, shape: tuple[int, ...], dtype: np.dtype, rows: int) -> Iterator[np.ndarray]:
     """The counts' blocks as they arrive, each checked against the size its scan rows give."""
     _, cols, det_rows, det_cols = shape
-    for lo, hi in block_bounds(shape, dtype):
+    for lo, hi in block_bounds(shape[0], rows):
         block = np.frombuffer(receive(stream), dtype)
         if block.size != (hi - lo) * cols * det_rows * det_cols:
             raise ValueError(f"scan rows {lo}..{hi} came as {block.size} values, not {(hi - lo) * cols * det_rows * det_cols}")
@@ -73,7 +73,8 @@ def main() -> None:
         shape = tuple(header["shape"])
         module, function = WRITERS[header["suffix"]].split(":")
         writer = getattr(importlib.import_module(f"{__package__}.{module}"), function)
-        writer(Counts(header["name"], shape, dtype, blocks(source, shape, dtype)), Path(header["path"]), header["calibration"])
+        rows = header["rows"]
+        writer(Counts(header["name"], shape, dtype, rows, blocks(source, shape, dtype, rows)), Path(header["path"]), header["calibration"])
     except BaseException as err:  # whatever stopped the writer goes back to the owner, named
         plain = isinstance(err, OSError) and err.errno and not err.filename  # HDF5's own text of ENOSPC runs over lines
         message = f"[Errno {err.errno}] {os.strerror(err.errno)}" if plain else str(err)
