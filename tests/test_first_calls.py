@@ -1,13 +1,22 @@
-"""First calls: compiled kernels are cached in the user's cache folder across processes."""
+"""First calls: compiled kernels are cached in the user's cache folder across processes, a worker warms them up
+as it starts, and a call that waits for a compile says so in its progress bar."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
+from distributed import Client, LocalCluster
+
 import qgpu_dask as qd
+from qgpu_dask.phase import simulate
+from qgpu_dask import samples
+from qgpu_dask.samples import write_hdf5
+from qgpu_dask.service.shard import Shard
 
 ROOT = Path(__file__).resolve().parents[1]
 # compiles (or loads) one small kernel; prints its cache misses and hits and the folder it caches in
@@ -42,3 +51,39 @@ def test_a_users_own_numba_cache_dir_is_kept(tmp_path):
     assert folder.is_relative_to(tmp_path / "own")
     assert not (tmp_path / "cache").exists()
 
+
+def compiles_on_worker() -> int:
+    """Kernels compiled so far in this worker (cache loads are no compiles), over qgpu_dask's modules."""
+    from numba.core.registry import CPUDispatcher
+
+    seen = {id(v): v for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("qgpu_dask")
+            for v in vars(m).values() if isinstance(v, CPUDispatcher)}
+    return sum(sum(d.stats.cache_misses.values()) for d in seen.values())
+
+
+def test_a_fresh_worker_says_it_compiles_and_warms_up_what_first_calls_run(tmp_path, capfd):
+    rng = np.random.default_rng(3)
+    write_hdf5(tmp_path / "scan.h5", rng.poisson(0.4, (12, 12, 32, 32)).astype(np.uint16))
+    over = samples.PHASE_OVER  # the samples' phase.h5, on a smaller scan
+    potential = simulate.atoms_potential((12 * over, 12 * over), samples.PHASE_OPTICS.scan_step_A / over, 3.9)
+    counts = simulate.acquisition(samples.PHASE_OPTICS, (12, 12), samples.PHASE_DET, potential, over, dose=1e5, seed=1)
+    write_hdf5(tmp_path / "phase.h5", counts.astype(np.uint16))
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                           env={"QGPU_DASK_CPU": "1", "NUMBA_CACHE_DIR": str(tmp_path / "empty")})
+    with qd.Service(Client(cluster, direct_to_workers=True), cluster=cluster) as svc:
+        worker = svc.info()["shards"][0]["worker"]
+        first = svc.load(tmp_path / "scan.h5", layout="compressed")  # while the worker compiles its kernels
+        assert "compiling " in capfd.readouterr().err
+        deadline = time.monotonic() + 900
+        while not svc.router.call(worker, Shard.warmed_up).result():
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert svc.router.call(worker, Shard.compiling).result() is None
+        ph = svc.load(tmp_path / "phase.h5", progress=False)
+        cal = ph.calibrate(qd.Optics(300e3, 20.0, scan_step_A=samples.PHASE_OPTICS.scan_step_A))
+        before = svc.client.run(compiles_on_worker)[worker]
+        again = svc.load(tmp_path / "scan.h5", name="again", layout="compressed", progress=False)
+        assert (again.frame(3, 4) == first.frame(3, 4)).all()
+        fit = ph.fit_aberrations(cal, c10_range_A=100)
+        assert ph.direct_ptycho(fit, upsampling=2).phase.shape == (24, 24)
+        assert svc.client.run(compiles_on_worker)[worker] == before  # all warmed up: nothing compiled on first use
