@@ -72,6 +72,7 @@ STEPS: dict[str, Step] = {
 NOT_IN_ROUND = {
     "cpu_vs_libertem": "CPU only: measured on the 2-core machine against LiberTEM",
     "ssb_vs_ptychography40": "CPU only: against ptychography40",
+    "first_calls": "CPU only: first calls of a fresh cluster of CPU workers on the 2-core machine, empty and filled Numba cache",
     "multi_gpu": "needs a machine of several GPUs (withheld)",
 }
 SUITE_SECONDS = 300
