@@ -66,6 +66,23 @@ class RatioOf:
 
 
 NOT_RUN = "not run in this record (`--rehome 0`)"
+FIRST_CALLS = (("the demo's load (a series of 2, compressed)", "demo_load"), ("an Arina master (18 MB of counts)", "arina_load"),
+               ("first compressed `frame()`", "frame"), ("`fit_aberrations`", "fit_aberrations"), ("`direct_ptycho`", "direct_ptycho"))
+
+
+def first_calls_rows() -> tuple:
+    """benchmarks/first_calls.py's calls: first with an empty and a filled cache, warm, and the first against warm."""
+    rows = []
+    for label, call in FIRST_CALLS:
+        against = ((F("filled/demo_load_first_over_warm", "{:.2f}", bold=True), " x") if call == "demo_load"
+                   else (F(f"filled/{call}_first_minus_warm_s", "{:+.2f}", bold=True), " s"))
+        target = (F("targets/demo_load_first_over_warm_max", "{:.0f}"), " x") if call == "demo_load" else (F("targets/first_minus_warm_s_max", "{:+.0f}"), " s")
+        rows.append((label, F(f"runs/empty_cache/first_s/{call}", "{:.2f}", absent="—"), F(f"runs/filled_cache/first_s/{call}", "{:.2f}"),
+                     F(f"runs/filled_cache/warm_s/{call}", "{:.2f}"), against, target))
+    rows.append(("starting the cluster (`qd.Service.local()`)", F("runs/empty_cache/cluster_start_s", "{:.2f}", absent="—"),
+                 F("runs/filled_cache/cluster_start_s", "{:.2f}"), "", "", ""))
+    rows.append(("`import qgpu_dask`", F("runs/empty_cache/import_s", "{:.2f}", absent="—"), F("runs/filled_cache/import_s", "{:.2f}"), "", "", ""))
+    return tuple(rows)
 Cell = str | F | RatioOf | tuple  # a tuple joins its parts: ("(", F(...), ")")
 
 
@@ -157,6 +174,8 @@ MEASURES: dict[str, list[str]] = {
     "load_arina": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py", "qgpu_dask/io/load.py", "qgpu_dask/resident/staging.py"]
     + BITSHUFFLE + COMPRESSED + SERVICE,
     "reliability": SERVICE + DENSE + COMPRESSED + LOADS,
+    "first_calls": ["qgpu_dask/jit.py", "qgpu_dask/__init__.py", "qgpu_dask/phase/cpu.py", "qgpu_dask/phase/direct.py", "qgpu_dask/phase/fit.py",
+                    "qgpu_dask/resident/cpu", "qgpu_dask/io/readers/arina.py"] + SERVICE + LOADS + COMPRESSED + BITSHUFFLE,
     "ssb_vs_ptychography40": SSB,
     "multi_gpu": SERVICE + DENSE + COMPRESSED + LOADS,
     "ssb_gpu": SSB + DENSE + COMPRESSED,
@@ -466,6 +485,9 @@ TABLES: tuple[Table | Figure, ...] = (
              "results equal (dense / engine=False / compressed)"), udf_rows()) for kind in ("cpu", "cuda")),
     Table("load_arina_cpu", PAGE, "load_arina_cpu", "load_arina", ("reader", "s", "GB/s of counts", "against h5py + hdf5plugin"),
           arina_cpu_rows()),
+    Table("first_calls_cpu", PAGE, "first_calls_cpu", "first_calls",
+          ("call", "first, empty cache, s", "first, cache filled, s", "warm, s", "first (filled) against warm", "target"),
+          first_calls_rows()),
     Table("reliability_cuda", PAGE, "reliability_cuda", "reliability",
           ("run", "queries", "wrong", "errors", "queries/s", "p50 ms", "p95 ms", "p99 ms", "over 1 s", "max ms"), reliability_rows()),
     Table("reliability_kills_cuda", PAGE, "reliability_cuda", "reliability",

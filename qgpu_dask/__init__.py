@@ -6,6 +6,10 @@
     bf = acq.virtual_image(qd.masks.disk(acq.det_shape, (32, 32), 8))
 """
 
+from . import jit
+
+jit.use_user_cache()  # before any kernel is defined: each caches where this says
+
 from . import device, ptycho, queries, samples
 from .detector import masks
 from .formats.png import save_png

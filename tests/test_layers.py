@@ -35,6 +35,7 @@ LAYER_OF = {
     "formats": "formats",
     "device": "device",
     "compile": "device",
+    "jit": "device",  # where Numba caches, what it compiles: imports nothing of the package
 }
 
 

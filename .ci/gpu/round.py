@@ -64,7 +64,7 @@ STEPS: dict[str, Step] = {
     "direct_gpu": Step("direct_gpu", (), ("direct_cuda",), "phase/prepare_ms", 120),
     "ptycho_gpu": Step("ptycho_gpu", (), ("ptycho_cuda",), "iteration/fed_ms", 300),
     "compressed": Step("compressed", (), ("compressed_cuda",), "moving_disk/ms_per_acquisition_per_step", 300),
-    "load_formats": Step("load_formats", (), ("load_formats_cuda",), "mrc/GBps", 240, ("rsciio", "libertem")),
+    "load_formats": Step("load_formats", (), ("load_formats_cuda",), "formats/mrc/GBps", 240, ("rsciio", "libertem")),
     "run_udf": Step("run_udf", (), ("run_udf_cuda",), "udfs/sum", 180, ("libertem",)),
     "tensor_rates": Step("tensor_rates", (), ("tensor_rates_cuda",), "tflops/f32_fma", 30),
 }
@@ -72,6 +72,7 @@ STEPS: dict[str, Step] = {
 NOT_IN_ROUND = {
     "cpu_vs_libertem": "CPU only: measured on the 2-core machine against LiberTEM",
     "ssb_vs_ptychography40": "CPU only: against ptychography40",
+    "first_calls": "CPU only: first calls of a fresh cluster of CPU workers on the 2-core machine, empty and filled Numba cache",
     "multi_gpu": "needs a machine of several GPUs (withheld)",
 }
 SUITE_SECONDS = 300

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..device import passing_memory
 from ..formats import codec
+from ..formats.bitshuffle_lz4 import ChunkError, decompress_stored
 from ..resident.base import Resident, check_dtype
 from ..resident.dense import DenseCounts
 from ..resident.live import APPEND_BYTES, PROBE, Coding, LiveCounts, append_frames
@@ -139,19 +140,25 @@ def read_coded(name: str, reader: Reader, coding: Coding | None, xp: ModuleType,
             live.room = lambda nbytes: None  # its check held the acquisition: without the cycle, its buffers go with it
 
 
-def warm_up(xp: ModuleType) -> None:
+def warm_up(xp: ModuleType) -> Resident:
     """Compile what a coded load runs on ``xp``'s device, or load it from the caches CuPy and Numba keep on
     disk (the first process on a machine compiles, the next ones read): the chunk index's callback, the coding of a sample, an append
-    of its blocks and, on a GPU, the stored-chunk decoder (fed a chunk too short to decode: the compile is
-    what counts) and the leaf digests a saved resident's reopen checks on the device, and pins the host slots
-    saved residents are reopened through. A shard of a GPU runs it as it starts, so its first load or reopen
-    does not wait for the compiler or for pinning (an H200's first reopen took 0.90 s, the third 0.085)."""
+    of its blocks, the stored-chunk decoder (fed a chunk too short to decode: the compile is what counts) and,
+    on a GPU, the leaf digests a saved resident's reopen checks on the device, and pins the host slots
+    saved residents are reopened through. A shard runs it as it starts (``service.warm_up``), so its first
+    load or reopen does not wait for the compiler or for pinning (an H200's first reopen took 0.90 s, the
+    third 0.085). Returns the tiny compressed resident it coded."""
     callback()  # the chunk index's compiled callback
     frames = np.random.default_rng(0).poisson(0.5, (256, 16, 16)).astype(np.uint16)
     live = LiveCounts("warm-up", (16, 16, 16, 16), frames.dtype, "compressed", xp, Coding.chosen(frames, (16, 16), xp))
     live.append(xp.asarray(frames))
-    live.finished()
-    if xp is not np:
+    coded = live.finished()
+    if xp is np:
+        try:
+            decompress_stored(np.zeros(16, np.uint8), np.zeros(1, np.int64), np.full(1, 16, np.int64), np.empty((1, 16, 16), np.uint16))
+        except ChunkError:
+            pass
+    else:
         from ..formats.bitshuffle_lz4_cuda import outcomes
 
         from ..formats.sha256_cuda import range_digests
@@ -159,6 +166,7 @@ def warm_up(xp: ModuleType) -> None:
         outcomes(np.zeros(16, np.uint8), np.zeros(1, np.int64), np.full(1, 16, np.int64), xp.empty((1, 16, 16), np.uint16))
         range_digests(xp.zeros(64, np.uint8), np.zeros(1, np.uint64), np.full(1, 64, np.uint64))
         uploads()
+    return coded
 
 
 def sample_runs(n_frames: int) -> list[tuple[int, int]]:

@@ -8,6 +8,7 @@ and adds the calls of one acquisition (append, save, release, info).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable
@@ -29,7 +30,8 @@ from ..queries.virtual_images import VirtualImages
 from ..resident.base import AcquisitionShape
 from .arrays import CHUNK_BYTES, as_dask
 from .calls import QueryFuture
-from .progress import waited
+from . import progress
+from .progress import compiling_on, waited
 from .shard import Shard
 
 if TYPE_CHECKING:
@@ -75,17 +77,19 @@ class Series(Sequence):
     def ask(self, query: type[Query] | str, *args, wait: bool = True, **kwargs):
         """Ask a query type (a registered ``qd.Query`` subclass, or its name) of this handle's acquisitions:
         its arguments are checked here, one call goes to each owning shard, and its ``merge`` assembles the
-        replies (an Acquisition gets its own part). ``wait=False``: a QueryFuture. A long query (``long``)
-        shows a progress bar once it has run a second."""
+        replies (an Acquisition gets its own part). ``wait=False``: a QueryFuture. A call shows a progress bar once
+        it has run a second (a long query's counts its acquisitions; any says when its owners are compiling)."""
         kind = lookup(query) if isinstance(query, str) else query
         asked = kind(self.plain(), *args, **kwargs)
         future = QueryFuture(self.service.router.ask(asked, self.names),
                              lambda replies, positions: self.shaped(asked, asked.merge(replies, positions)))
         if not wait:
             return future
-        if kind.long:
-            return waited(future, f"{kind.name} {self.names[0] if len(self) == 1 else ''}".strip(), len(self), "acquisition")
-        return future.result()
+        if not kind.long and concurrent.futures.wait([future.future], timeout=progress.DELAY).done:
+            return future.result()  # a quick call: no bar
+        owners = {a.owner for a in self.acquisitions}
+        return waited(future, f"{kind.name} {self.names[0] if len(self) == 1 else ''}".strip(), len(self), "acquisition",
+                      compiling=lambda: compiling_on(self.service.router, owners))
 
     # -- queries (each also an Acquisition's, for its one image) ----------------
 

@@ -33,7 +33,7 @@ from .calls import QueryFuture
 from .catalog import PLUGIN_NAME, Catalog, check_copy_room
 from .layout import CHOICES, check_saved
 from .placement import Placer, place
-from .progress import LoadProgress, waited
+from .progress import LoadProgress, compiling_on, waited
 from .routing import Router
 from .shard import Shard, shard_key
 from .spawn import check_main_guard
@@ -232,12 +232,13 @@ class Service:
         """
         one = isinstance(path, (str, os.PathLike))
         paths = [path] if one else list(path)
-        loads = self.start_loads(paths, dataset, name, scan_shape, worker, layout, one)
+        loads = self.start_loads(paths, dataset, name, scan_shape, worker, layout, one, progress=progress)
         if one:
             owner, loaded = loads.owners[0], loads.names[0]
             try:
                 waited(loads.futures[0], f"loading {loaded}", loads.raw_bytes[0], "B",
-                       lambda: self.router.call(owner, Shard.load_progress, [loaded]).result(), progress)
+                       lambda: self.router.call(owner, Shard.load_progress, [loaded]).result(), progress,
+                       lambda: compiling_on(self.router, [owner]))
             except BaseException:  # Ctrl-C, or the load's own error: nothing of it stays, its name and budget are free
                 self.release_loaded(loads, loads.futures)
                 raise
@@ -264,7 +265,7 @@ class Service:
         before the first that does not fit are loaded and yielded, and then a
         ValueError names it and the ones after it, none of which was loaded.
         """
-        loads = self.start_loads(list(paths), dataset, name, scan_shape, worker, layout, False, keep_fitting=True)
+        loads = self.start_loads(list(paths), dataset, name, scan_shape, worker, layout, False, keep_fitting=True, progress=progress)
         bar = LoadProgress(loads, progress, "streaming", self.router)
         pending = set(loads.futures)
         try:
@@ -282,10 +283,11 @@ class Service:
             raise ValueError(loads.refused)
 
     def start_loads(self, paths: list, dataset, name, scan_shape, worker, layout: str, one: bool,
-                    keep_fitting: bool = False) -> "Loads":
+                    keep_fitting: bool = False, progress: bool = True) -> "Loads":
         """Check names and sources, place every file by its bytes and start each load on its owner. A file that
         fits no shard stops the list: nothing of it stays (ValueError), or, ``keep_fitting``, the loads started
-        before it go on and ``Loads.refused`` names it and the files after it."""
+        before it go on and ``Loads.refused`` names it and the files after it. ``progress``: a bar while an
+        inspection takes long (it may wait for the kernels a sample's coding compiles)."""
         if not paths:
             raise ValueError("no paths given")
         names = self.names_for(paths, name, one)
@@ -298,7 +300,7 @@ class Service:
         try:
             for lo in range(0, len(sources), INSPECT_AHEAD):  # the next sources are inspected while these load
                 part = range(lo, min(lo + INSPECT_AHEAD, len(sources)))
-                metas = self.inspected([sources[i] for i in part], layout, shards)
+                metas = self.inspected([sources[i] for i in part], layout, shards, progress)
                 for meta in metas:
                     if "layout" in meta:  # a saved resident
                         check_saved(layout, meta["layout"])
@@ -322,12 +324,14 @@ class Service:
             raise
         return loads
 
-    def inspected(self, sources: list[Source], layout: str, shards: list[str]) -> list[dict]:
+    def inspected(self, sources: list[Source], layout: str, shards: list[str], progress: bool = True) -> list[dict]:
         """``Shard.inspect`` of ``sources`` on the first of ``shards`` that answers (a worker lost meanwhile
-        passes it on to the next)."""
+        passes it on to the next), with a bar once it has taken a second (``progress``)."""
         for i, shard in enumerate(shards):
             try:
-                return self.router.call(shard, Shard.inspect, sources, layout).result()
+                what = os.path.basename(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
+                return waited(self.router.call(shard, Shard.inspect, sources, layout), f"inspecting {what}", enabled=progress,
+                              compiling=lambda: compiling_on(self.router, [shard]))
             except OSError:
                 if i == len(shards) - 1:
                     raise

@@ -32,11 +32,12 @@ from tornado.ioloop import PeriodicCallback
 from ..device import (array_module, default_budget, device_info, free_cached_memory, memory_bytes, pool_bytes, synchronize,
                       to_host, use_own_stream)
 from ..io.export import Calibration, export_resident
-from ..io.load import describe, inspect, model_sample, read_coded, read_dense, warm_up
+from ..io.load import describe, inspect, model_sample, read_coded, read_dense
 from ..io.registry import open_reader
 from ..io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
 from ..io.source import Source
 from ..io.stream import FrameSource
+from .. import jit
 from ..queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup
 from ..resident import DenseCounts, Resident
 from ..resident.base import check_dtype, check_shape
@@ -45,6 +46,7 @@ from ..resident.live import LIVE_LAYOUTS, LiveCounts, start_bytes
 from .budget import Budget
 from .copies import live_appended, live_frames, live_started, reachable, removed, sweep as sweep_copies, taken_over, written
 from .handoff import STALE, Handoff, sweep
+from . import warm_up
 from .lane import LaneServer
 from .layout import Plan, check_saved, held_as, planned
 from .stops import Stop
@@ -120,9 +122,7 @@ class Shard:
             self.worker.periodic_callbacks["qgpu-handoff-sweep"] = sweeps
             self.worker.loop.add_callback(sweeps.start)
         self.lane_server = LaneServer.started({"ask": self.ask_here, "ping": lambda: None})
-        if self.device.kind == "cuda":  # the first load should not wait for the compiler (io.load.warm_up)
-            self.loads.submit(warm_up, array_module()).add_done_callback(
-                lambda done: done.exception() and logger.warning("warming up the load kernels failed: %r", done.exception()))
+        self.warming = warm_up.started(array_module())  # first calls should not wait for the compiler
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -135,6 +135,14 @@ class Shard:
 
     async def ping(self) -> None:
         """Nothing: the cheapest round trip, for measuring call overhead."""
+
+    async def warmed_up(self) -> bool:
+        """Whether the kernels this shard warms up as it starts (``warm_up.py``) are compiled or loaded by now."""
+        return self.warming.done()
+
+    async def compiling(self) -> str | None:
+        """The kernel this worker is compiling now (its warm-up's or a call's), or None: a progress bar says so."""
+        return jit.compiling()
 
     async def lane(self) -> str | None:
         """The name of this shard's local lane (``lane.py``), for clients on its host; None where it has none."""
@@ -210,7 +218,7 @@ class Shard:
                 reply = self.handoff.written(query, reply, into, handoff)
             return self.handoff.give(reply, handoff)
 
-        if query.inline and query.reads(on, *args) <= INLINE_BYTES:
+        if query.inline and self.warming.done() and query.reads(on, *args) <= INLINE_BYTES:  # it might wait for a compile
             return query, answer, None
         return query, answer, self.loads if query.thread == "load" else self.queries
 
