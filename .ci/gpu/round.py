@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -205,7 +206,7 @@ def run(budget: float, out: Path) -> int:
         raise SystemExit("no .gpu-round/plan.json: run `python3 .ci/gpu/round.py plan` here and carry .gpu-round")
     doc = json.loads((STATE / "plan.json").read_text())
     done = json.loads((STATE / "done.json").read_text()) if (STATE / "done.json").exists() else {}
-    work = out / "round"
+    work = Path(tempfile.mkdtemp(prefix="qgpu-gpu-round-"))  # packed into ``out`` after each step (8 files come back)
     (work / "results").mkdir(parents=True, exist_ok=True)
     (work / "logs").mkdir(exist_ok=True)
     gpu = gpu_name()

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .whl
 PKGS=(dask==2026.7.1 distributed==2026.7.1 dask-cuda==26.10.0 rapids-dask-dependency==26.10.0
-      zarr==3.1.6 numcodecs==0.17.1 donfig google-crc32c partd locket tblib zict tornado hdf5plugin==7.1.0 "$@")
+      zarr==3.1.6 numcodecs==0.17.1 donfig google-crc32c partd locket tblib zict tornado platformdirs hdf5plugin==7.1.0 "$@")
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_34_x86_64 \
