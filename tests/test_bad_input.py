@@ -103,7 +103,7 @@ def test_unknown_and_released(svc, acq, names, rng):
     other.release()
     with pytest.raises(KeyError, match="not resident"):
         other.virtual_image(np.ones(DET, bool))
-    with pytest.raises(KeyError, match="not resident"):
+    with pytest.raises(KeyError, match="no acquisition named"):
         other.release()
     with pytest.raises(KeyError):
         svc[other.name]

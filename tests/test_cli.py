@@ -105,7 +105,7 @@ def test_demo_removes_its_files_when_it_fails(tmp_path):
 
 def command(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     """``qgpu-dask argv`` run as its own process (this checkout's package), in ``cwd``."""
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")) if p)}
     return subprocess.run([sys.executable, "-m", "qgpu_dask.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -138,6 +138,7 @@ def test_a_live_acquisition_outlives_its_worker(own, rng):
     assert (again.virtual_image(disk).ravel() == (frames * disk).sum(axis=(1, 2))).all()
     wait_for(lambda: "live copy" not in own.state()["acquisitions"]["live-x"]["second_home"], 60, "a saved copy in place of the live one")
     assert own.state()["acquisitions"]["live-x"]["second_home"].startswith("a node-local saved copy")
+    wait_for(lambda: len(own.state()["shards"]) == 2, 120, "the restarted worker's shard")  # closed once it is up
 
 
 def test_every_acquisition_says_where_its_second_home_is(svc, names, rng, tmp_path):
