@@ -27,7 +27,7 @@ def slow_files(tmp_path_factory, svc):
     """Two files whose compressed loads take seconds each on two CPU cores (32 MiB of counts each). A GPU
     loads them in milliseconds, before a Ctrl-C or a poll can meet the load: there the tests skip (the stop
     is the shard's, the same code on either backend)."""
-    if svc.backend == "cuda":
+    if svc.backend == "gpu":
         pytest.skip("a GPU loads a test-size file before a Ctrl-C can reach the load")
     folder = tmp_path_factory.mktemp("slow")
     rng = np.random.default_rng(56)
