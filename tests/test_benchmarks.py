@@ -69,7 +69,7 @@ def read_fields(script: str) -> list[str]:
 
 
 @pytest.mark.parametrize("script,backend", list(params()))
-def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path):
+def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path, request):
     source = (ROOT / "benchmarks" / f"{script}.py").read_text()
     if "--small" not in source and "record.parse" not in source:
         pytest.skip(f"benchmarks/{script}.py has no --small yet")
@@ -77,9 +77,10 @@ def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path):
         pytest.skip(f"benchmarks/{script}.py drives chromium: apt-get install chromium chromium-driver")
     if script in NEEDS_SIMULATORS and not (Path(sys.executable).parent / "libertem-live-mib-sim").exists():
         pytest.skip(f"benchmarks/{script}.py is fed by LiberTEM-live's simulators: pip install 'libertem-live[sim]'")
-    temp = tmp_path / "tmp"
-    temp.mkdir()
     system_temp = Path(tempfile.gettempdir())
+    # short: chromium's singleton socket under TMPDIR must fit a Unix socket path (108 bytes)
+    temp = Path(tempfile.mkdtemp(prefix="bench-", dir=system_temp))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     before = {p.name for p in system_temp.glob("qgpu*")}
     env = {**os.environ, "QGPU_DASK_RESULTS": str(tmp_path), "TMPDIR": str(temp),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
