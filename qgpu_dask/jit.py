@@ -5,13 +5,17 @@ Every kernel is ``numba.njit(cache=True)``; Numba writes its cache next to the s
 to a folder of the user's cache (:func:`use_user_cache`, as it is imported, before any kernel is): the
 first process on a machine compiles, later ones (and their worker processes, which inherit the variable)
 load. A user's own ``NUMBA_CACHE_DIR`` is kept. :func:`compiling` names the kernel a compile is under way
-for, so a call that waits for one can say so.
+for, so a call that waits for one can say so; :func:`one_at_a_time` lets the processes of a machine that
+start together (a node's workers) compile in turn, each after the first loading what it cached.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numba.core.config
@@ -34,6 +38,17 @@ def use_user_cache() -> Path:
     os.environ["NUMBA_CACHE_DIR"] = str(folder)
     numba.core.config.reload_config()
     return folder
+
+
+@contextlib.contextmanager
+def one_at_a_time() -> Iterator[None]:
+    """Held by one process of the machine at a time (a lock file in :func:`cache_folder`): work that compiles
+    many kernels, done under it by several processes, is compiled once and loaded from the cache by the rest."""
+    folder = cache_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "compiling.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
 
 
 class Compiles(numba.core.event.Listener):

@@ -11,6 +11,7 @@ from types import ModuleType
 
 import numpy as np
 
+from .. import jit
 from ..device import use_own_stream
 from ..io.load import warm_up as warm_up_loads
 from ..phase import simulate
@@ -36,7 +37,14 @@ def tiny_phase_acquisition(xp: ModuleType) -> DenseCounts:
 def warm_up(xp: ModuleType) -> None:
     """Run, once each on tiny acquisitions on ``xp``'s device, a load's coding and decoding, a compressed
     frame, the aberration fit and direct ptychography: compiled, or loaded from the caches, from then on.
-    Its own query context, so nothing it keeps meets a real query's."""
+    Its own query context, so nothing it keeps meets a real query's. The workers of a machine take turns
+    (``jit.one_at_a_time``): on a first start one compiles while the rest wait, then load from the cache."""
+    with jit.one_at_a_time():
+        run_once(xp)
+
+
+def run_once(xp: ModuleType) -> None:
+    """The warm-up's calls, once each (see :func:`warm_up`)."""
     ctx = Context("warm-up", "cpu" if xp is np else "cuda", 1 << 30, lambda what_needs, nbytes: None)
     for query in REGISTRY.values():
         ctx.keep(query)
