@@ -5,7 +5,6 @@ view never changes a resident. The browser half is tested in test_view_browser.p
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import threading
 import urllib.error
@@ -21,6 +20,7 @@ from qgpu_dask.detector import masks
 from qgpu_dask.view.protocol import GRID_SIDE, frame, unframe
 from qgpu_dask.view.server import ViewServer
 from qgpu_dask.view.state import ViewState, narrowed
+from view_pages import talk, ws
 
 DETECTORS = [
     {"kind": "disk", "center": [15.5, 16.0], "radius": 5},
@@ -38,49 +38,6 @@ def pattern_series(rng, n: int = 2, scan=(12, 10), det=(32, 32)) -> list[np.ndar
     return [(rng.poisson(0.4, (*scan, *det)) + disk * rng.poisson(30, (*scan, 1, 1))).astype(np.uint16) for _ in range(n)]
 
 
-class Page:
-    """A page's side of the WebSocket: asks sent as JSON, answers read as (header, arrays)."""
-
-    def __init__(self, url: str):
-        self.url = url
-        self.held: list[tuple[dict, list]] = []  # answers read while looking for another
-
-    async def __aenter__(self):
-        self.ws = await tornado.websocket.websocket_connect(self.url)
-        return self
-
-    async def __aexit__(self, *exc):
-        self.ws.close()
-
-    async def ask(self, **ask):
-        await self.ws.write_message(json.dumps(ask))
-
-    async def answer(self, kind: str | None = None, seq=...):
-        """The next answer (of ``kind`` and ``seq`` where given); others read meanwhile are held for later asks
-        (images and patterns come on threads of their own, in either order)."""
-        def wanted(header):
-            return (kind is None or header["type"] == kind) and (seq is ... or header.get("seq") == seq)
-
-        for k, (header, arrays) in enumerate(self.held):
-            if wanted(header):
-                return self.held.pop(k)
-        while True:
-            data = await asyncio.wait_for(self.ws.read_message(), 60)
-            assert data is not None, "the server closed the socket"
-            header, arrays = unframe(data)
-            if wanted(header):
-                return header, arrays
-            self.held.append((header, arrays))
-
-
-def talk(url: str, script):
-    async def run():
-        async with Page(url) as page:
-            return await script(page)
-
-    return asyncio.run(run())
-
-
 @pytest.fixture(scope="module")
 def viewed(svc):
     """Two acquisitions with a bright-field disk, and a web server over the service."""
@@ -91,10 +48,6 @@ def viewed(svc):
         yield server, acqs, counts
     for a in acqs:
         a.release()
-
-
-def ws(server: ViewServer, path: str) -> str:
-    return server.url.replace("http://", "ws://").split("?")[0].rstrip("/") + path
 
 
 def test_a_page_gets_state_image_and_pattern_then_exact_images_of_every_detector(viewed):

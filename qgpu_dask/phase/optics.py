@@ -86,6 +86,8 @@ class Optics:
                              f"{high:g} eV): the energy is in eV, so 300 keV is energy_eV=300e3")
         if self.det_sampling_mrad is not None:
             object.__setattr__(self, "det_sampling_mrad", positive(self.det_sampling_mrad, "det_sampling_mrad"))
+        if self.bf_center_px is not None:  # a list (from JSON) is the same centre
+            object.__setattr__(self, "bf_center_px", tuple(float(v) for v in self.bf_center_px))
         aberrations = dict(self.aberrations or {})
         unknown = sorted(set(aberrations) - NAMES)
         if unknown:

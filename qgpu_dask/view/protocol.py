@@ -19,10 +19,22 @@ Asks (``seq`` a number the page increases; an answer carries the seq of the ask 
 - ``{"type": "grid", "seq", "detector"?}``: every acquisition's image of the detector (given: it becomes the
   current one; else the current one), binned to at most GRID_SIDE pixels a side by exact sums (``grid``;
   32-bit integers where every sum fits).
+- ``{"type": "phase", "seq", "method"?, "upsampling"?, "strength"?, "c10_A"?, "c12_A"?, "phi12_deg"?,
+  "spectrum"?, "go_on"?}``: the phase panel's controls given change (``phase.py``); the phase image with them
+  (``phase``). Where a CPU owner would take more than a few seconds the answer is an ``error`` with
+  ``"seconds"`` (the expected time) until an ask with ``"go_on": true``.
+- ``{"type": "fit", "seq"}``: fit the aberrations and rotation on the acquisition shown (``progress``, then
+  ``state`` with the sliders at the fit, then ``phase``). ``{"type": "reset", "seq"}``: the sliders back
+  to the fit (``state``, ``phase``).
+- ``{"type": "phase_grid", "seq"}``: every acquisition's phase image with the sliders now, block-averaged to
+  at most GRID_SIDE pixels a side (``grid`` with ``"of": "phase"``).
 
 Answers: ``state`` (no buffers), ``image`` / ``pattern`` / ``grid`` (one buffer, with ``dtype`` and
 ``shape``; ``image`` also ``detector``, ``mode``, ``index``, ``min``, ``max``; ``pattern`` its ``source``),
-and ``error`` (``seq``, ``message``, the ask's ``ask`` type): the page shows it and stays usable.
+``phase`` (one float32 buffer (layers, rows, cols), ``layers`` naming each: "phase", "amplitude" for direct
+complex, "spectrum" where asked; ``ranges`` their [min, max]; ``pixel_A``, ``upsampling``, the ``steering``
+and ``index`` it was made with), ``progress`` (``what`` is being computed, no buffers) and ``error``
+(``seq``, ``message``, the ask's ``ask`` type): the page shows it and stays usable.
 
 A detector is ``{"kind": "disk", "center": [row, col], "radius"}``, ``{"kind": "annulus", "center",
 "inner", "outer"}``, ``{"kind": "sector", "center", "inner", "outer", "start_deg", "stop_deg"}``,
@@ -37,7 +49,7 @@ import struct
 
 import numpy as np
 
-ASKS = ("hello", "detector", "mode", "index", "cursor", "region", "grid")
+ASKS = ("hello", "detector", "mode", "index", "cursor", "region", "grid", "phase", "fit", "reset", "phase_grid")
 MODES = ("detector", "com_row", "com_col", "dpc", "ssb")
 OPS = ("sum", "mean", "max")
 GRID_SIDE = 128  # pixels a side of a grid tile at most (an image binned by exact sums to fit)

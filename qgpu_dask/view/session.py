@@ -1,20 +1,23 @@
 """One page's conversation with a viewer: asks taken in order, answered latest first.
 
 An ask changes what is shown at once (checked; a bad one is answered with an ``error`` and changes nothing),
-then its product is computed on the channel's own thread: images (and grids) on one, patterns on the other.
-While a product is computed, newer asks of that channel replace the one waiting, so a drag is answered at the
-rate the service answers, never queued behind stale detectors. A live acquisition is watched and its image
-pushed (seq None) as frames arrive.
+then its product is computed on the channel's own thread: images (and grids) on one, patterns on another,
+phase images (the phase panel's) on a third. While a product is computed, newer asks of that channel replace
+the one waiting, so a drag of a detector or a slider is answered at the rate the service answers, never
+queued behind stale positions. A live acquisition is watched and its images pushed (seq None) as frames
+arrive.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Callable
 
 import numpy as np
 
+from . import phase
 from .protocol import array_answer, ask_of
 from .state import Shown, ViewState
 
@@ -63,6 +66,8 @@ class Session:
         self.send = send
         self.images = Channel("images")
         self.patterns = Channel("patterns")
+        self.phases = Channel("phases")
+        self.phase_open = False  # whether the page has asked for phase images (a live one's are then pushed)
         self.stopped = threading.Event()
         self.received = -1
         self.watcher = threading.Thread(target=self.watch_live, name="qgpu-view-live", daemon=True)
@@ -89,6 +94,9 @@ class Session:
                 shown = self.state.set(index=ask.get("index"))
                 self.images.give(lambda: (self.answer_image(seq, shown, kind), self.answer_state()))
                 self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
+                if self.phase_open:
+                    steering = self.state.steering
+                    self.phases.give(lambda: self.answer_phase(seq, shown.index, steering, "index"))
             elif kind == "cursor":
                 shown = self.state.set(cursor=(ask.get("row"), ask.get("col")))
                 self.patterns.give(lambda: self.answer_pattern(seq, shown, kind))
@@ -98,6 +106,24 @@ class Session:
             elif kind == "grid":
                 shown = self.state.set(detector=ask["detector"]) if "detector" in ask else self.state.shown
                 self.images.give(lambda: self.answer_grid(seq, shown))
+            elif kind == "phase":
+                steering = self.state.steer(ask)
+                index = self.state.shown.index
+                if ask.get("go_on"):
+                    self.state.go_on(index, steering)
+                self.phase_open = True
+                self.phases.give(lambda: self.answer_phase(seq, index, steering))
+            elif kind == "fit":
+                index = self.state.shown.index
+                self.phases.give(lambda: self.answer_fit(seq, index))
+            elif kind == "reset":
+                steering = self.state.reset()
+                index = self.state.shown.index
+                self.answer_state()
+                self.phases.give(lambda: self.answer_phase(seq, index, steering))
+            elif kind == "phase_grid":
+                steering = self.state.steer({})
+                self.phases.give(lambda: self.answer_phase_grid(seq, steering))
         except Exception as err:  # the ask was wrong, or the service refused it: said, nothing changed
             self.error(seq, kind, err)
 
@@ -109,8 +135,7 @@ class Session:
     def answer_image(self, seq, shown: Shown, ask: str) -> None:
         try:
             image = self.state.image(shown)
-            finite = image[np.isfinite(image)] if image.dtype.kind == "f" else image
-            low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+            low, high = finite_range(image)
             header, buffers = array_answer("image", seq, image, detector=shown.detector, mode=shown.mode, index=shown.index,
                                            min=low, max=high)
             self.send(header, buffers)
@@ -129,6 +154,50 @@ class Session:
             self.send(*array_answer("grid", seq, self.state.grid(shown), names=self.state.series.names, detector=shown.detector))
         except Exception as err:
             self.error(seq, "grid", err)
+
+    def answer_phase(self, seq, index: int, steering: phase.Steering, ask: str = "phase") -> None:
+        """The phase image (with amplitude and spectrum where wanted), or, where a CPU owner would take long
+        and the user has not said to go on, an error giving the expected seconds."""
+        try:
+            seconds = self.state.slow_on_cpu(index, steering)
+            if seconds is not None:
+                name = self.state.series[index].name
+                self.send({"type": "error", "seq": seq, "ask": ask, "seconds": seconds, "steering": dataclasses.asdict(steering),
+                           "message": f"{steering.method} of {name} takes about {seconds:.0f} s on its CPU worker: "
+                                      f"press 'go on' to compute it, or choose a smaller upsampling or SSB"}, [])
+                return
+            self.send({"type": "progress", "seq": seq, "ask": ask, "what": f"{steering.method} of {self.state.series[index].name}"}, [])
+            image = self.state.phase(index, steering)
+            layers = {"phase": image.phase}
+            if image.amplitude is not None:
+                layers["amplitude"] = image.amplitude
+            if steering.spectrum:
+                layers["spectrum"] = phase.power_spectrum(image.phase)
+            ranges = [finite_range(v) for v in layers.values()]
+            header, buffers = array_answer("phase", seq, np.stack(list(layers.values())), layers=list(layers), ranges=ranges,
+                                           pixel_A=image.pixel_A, upsampling=image.upsampling, index=index,
+                                           steering=dataclasses.asdict(steering), name=image.name)
+            self.send(header, buffers)
+        except Exception as err:
+            self.error(seq, ask, err)
+
+    def answer_fit(self, seq, index: int) -> None:
+        try:
+            self.send({"type": "progress", "seq": seq, "ask": "fit", "what": f"fitting the aberrations of {self.state.series[index].name}"}, [])
+            self.state.fit(index)
+            self.answer_state()
+        except Exception as err:
+            self.error(seq, "fit", err)
+            return
+        self.answer_phase(seq, index, self.state.steering, "fit")
+
+    def answer_phase_grid(self, seq, steering: phase.Steering) -> None:
+        try:
+            self.send({"type": "progress", "seq": seq, "ask": "phase_grid", "what": f"{steering.method} of every acquisition"}, [])
+            self.send(*array_answer("grid", seq, self.state.phase_grid(steering), names=self.state.series.names, of="phase",
+                                    steering=dataclasses.asdict(steering)))
+        except Exception as err:
+            self.error(seq, "phase_grid", err)
 
     def error(self, seq, ask: str, err: Exception) -> None:
         """Tell the page what went wrong with an ask; the view stays as it was."""
@@ -159,8 +228,18 @@ class Session:
             if received != self.received:
                 self.received = received
                 self.push(shown)
+                if self.phase_open:
+                    steering = self.state.steering
+                    self.phases.give(lambda: self.answer_phase(None, shown.index, steering, "push"))
 
     def close(self) -> None:
         self.stopped.set()
         self.images.close()
         self.patterns.close()
+        self.phases.close()
+
+
+def finite_range(values: np.ndarray) -> list[float]:
+    """[min, max] of the finite values ([0, 0] where none is)."""
+    finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+    return [float(finite.min()), float(finite.max())] if finite.size else [0.0, 0.0]

@@ -18,6 +18,8 @@ from ..phase.calibration import bright_field_disk
 from ..phase.optics import Optics
 from ..resident.base import out_of_range
 from ..service import Acquisition, Series
+from . import phase
+from .phase import PhaseImage, Steering
 from .protocol import GRID_SIDE, MODES, OPS
 
 OPTICS_MODES = ("dpc", "ssb")  # modes that need Optics
@@ -54,6 +56,11 @@ class ViewState:
         self.calibrations: dict[str, dict | None] = {}
         self.calibrated: dict[str, Optics] = {}
         self.last_image: tuple[tuple, np.ndarray] | None = None
+        self.fitted: Optics | None = None  # the fit's optics (aberrations, rotation), shared by every acquisition
+        self.steering = Steering(**phase.sliders_of(optics)) if optics is not None else Steering()
+        self.last_phase: tuple[tuple, PhaseImage] | None = None
+        self.confirmed: set[tuple] = set()  # (acquisition, method, upsampling) a user let a slow CPU preparation run for
+        self.devices: dict[str, str] = {}  # owner address -> "cpu" or "cuda"
         acq = self.series[0]
         rows, cols = acq.shape[:2]
         self.shown = Shown(0, detector or self.default_detector(0), cursor=(rows // 2, cols // 2))
@@ -167,6 +174,111 @@ class ViewState:
         factor = min(-(-max(shape[:2]) // GRID_SIDE), *shape[:2])
         return narrowed(self.series.virtual_images(masks.from_detector(shape[2:], shown.detector), bin=factor))
 
+    # -- the phase panel ----------------------------------------------------------
+
+    def base_optics(self, acq: Acquisition) -> Optics:
+        """``acq``'s calibrated optics carrying the fit's aberrations, rotation and flip where a fit was made."""
+        optics = self.optics_of(acq)
+        if self.fitted is not None:
+            optics = optics.with_(aberrations=dict(self.fitted.aberrations), rotation_deg=self.fitted.rotation_deg,
+                                  flip=self.fitted.flip, uncertainties=dict(self.fitted.uncertainties))
+        return optics
+
+    def steer(self, controls: dict) -> Steering:
+        """Change the phase panel's controls (each checked; ValueError naming what is wrong, nothing changed)."""
+        with self.lock:
+            self.steering = phase.checked(controls, self.steering, self.optics, tuple(self.acquisition.shape[:2]))
+            return self.steering
+
+    def steered_optics(self, index: int | None = None, steering: Steering | None = None) -> Optics:
+        """The optics the sliders show for acquisition ``index`` (default: the one shown)."""
+        acq = self.series[self.shown.index if index is None else index]
+        if self.optics is None:
+            raise ValueError(phase.OPTICS_HELP)
+        return phase.steered(self.base_optics(acq), steering or self.steering)
+
+    def phase(self, index: int | None = None, steering: Steering | None = None) -> PhaseImage:
+        """The phase image of acquisition ``index`` (default: shown) with ``steering`` (default: now); the last
+        one is kept (a live acquisition's is made again: its rows keep coming)."""
+        index = self.shown.index if index is None else index
+        steering = steering or self.steering
+        optics = self.steered_optics(index, steering)
+        key = (index, dataclasses.replace(steering, spectrum=False), repr(optics))
+        cached = self.last_phase
+        if cached is not None and cached[0] == key and not self.is_live(index):
+            return cached[1]
+        image = phase.image_of(self.series[index], optics, steering)
+        self.last_phase = (key, image)
+        return image
+
+    def slow_on_cpu(self, index: int, steering: Steering) -> float | None:
+        """The seconds a CPU owner is expected to take for this image where that is more than ``CPU_ASK_S``
+        and the user has not said to go on for its acquisition, method and upsampling; else None."""
+        acq = self.series[index]
+        if self.device_of(acq) != "cpu":
+            return None
+        optics = self.steered_optics(index, steering)
+        key = (acq.name, steering.method, phase.upsampling_of(acq, optics, steering))
+        seconds = phase.cpu_seconds(acq, optics, steering)
+        return seconds if seconds > phase.CPU_ASK_S and key not in self.confirmed else None
+
+    def go_on(self, index: int, steering: Steering) -> None:
+        """The user lets a slow CPU preparation run for this acquisition, method and upsampling."""
+        acq = self.series[index]
+        self.confirmed.add((acq.name, steering.method, phase.upsampling_of(acq, self.steered_optics(index, steering), steering)))
+
+    def device_of(self, acq: Acquisition) -> str:
+        """"cpu" or "cuda": the kind of device ``acq``'s owner computes on."""
+        owner = acq.owner
+        if owner not in self.devices:
+            shards = self.series.service.state()["shards"]
+            self.devices.update({address: shard["device"]["kind"] for address, shard in shards.items()})
+        return self.devices.get(owner, "cpu")
+
+    def fit(self, index: int | None = None) -> Optics:
+        """Fit C10, C12, phi12 and the rotation on acquisition ``index`` (default: shown) on its owner; every
+        acquisition's images then carry them and the sliders start from them (reset: the same)."""
+        acq = self.series[self.shown.index if index is None else index]
+        if self.optics is None:
+            raise ValueError(phase.OPTICS_HELP)
+        fitted = acq.fit_aberrations(self.optics_of(acq))
+        with self.lock:
+            self.fitted = fitted
+            self.steering = dataclasses.replace(self.steering, **phase.sliders_of(fitted))
+        return fitted
+
+    def reset(self) -> Steering:
+        """The sliders back to the fit's values (or the given optics' where no fit was made)."""
+        with self.lock:
+            start = self.fitted if self.fitted is not None else self.optics
+            if start is None:
+                raise ValueError(phase.OPTICS_HELP)
+            self.steering = dataclasses.replace(self.steering, **phase.sliders_of(start))
+            return self.steering
+
+    def phase_grid(self, steering: Steering | None = None) -> np.ndarray:
+        """Every acquisition's phase image with the same sliders, each block-averaged to at most GRID_SIDE
+        pixels a side: (n, rows', cols') float32."""
+        steering = steering or self.steering
+        images = [self.phase(k, steering).phase for k in range(len(self.series))]
+        factor = max(1, -(-max(images[0].shape) // GRID_SIDE))
+        rows, cols = (side // factor for side in images[0].shape)
+        stack = np.stack([im[: rows * factor, : cols * factor] for im in images])
+        return stack.reshape(len(images), rows, factor, cols, factor).mean(axis=(2, 4), dtype=np.float64).astype(np.float32)
+
+    def phase_state(self) -> dict | None:
+        """What the phase panel draws its controls from: the controls now, the fit's values, the limits."""
+        if self.optics is None:
+            return None
+        acq = self.acquisition
+        limit = phase.limit_A(self.optics, tuple(acq.shape[:2]))
+        start = phase.sliders_of(self.fitted if self.fitted is not None else self.optics)
+        return {"steering": dataclasses.asdict(self.steering), "start": start, "fitted": self.fitted is not None,
+                "limit_A": limit, "methods": list(phase.METHODS), "upsamplings": list(phase.UPSAMPLINGS),
+                "c10_range": [max(-limit, start["c10_A"] - phase.SLIDER_C10_A), min(limit, start["c10_A"] + phase.SLIDER_C10_A)],
+                "c12_range": [0.0, min(limit, start["c12_A"] + phase.SLIDER_C12_A)],
+                "uncertainties": dict(self.fitted.uncertainties) if self.fitted is not None else {}}
+
     # -- what the page is told -------------------------------------------------
 
     def state(self) -> dict:
@@ -180,7 +292,7 @@ class ViewState:
             live = {"received": acq.received, "n_frames": acq.n_frames}
         return {"type": "state", "acquisitions": self.series.names, "index": shown.index, "shape": list(acq.shape),
                 "dtype": str(acq.dtype), "detector": shown.detector, "mode": shown.mode, "cursor": list(shown.cursor),
-                "calibration": self.calibration(shown.index), "optics": optics, "live": live,
+                "calibration": self.calibration(shown.index), "optics": optics, "live": live, "phase": self.phase_state(),
                 "dashboard": getattr(self.series.service.client, "dashboard_link", None)}
 
     def is_live(self, index: int) -> bool:
@@ -208,8 +320,8 @@ class ViewState:
         return {"kind": "disk", "center": [(rows - 1) / 2, (cols - 1) / 2], "radius": max(1.0, min(rows, cols) / 8)}
 
     def optics_of(self, acq: Acquisition) -> Optics:
-        """The viewer's Optics calibrated for ``acq`` (once per acquisition)."""
-        if acq.name not in self.calibrated:
+        """The viewer's Optics calibrated for ``acq`` (once per acquisition; a live one's as its rows come)."""
+        if acq.name not in self.calibrated or acq.record.get("live"):
             self.calibrated[acq.name] = acq.calibrate(self.optics)
         return self.calibrated[acq.name]
 

@@ -13,6 +13,8 @@ import numpy as np
 
 from ..phase.optics import Optics
 from ..service import Series
+from . import phase
+from .phase import PhaseImage
 from .session import Session
 from .state import ViewState
 
@@ -55,6 +57,24 @@ class Viewer(anywidget.AnyWidget):
     def pattern(self) -> np.ndarray:
         """The pattern shown now: the frame at the scan cursor, or the reduction over the drawn scan region."""
         return self.view.pattern()
+
+    @property
+    def optics(self) -> Optics:
+        """The optics the phase panel's sliders show now for the acquisition shown: its calibration, the fit's
+        aberrations and rotation, the sliders' C10, C12 and phi12 (usable in ``acq.ssb``, ``acq.direct_ptycho``,
+        ``qd.ptycho.reconstruct``)."""
+        return self.view.steered_optics()
+
+    @property
+    def phase(self) -> PhaseImage:
+        """The phase panel's image now (float32 rad ``phase``, ``amplitude`` for direct complex, ``pixel_A``,
+        ``optics``); ``np.asarray(v.phase)`` is the phase."""
+        return self.view.phase()
+
+    def save_phase(self, path) -> Path:
+        """Write the phase panel's image: .png a labelled figure, .npy (with ``<name>.json``) or .tif with the
+        optics and method in its metadata."""
+        return phase.save(self.view.phase(), path)
 
     def close(self) -> None:
         self.session.close()
