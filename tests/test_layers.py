@@ -21,7 +21,7 @@ LAYERS = ["cli", "view", "service", "ptycho", "queries", "phase", "detector", "i
 # The first name under qgpu_dask/ (module or package) -> its layer.
 LAYER_OF = {
     "cli": "cli",
-    "figure": "cli",  # the demo's labelled figure: only cli.py imports it, and it imports nothing of the package
+    "figure": "formats",  # labelled figures (the demo's, the viewer's saved phase): imports nothing of the package
     "view": "view",
     "service": "service",
     "ptycho": "ptycho",
