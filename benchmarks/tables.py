@@ -187,6 +187,7 @@ MEASURES: dict[str, list[str]] = {
                        "qgpu_dask/formats/merlin.py", "qgpu_dask/formats/stream2.py"] + BITSHUFFLE + COMPRESSED + SERVICE,
     "tensor_rates": [],
     "view_gpu": ["qgpu_dask/view", "qgpu_dask/detector/masks.py"] + SERVICE + DENSE + COMPRESSED,
+    "view_phase_gpu": ["qgpu_dask/view", "qgpu_dask/phase/direct.py", "qgpu_dask/phase/parallax.py"] + SSB + SERVICE + DENSE,
     "cpu_vs_libertem": SERVICE + DENSE + COMPRESSED + LOADS,
     "series_gpu": SERVICE + DENSE + COMPRESSED + SAVED,
     "load_series_gpu": ["qgpu_dask/io/readers/arina.py", "qgpu_dask/io/readers/stored_chunks.py"] + SAVED + BITSHUFFLE + LOADS + COMPRESSED + SERVICE,
@@ -611,6 +612,16 @@ TABLES: tuple[Table | Figure, ...] = (
                  "", F("targets/step_ms_max", "{:.0f}")),
                 ("acquisitions; scan; detector", (F("acquisitions"), "; ", F("scan/0"), " x ", F("scan/1"), "; ", F("det"), " x ", F("det")), "", ""),
             )) for backend in ("cuda", "cpu")),
+    *(Table(f"view_phase_{backend}", PAGE, f"view_phase_{backend}", "view_phase_gpu",
+            ("slider step to its phase image painted, ms", "viewer p50", "p95 / max", "the API alone, same run, p50", "target p50"), tuple(
+                (label, F(f"viewer/{key}/p50_ms", "{:.1f}", bold=True),
+                 (F(f"viewer/{key}/p95_ms", "{:.1f}"), " / ", F(f"viewer/{key}/max_ms", "{:.1f}")),
+                 F(f"api/{key}/p50_ms", "{:.1f}") if key != "strength" else "",
+                 F(f"targets/{key}_p50_ms", "{:.0f}") if backend == "cuda" or key in ("ssb", "direct-phase") else "")
+                for label, key in (("SSB, C10 slider", "ssb"), ("direct, phase, C10 slider", "direct-phase"),
+                                   ("direct, complex, C10 slider", "direct-complex"), ("direct, phase, strength slider", "strength")))
+            + (("scan; detector; upsampling", (F("scan"), " x ", F("scan"), "; ", F("det"), " x ", F("det"), "; u = ", F("upsampling")), "", "", ""),))
+      for backend in ("cuda", "cpu")),
     Table("tensor_rates_cuda", PAGE, "tensor_rates_cuda", "tensor_rates", ("unit", "TFLOPS", "against float32 multiply-adds"), tuple(
         (label, F(f"tflops/{k}", "{:.1f}"), F(f"over_f32_fma/{k}")) for label, k in (
             ("float64 tensor cores, m8n8k4", "f64_m8n8k4"), ("float64 tensor cores, m16n8k4", "f64_m16n8k4"),

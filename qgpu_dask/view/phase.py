@@ -27,8 +27,9 @@ SLIDER_C10_A = 500.0  # the C10 slider spans the fit's value +- this; numeric en
 SLIDER_C12_A = 250.0  # the C12 slider spans 0 .. the fit's value + this
 PARALLAX_AUTO = 2  # parallax has no "auto": the grid it takes for it
 CPU_ASK_S = 5.0  # a CPU worker's expected time above which the page asks before computing
-# CPU seconds per (scan position x bright-field pixel x u^2) of a preparation, 2-core machine (benchmarks/view_phase_gpu.py)
-CPU_RATE_S = {"ssb": 6e-9, "direct-phase": 9e-8, "direct-complex": 1.5e-7, "parallax": 1.5e-8}
+# CPU seconds of an image per (scan position x bright-field pixel x u), 2 workers of the 2-core machine, from a
+# 128 x 128 scan with 1318 bright-field pixels (SSB 0.6 s; direct phase 1.1-1.3 s at u = 2, 3; complex 1.3-2.4 s)
+CPU_RATE_S = {"ssb": 3e-8, "direct-phase": 2e-8, "direct-complex": 4e-8, "parallax": 1.5e-8}
 OPTICS_HELP = ("the phase panel needs the microscope's optics: qd.view(acq, optics=qd.Optics(energy_eV=300e3, "
                "semiangle_mrad=20, scan_step_A=0.5)), or qgpu-dask view --optics optics.json")
 
@@ -170,10 +171,10 @@ def upsampling_of(acq: Acquisition, optics: Optics, steering: Steering) -> int:
 
 
 def cpu_seconds(acq: Acquisition, optics: Optics, steering: Steering) -> float:
-    """About how long a CPU worker takes to prepare ``steering``'s image of ``acq`` (2-core rates)."""
+    """About how long a CPU worker takes to make ``steering``'s image of ``acq`` (2-core rates)."""
     u = upsampling_of(acq, optics, steering)
     rows, cols = acq.shape[:2]
-    return CPU_RATE_S[steering.method] * rows * cols * bright_field_pixels(optics) * u * u
+    return CPU_RATE_S[steering.method] * rows * cols * bright_field_pixels(optics) * u
 
 
 def image_of(acq: Acquisition, optics: Optics, steering: Steering) -> PhaseImage:
