@@ -21,6 +21,10 @@ from distributed import Client, LocalCluster
 import qgpu_dask as qd
 from processes import Started, free_ports
 
+# Workers started by the tests (and the programs they run) compile kernels on first use rather than warming
+# every one up as they start: dozens of short-lived clusters on two cores. tests/test_first_calls.py turns it on.
+os.environ.setdefault("QGPU_DASK_WARM_UP", "0")
+
 
 def cupy_available() -> bool:
     try:

@@ -6,6 +6,7 @@ call that needs one still being compiled waits for it, and its progress bar says
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 
@@ -58,7 +59,12 @@ def run_once(xp: ModuleType) -> None:
 
 def started(xp: ModuleType) -> Future:
     """:func:`warm_up` under way in a thread of its own (its own CUDA stream on a GPU); its future, done
-    when it is (a failure is logged: the kernels then compile on first use)."""
+    when it is (a failure is logged: the kernels then compile on first use). ``QGPU_DASK_WARM_UP=0`` in the
+    workers' environment skips it (a done future): kernels compile, or load from the cache, on first use."""
+    if os.environ.get("QGPU_DASK_WARM_UP", "1") == "0":
+        skipped: Future = Future()
+        skipped.set_result(None)
+        return skipped
     pool = ThreadPoolExecutor(1, thread_name_prefix="qgpu-warm-up", initializer=use_own_stream)
     future = pool.submit(warm_up, xp)
     future.add_done_callback(lambda done: done.exception() and logger.warning("warming up the kernels failed: %r", done.exception()))
