@@ -764,7 +764,8 @@ export function mount(el, transport, options = {}) {
 
   // ---- asks: one seq, at most one ask in flight a channel, the newest of each type waiting ------
   let seq = 0;
-  const channels = Object.fromEntries(["image", "pattern", "phase"].map((c) => [c, { inflight: null, type: null, since: 0 }]));
+  // working: the server said it computes the ask in flight (a phase image or a fit may take longer than STALL_MS)
+  const channels = Object.fromEntries(["image", "pattern", "phase"].map((c) => [c, { inflight: null, type: null, since: 0, working: false }]));
   const pending = new Map(); // ask type -> the newest unsent ask of that type
   const drawnSeq = { image: -Infinity, pattern: -Infinity, grid: -Infinity, phase: -Infinity, phaseGrid: -Infinity };
   const askedAt = new Map(); // seq -> performance.now() when an image or grid was asked
@@ -787,7 +788,7 @@ export function mount(el, transport, options = {}) {
   // Send waiting asks in seq order; one blocked on a channel holds back later asks of that channel.
   function flush() {
     const now = performance.now();
-    for (const c of Object.values(channels)) if (c.inflight != null && now - c.since > STALL_MS) c.inflight = null;
+    for (const c of Object.values(channels)) if (c.inflight != null && !c.working && now - c.since > STALL_MS) c.inflight = null;
     const blocked = new Set();
     for (const m of [...pending.values()].sort((a, b) => a.seq - b.seq)) {
       const names = CHANNELS_OF[m.type];
@@ -796,7 +797,7 @@ export function mount(el, transport, options = {}) {
         continue;
       }
       pending.delete(m.type);
-      for (const c of names) Object.assign(channels[c], { inflight: m.seq, type: m.type, since: now });
+      for (const c of names) Object.assign(channels[c], { inflight: m.seq, type: m.type, since: now, working: false });
       if (names.includes("phase")) P.doing = S.state?.phase ? doingOf(m) : ""; // without optics it only asks how to give them
       transport.send(m);
     }
@@ -1140,9 +1141,13 @@ export function mount(el, transport, options = {}) {
     timed(header.seq, phaseAskedAt, hooks.phaseTimings);
   }
 
-  // What the phase channel is computing for the ask in flight (the fit says which acquisition it fits).
+  // The server computes the phase channel's ask in flight: its answer will come, however long it takes (the
+  // fit says which acquisition it fits).
   function onProgress(header) {
-    if (header.seq != null && header.seq === channels.phase.inflight && header.ask !== "phase") P.doing = header.what;
+    if (header.seq == null || header.seq !== channels.phase.inflight) return;
+    channels.phase.working = true;
+    // an activity ("fitting the aberrations of a") as it is, a product ("ssb of a") being computed
+    if (header.ask !== "phase") P.doing = /^\w+ing /.test(header.what) ? header.what : `computing ${header.what}`;
   }
 
   function onError(header) {
@@ -1425,7 +1430,7 @@ export function mount(el, transport, options = {}) {
       const at = (name) => phaseLayer(P.image, name)?.[0][row * cols + col];
       const amplitude = at("amplitude");
       const A = P.image.header.pixel_A;
-      ph.hover.textContent = `${row}, ${col} (${fmt(row * A, 2)}, ${fmt(col * A, 2)} Å): phase ${valueText(at("phase"), "float32")} rad` +
+      ph.hover.textContent = `${row}, ${col} (${r2(row * A)}, ${r2(col * A)} Å): phase ${valueText(at("phase"), "float32")} rad` +
         (amplitude === undefined ? "" : `  amplitude ${valueText(amplitude, "float32")}`);
     });
     on(view.svg, "pointerleave", () => { ph.hover.textContent = ""; });
