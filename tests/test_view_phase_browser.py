@@ -8,6 +8,9 @@ to the test's folder. Skips, saying why, where no browser is installed.
 
 from __future__ import annotations
 
+import re
+import time
+
 import numpy as np
 import pytest
 
@@ -75,6 +78,8 @@ def steering_of(record: dict) -> phase.Steering:
 
 
 def test_dragging_c10_draws_the_apis_image_for_each_method(phased, browser, tmp_path):
+    from selenium.webdriver.support.select import Select
+
     server, (acq, _), optics, _ = phased
     open_page(browser, page_url(server, f"/acq/{acq.name}/"))
     first = shown(browser)
@@ -90,10 +95,18 @@ def test_dragging_c10_draws_the_apis_image_for_each_method(phased, browser, tmp_
     assert [t.text for t in browser.find_elements("css selector", "[data-role=phase-axis-cols] .qv-tick")] == ["0", "2", "4", "6", "8"]
     browser.save_screenshot(str(tmp_path / "phase-first.png"))
 
+    # the hover readout: the phase under the pointer (pixel row 3, column 5 of the 20 x 20 image)
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = element(browser, "phase")
+    width, height = canvas.size["width"], canvas.size["height"]
+    ActionChains(browser).move_to_element_with_offset(canvas, int((5.5 / 20 - 0.5) * width), int((3.5 / 20 - 0.5) * height)).perform()
+    hover = wait_for(browser, "document.querySelector('[data-role=phase-hover]').textContent")
+    assert hover.startswith("3, 5 (1.5, 2.5 Å): phase ") and hover.endswith(" rad"), hover
+    assert np.float32(hover.split("phase ")[1].split()[0]) == image_of(first)[3, 5]
+
     for method in ("ssb", "direct-phase", "direct-complex"):
         if method != "ssb":
-            from selenium.webdriver.support.select import Select
-
             Select(element(browser, "phase-method")).select_by_value(method)
         before = browser.execute_script(f"return {VIEWER}.drawn.phase;")
         slider = element(browser, "phase-c10_A")
@@ -110,6 +123,13 @@ def test_dragging_c10_draws_the_apis_image_for_each_method(phased, browser, tmp_
         else:
             assert (image_of(record) == want).all(), method
     browser.save_screenshot(str(tmp_path / "phase-complex.png"))
+
+    Select(element(browser, "phase-method")).select_by_value("parallax")
+    element(browser, "phase-spectrum").click()  # the power spectrum too, drawn small
+    record = wait_for(browser, f"{PHASE_SETTLED} && {VIEWER}.lastPhase.layers.includes('spectrum') && {VIEWER}.lastPhase")
+    assert record["layers"] == ["phase", "spectrum"] and record["steering"]["method"] == "parallax" and record["upsampling"] == 2
+    assert (image_of(record) == expected(acq, optics, steering_of(record))).all()
+    assert element(browser, "phase-spectrum-image").is_displayed() and not element(browser, "phase-amplitude").is_displayed()
 
 
 def test_a_burst_of_slider_events_draws_the_newest(phased, browser):
@@ -147,9 +167,16 @@ def test_the_fit_button_sets_the_sliders_to_the_fit(phased, browser):
     open_page(browser, page_url(server, f"/acq/{acq.name}/"))
     shown(browser)
     element(browser, "phase-fit").click()
-    wait_for(browser, "document.querySelector('[data-role=status]').textContent.includes('fitting the aberrations of')",
-             what="the fit's progress in the status line")
-    record = wait_for(browser, f"{settled('fit')} && {VIEWER}.lastPhase", what="the phase image at the fit")
+    seen, start = set(), time.monotonic()  # the status lines shown until the image at the fit is drawn
+    while not browser.execute_script(f"return {settled('fit')};"):
+        seen.add(browser.execute_script(STATUS))
+        assert time.monotonic() - start < 60, f"no image at the fit in 60 s; status lines seen: {seen}"
+        time.sleep(0.05)
+    record = browser.execute_script(f"return {VIEWER}.lastPhase;")
+    fitting = sorted(line for line in seen if line.startswith(f"fitting the aberrations of {acq.name} …"))
+    assert fitting, seen
+    if time.monotonic() - start > 2:  # the seconds tick while it fits
+        assert any(re.fullmatch(rf"fitting the aberrations of {acq.name} … \d+ s", line) for line in fitting), fitting
     assert {k: record["steering"][k] for k in fitted} == fitted
     assert browser.execute_script(f"const c = {VIEWER}.phaseControls; return {{c10_A: c.c10_A, c12_A: c.c12_A, phi12_deg: c.phi12_deg}};") == fitted
     for key, value in fitted.items():  # the entries show them to 0.01, the sliders at their nearest step
