@@ -693,7 +693,7 @@ export function mount(el, transport, options = {}) {
     method: sel("phase-method", PHASE_METHODS, "ssb"),
     upsampling: sel("phase-upsampling", PHASE_UPSAMPLINGS, "auto"),
     strength: num("phase-strength", 0.1, 0.01, "direct ptychography's regularization (> 0)"),
-    sliders: [slider("c10_A", "C10", "Å"), slider("c12_A", "C12", "Å"), slider("phi12_deg", "phi12", "degrees")],
+    sliders: [slider("c10_A", "C10", "Å"), slider("c12_A", "C12", "Å"), slider("phi12_deg", "phi12", "°")],
     fit: btn("phase-fit", "fit", "fit C10, C12, phi12 and the rotation on the acquisition shown"),
     reset: btn("phase-reset", "reset", "the sliders back to the fit (or to the optics given)"),
     spectrum: h("input", { type: "checkbox", "data-role": "phase-spectrum" }),
@@ -711,7 +711,7 @@ export function mount(el, transport, options = {}) {
   ph.pictures = h("div", { class: "qv-pictures" }, phaseView.box, amplitudeView.box);
   ph.body = h("div", { "data-role": "phase-controls", class: "qv-panel-body" },
     h("div", { class: "qv-bar" }, "method", ph.method, "upsampling", ph.upsampling, "strength", ph.strength),
-    ...ph.sliders.map((s) => h("label", { class: "qv-slider" }, `${s.label} (${s.unit === "degrees" ? "°" : s.unit})`, s.range, s.entry)),
+    ...ph.sliders.map((s) => h("label", { class: "qv-slider" }, `${s.label} (${s.unit})`, s.range, s.entry)),
     h("div", { class: "qv-bar" }, ph.fit, ph.reset, h("label", {}, ph.spectrum, " spectrum"), ph.grid, ph.goOn),
     ph.start);
   ph.panel = h("div", { class: "qv-panel", "data-role": "phase-panel" }, ph.label, ph.message, ph.pictures, ph.gridBox,
@@ -984,7 +984,7 @@ export function mount(el, transport, options = {}) {
     }
     const st = header.steering;
     ph.label.textContent = `${header.name}: ${st.method}`;
-    ph.info.textContent = `${rows}×${cols} float32 (upsampling ${header.upsampling}, pixel ${fmt(header.pixel_A, 3)} Å)  ` +
+    ph.info.textContent = `${rows}×${cols} float32 (upsampling ${header.upsampling}, pixel ${fmt(header.pixel_A, 3)} Å)\n` +
       `C10 ${fmt(st.c10_A, 1)} Å  C12 ${fmt(st.c12_A, 1)} Å  phi12 ${fmt(st.phi12_deg, 1)}°` +
       (st.method.startsWith("direct") ? `  strength ${st.strength}` : "");
   }
@@ -1025,7 +1025,10 @@ export function mount(el, transport, options = {}) {
   function phaseRecord(image) {
     const { header } = image;
     const plain = {};
-    const layer = (name) => plain[name] || (plain[name] = phaseLayer(image, name) && Array.from(phaseLayer(image, name)[0]));
+    const layer = (name) => {
+      if (!(name in plain)) plain[name] = phaseLayer(image, name) ? Array.from(phaseLayer(image, name)[0]) : null;
+      return plain[name];
+    };
     return {
       seq: header.seq, index: header.index, name: header.name, layers: header.layers, shape: header.shape.slice(1),
       ranges: header.ranges, steering: header.steering, upsampling: header.upsampling, pixel_A: header.pixel_A,
@@ -1201,7 +1204,6 @@ export function mount(el, transport, options = {}) {
   function applyPhaseState(phase) {
     ph.body.hidden = !phase;
     ph.pictures.hidden = !phase || P.gridOn;
-    if (!phase) phaseView.loading.hidden = true;
     if (phase) {
       ph.message.hidden = true;
       options(ph.method, phase.methods);
