@@ -24,7 +24,6 @@ from test_view_phase import SCAN, expected, phase_counts
 pytestmark = needs_browser
 
 
-
 def settled(ask: str = "phase") -> str:
     """The phase image drawn last answers the newest ask of that type, and its pixels are on screen (its timing
     taken)."""
@@ -106,6 +105,14 @@ def test_dragging_c10_draws_the_apis_image_for_each_method(phased, browser, tmp_
     assert element(browser, "phase-axis-unit").text == "Å"
     assert element(browser, "phase-overlay").text == "2 Å"  # the scale bar: a fifth of the 10 Å field
     assert [t.text for t in browser.find_elements("css selector", "[data-role=phase-axis-cols] .qv-tick")] == ["0", "2", "4", "6", "8"]
+    # the image and pattern panels' axes and colour bars: Å along the scan (the optics give its step), detector
+    # pixels along the pattern (they give no angle a pixel), the pattern's colour bar over its counts' range
+    assert element(browser, "image-axis-unit").text == "Å" and element(browser, "pattern-axis-unit").text == "px"
+    assert element(browser, "image-colourbar-label").text == "counts"
+    pattern = wait_for(browser, f"{VIEWER}.lastPattern")
+    assert element(browser, "pattern-colourbar-label").text == "counts (log scale)"
+    assert element(browser, "pattern-colourbar-min").text == str(min(pattern["values"]))
+    assert element(browser, "pattern-colourbar-max").text == str(max(pattern["values"]))
     browser.save_screenshot(str(tmp_path / "phase-first.png"))
 
     # the hover readout: the phase under the pointer (pixel row 3, column 5 of the 20 x 20 image)
