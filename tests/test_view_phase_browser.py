@@ -288,6 +288,14 @@ def test_bad_input_is_said_and_the_page_stays_usable(phased, browser, svc, monke
         record = wait_for(browser, f"{VIEWER}.lastPhase.steering.method === 'direct-complex' && {VIEWER}.lastPhase")
         assert record["layers"] == ["phase", "amplitude"]
 
+        monkeypatch.setitem(phase.CPU_RATE_S, "ssb", 1.0)  # a page whose first image is slow to prepare
+        browser.get(page_url(server, f"/acq/{acq.name}/"))
+        wait_for(browser, "document.querySelector('[data-role=phase-go-on]').offsetHeight > 0", what="the go-on button")
+        assert element(browser, "phase-loading").text == "not computed: 'go on' below computes it"
+        element(browser, "phase-go-on").click()
+        wait_for(browser, f"{VIEWER}.drawn.phase > 0", what="the first phase image once let go on")
+        assert not element(browser, "phase-loading").is_displayed()
+
 
 def test_without_optics_the_panel_says_how_to_give_them(phased, svc, browser):
     _, (acq, _), _, _ = phased

@@ -943,6 +943,12 @@ export function mount(el, transport, options = {}) {
     for (const box of [ui.gridBox, ph.gridBox]) for (const [k, tile] of [...box.children].entries()) tile.classList.toggle("current", k === S.index);
   }
 
+  // A loading indicator's text; it spins while something is on its way.
+  function loadingSays(loading, text, spinning) {
+    loading.textContent = text;
+    loading.classList.toggle("stopped", !spinning);
+  }
+
   function showGrid(on) {
     ui.gridBox.hidden = !on;
     imageView.box.hidden = on;
@@ -1166,6 +1172,7 @@ export function mount(el, transport, options = {}) {
     if (header.seconds != null) { // a slow CPU preparation waits for the user's word; the server took the controls
       P.goOn = P.accepted = header.steering;
       ph.goOn.hidden = false;
+      if (!P.image) loadingSays(phaseView.loading, "not computed: 'go on' below computes it", false);
     } else if (header.ask === "phase" && !busy("phase") && P.accepted) showControls(P.accepted, true); // refused: back to what it took
   }
 
@@ -1488,7 +1495,9 @@ export function mount(el, transport, options = {}) {
     const controls = P.goOn;
     P.goOn = null;
     ph.goOn.hidden = true;
-    if (controls) ask({ type: "phase", ...controls, go_on: true });
+    if (!controls) return;
+    if (!P.image) loadingSays(phaseView.loading, "loading the phase image…", true);
+    ask({ type: "phase", ...controls, go_on: true });
   });
 
   // ---- exports ------------------------------------------------------------------------------
@@ -1570,10 +1579,7 @@ img{image-rendering:pixelated;max-width:${EXPORT_SIDE}px}pre{background:#f4f4f4;
   const unclose = transport.onClose?.((info) => {
     S.closed = info || {};
     stopPlay();
-    for (const loading of [ui.imageLoading, ui.patternLoading, phaseView.loading]) {
-      loading.textContent = "not loaded: the connection closed";
-      loading.classList.add("stopped");
-    }
+    for (const loading of [ui.imageLoading, ui.patternLoading, phaseView.loading]) loadingSays(loading, "not loaded: the connection closed", false);
     renderStatus();
   });
   const stallTimer = setInterval(() => { // frees a channel whose answer never came; the phase channel's seconds tick
