@@ -541,6 +541,7 @@ const STYLE = `
 .qv-axis-unit { font-size: 10px; color: #555; text-align: right; padding: 3px 5px 0 0; }
 .qv-colourbar { display: flex; align-items: center; gap: 6px; font-size: 11px; font-family: ui-monospace, monospace; }
 .qv-colourbar canvas { width: 140px; height: 10px; border: 1px solid #888; image-rendering: auto; }
+.qv-panel-body { display: flex; flex-direction: column; gap: 6px; }
 .qv-slider { display: grid; grid-template-columns: 4.5em 1fr 5.5em; align-items: center; gap: 6px; }
 .qv-slider input[type=range] { width: 100%; }
 .qv-slider input[type=number] { width: 5.5em; }
