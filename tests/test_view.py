@@ -20,7 +20,7 @@ from qgpu_dask.detector import masks
 from qgpu_dask.view.protocol import GRID_SIDE, frame, unframe
 from qgpu_dask.view.server import ViewServer
 from qgpu_dask.view.state import ViewState, narrowed
-from view_pages import talk, ws
+from view_pages import Page, talk, ws
 
 DETECTORS = [
     {"kind": "disk", "center": [15.5, 16.0], "radius": 5},

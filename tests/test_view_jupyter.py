@@ -4,7 +4,8 @@ JupyterLab is started as its own process (loopback only, a free port, a fixed to
 a kernel spec of this Python written for it, its Jupyter config, data and runtime folders in the test's folder)
 and stopped by its PID. A notebook connects to the test's cluster by its scheduler file and shows the viewer;
 the page runs all cells (the JupyterLab command, through `window.jupyterapp`), the detector is dragged on the
-pattern with the mouse, and the image the widget drew must equal the API's own image for the detector it shows.
+pattern with the mouse, and the image the widget drew must equal the API's own image for the detector it shows;
+given optics, the widget's phase panel draws the API's own SSB image.
 Screenshots go to the test's folder. Skips, saying why, without chromium, chromedriver or JupyterLab.
 """
 
@@ -22,15 +23,19 @@ import urllib.request
 import numpy as np
 import pytest
 
+import qgpu_dask as qd
 from browser import SETTLED, VIEWER, drag, needs_browser, wait_for
 from processes import stop
 from qgpu_dask.detector import masks
+from qgpu_dask.view import phase
+from test_view_phase import expected
 
 pytestmark = needs_browser
 
 TOKEN = "qgpu-dask-jupyter-test"
 KERNEL = "qgpu-dask-test-python"
 NAME = "jupyter-view"
+OPTICS = {"energy_eV": 300e3, "semiangle_mrad": 20.0, "scan_step_A": 0.5}  # the widget's phase panel computes with them
 # the notebook panel JupyterLab shows (the one widget of the main area)
 PANEL = "window.jupyterapp && window.jupyterapp.shell.currentWidget"
 KERNEL_IDLE = f"{PANEL} && {PANEL}.sessionContext && {PANEL}.sessionContext.session?.kernel?.status === 'idle'"
@@ -49,7 +54,7 @@ def write_notebook(path, scheduler_file) -> None:
     nb.cells = [nbformat.v4.new_code_cell(source) for source in (
         f"import qgpu_dask as qd\nsvc = qd.Service.connect(scheduler_file={str(scheduler_file)!r})",
         f"acq = svc[{NAME!r}]",
-        "v = qd.view(acq)",
+        f"v = qd.view(acq, optics=qd.Optics(**{OPTICS!r}))",
         "v",
     )]
     nbformat.write(nb, path)
@@ -153,7 +158,13 @@ def test_the_notebook_widget_draws_and_drags_like_the_api(svc, scheduler_file, t
         assert (image == want).all(), shown["detector"]
         assert browser.execute_script(f"return {VIEWER}.canvasHash('image');") != before
         assert browser.execute_script(f"return {VIEWER}.detector;") == shown["detector"]
-        assert not browser.execute_script(f"return {VIEWER}.errors;")
         browser.save_screenshot(str(tmp_path / "jupyter-after.png"))
+
+        # the phase panel, given optics: its first image is the API's SSB at the optics given
+        shown = wait_for(browser, f"{VIEWER}.drawn.phase > 0 && {VIEWER}.lastPhase", what="the first phase image")
+        image = np.array(shown["values"], dtype=np.float32).reshape(shown["shape"])
+        assert shown["layers"] == ["phase"] and (image == expected(acq, qd.Optics(**OPTICS), phase.Steering())).all()
+        assert browser.find_element("css selector", "[data-role=phase]").is_displayed()
+        assert not browser.execute_script(f"return {VIEWER}.errors;")
     finally:
         acq.release()

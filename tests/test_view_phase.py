@@ -2,10 +2,11 @@
 sliders' optics (SSB, direct phase and complex, parallax), a burst of slider asks is answered latest first, the
 fit and reset set the sliders, a series steps and grids with the same optics, a live acquisition's phase is
 pushed as rows arrive, bad input is an error that changes nothing, and the widget's optics, phase and saved
-files. The browser half is in test_view_browser.py."""
+files. The browser half is in test_view_phase_browser.py."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -23,12 +24,15 @@ from view_pages import talk, ws
 SCAN = (20, 20)
 
 
+@functools.cache
 def phase_counts(seed: int) -> np.ndarray:
-    """A simulated acquisition of atomic columns seen with the samples' phase optics (C10 -60 A, C12 20 A)."""
+    """A simulated acquisition of atomic columns seen with the samples' phase optics (C10 -60 A, C12 20 A);
+    simulated once a run (the browser tests view the same ones)."""
     over = samples.PHASE_OVER
     potential = simulate.atoms_potential((SCAN[0] * over, SCAN[1] * over), samples.PHASE_OPTICS.scan_step_A / over, 3.9 + seed / 10)
-    counts = simulate.acquisition(samples.PHASE_OPTICS, SCAN, samples.PHASE_DET, potential, over, dose=1e5, seed=seed)
-    return counts.astype(np.uint16)
+    counts = simulate.acquisition(samples.PHASE_OPTICS, SCAN, samples.PHASE_DET, potential, over, dose=1e5, seed=seed).astype(np.uint16)
+    counts.flags.writeable = False  # shared by every test that asks for it
+    return counts
 
 
 @pytest.fixture(scope="module")

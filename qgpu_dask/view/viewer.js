@@ -5,7 +5,8 @@
 // answers in as a JSON header plus binary buffers (little-endian typed arrays).
 
 const SVG_NS = "http://www.w3.org/2000/svg";
-const CSS_SIDE = 400; // CSS pixels on the longest side of the image and pattern
+const CSS_SIDE = 400; // CSS pixels on the longest side of the image, pattern and phase image
+const AXIS_PX = 36; // CSS pixels for the tick labels left of a picture
 const TILE_SIDE = 120; // CSS pixels on the longest side of a grid tile
 const EXPORT_SIDE = 512; // pixels on the longest side of each exported panel
 const SAMPLE_MAX = 65536; // values looked at for percentiles
@@ -15,6 +16,11 @@ const PLAY_MS = 300;
 const MODES = ["detector", "com_row", "com_col", "dpc", "ssb"];
 const OPTICS_MODES = ["dpc", "ssb"]; // the server refuses these without Optics (state.py)
 const DETECTOR_KINDS = ["disk", "annulus", "sector", "rectangle", "polygon"];
+const PHASE_METHODS = ["ssb", "direct-phase", "direct-complex", "parallax"]; // phase.METHODS, until the state names them
+const PHASE_UPSAMPLINGS = ["auto", 1, 2, 3];
+const SPECTRUM_SIDE = 160; // CSS pixels on the longest side of the power spectrum
+const SLIDER_STEPS = 500; // about this many slider steps over a C10 or C12 range (a round step)
+const NUDGE = 10; // Shift + arrow moves a slider this many steps
 
 // --- wire ------------------------------------------------------------------------------------------
 
@@ -428,6 +434,29 @@ function scaleBarItems(cols, rows, s, step, unit) {
   return [{ d: `M${x} ${y}h${px}v4h${-px}Z`, stroke: "#000", fill: "#fff", width: 1 }, { text: label, x, y: y - 5 }];
 }
 
+// --- axes and colour bars ----------------------------------------------------------------------------
+
+// About four ticks at round values along an axis of n pixels, pixel k at (k - origin) * step in the axis's
+// units: each {at: the fraction of the axis's length (pixel centres at (k + 0.5) / n), label}; never closer
+// than `least` units (whole pixels on a pixel axis).
+function axisTicks(n, step, origin, least = 0) {
+  const first = -origin * step, last = (n - 1 - origin) * step;
+  if (!(last > first)) return [{ at: 0.5, label: tickText(first, 1) }];
+  const spacing = Math.max(least, niceLength((last - first) / 4));
+  const ticks = [];
+  for (let k = Math.ceil(first / spacing - 1e-9); k * spacing <= last + 1e-9 * spacing; k++) {
+    ticks.push({ at: ((k * spacing) / step + origin + 0.5) / n, label: tickText(k * spacing, spacing) });
+  }
+  return ticks;
+}
+
+// A tick's value with the decimals its spacing needs (no "-0").
+const tickText = (v, spacing) => (Math.abs(v) < spacing / 1e6 ? "0" : v.toFixed(Math.max(0, -Math.floor(Math.log10(spacing)))));
+
+// A colour bar's end value: integers as they are, else four significant digits.
+const barText = (v) => (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4))));
+const RAMP = Float32Array.from({ length: 256 }, (_, i) => i);
+
 function svgItems(svg, items) {
   svg.replaceChildren();
   for (const it of items) {
@@ -498,7 +527,26 @@ const STYLE = `
 .qv-bar { display: flex; flex-wrap: wrap; align-items: center; gap: 6px; }
 .qv-bar .sep { width: 1px; height: 20px; background: #ccc; margin: 0 4px; }
 .qv-panels { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
-.qv-panel { display: flex; flex-direction: column; gap: 6px; width: ${CSS_SIDE}px; }
+.qv-panel { display: flex; flex-direction: column; gap: 6px; width: ${CSS_SIDE + AXIS_PX}px; }
+.qv-panel.wide { width: ${2 * (CSS_SIDE + AXIS_PX) + 16}px; }
+.qv-pictures { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
+.qv-picture { display: flex; flex-direction: column; gap: 4px; width: ${CSS_SIDE + AXIS_PX}px; }
+.qv-frame { display: grid; grid-template-columns: ${AXIS_PX}px auto; grid-template-rows: auto 16px; align-self: flex-start; }
+.qv-axis { position: relative; font-size: 10px; color: #555; }
+.qv-tick { position: absolute; white-space: nowrap; }
+.qv-axis.rows .qv-tick { right: 5px; transform: translateY(-50%); }
+.qv-axis.rows .qv-tick::after { content: ""; position: absolute; right: -5px; top: 50%; width: 3px; border-top: 1px solid #888; }
+.qv-axis.cols .qv-tick { top: 3px; transform: translateX(-50%); }
+.qv-axis.cols .qv-tick::before { content: ""; position: absolute; left: 50%; top: -3px; height: 3px; border-left: 1px solid #888; }
+.qv-axis-unit { font-size: 10px; color: #555; text-align: right; padding: 3px 5px 0 0; }
+.qv-colourbar { display: flex; align-items: center; gap: 6px; font-size: 11px; font-family: ui-monospace, monospace; }
+.qv-colourbar canvas { width: 140px; height: 10px; border: 1px solid #888; image-rendering: auto; }
+.qv-panel-body { display: flex; flex-direction: column; gap: 6px; }
+.qv-slider { display: grid; grid-template-columns: 4.5em 1fr 5.5em; align-items: center; gap: 6px; }
+.qv-slider input[type=range] { width: 100%; }
+.qv-slider input[type=number] { width: 5.5em; }
+.qv-message { padding: 8px; background: #fff8e1; border: 1px solid #e2c675; border-radius: 3px; }
+.qv-spectrum canvas { image-rendering: pixelated; background: #111; }
 .qv-stage { position: relative; background: #111; align-self: flex-start; }
 .qv-stage canvas { display: block; image-rendering: pixelated; }
 .qv-stage svg { position: absolute; left: 0; top: 0; touch-action: none; }
@@ -510,6 +558,7 @@ const STYLE = `
 .qv-status { min-height: 1.3em; }
 .qv-status .error, .qv-status .closed { color: #c53030; font-weight: 600; }
 .qv-status .live { color: #2f855a; }
+.qv-status .busy { color: #2b6cb0; }
 .qv-loading { width: ${CSS_SIDE}px; height: ${CSS_SIDE / 2}px; display: flex; align-items: center; justify-content: center; gap: 8px; color: #ddd; }
 .qv-loading::before { content: ""; width: 14px; height: 14px; border: 2px solid #666; border-top-color: #ddd; border-radius: 50%; animation: qv-spin 0.8s linear infinite; }
 @keyframes qv-spin { to { transform: rotate(360deg); } }
@@ -519,10 +568,17 @@ const STYLE = `
 
 // --- the viewer ------------------------------------------------------------------------------------
 
-// Which answer channel(s) an ask occupies: images (and grids) on one, patterns on the other.
+// Which answer channel(s) an ask occupies: images (and grids) on one, patterns on another, the phase panel's
+// asks on a third (the server answers each channel's newest ask).
 const CHANNELS_OF = {
   detector: ["image"], mode: ["image"], grid: ["image"], index: ["image", "pattern"], cursor: ["pattern"], region: ["pattern"],
+  phase: ["phase"], fit: ["phase"], reset: ["phase"], phase_grid: ["phase"],
 };
+// The channels an error frees: an index ask's phase image comes on the phase channel too (where the panel
+// shows one), though the ask does not wait for that channel.
+const ERROR_FREES = { ...CHANNELS_OF, index: ["image", "pattern", "phase"] };
+const PHASE_ASKS = ["phase", "fit", "reset", "phase_grid"];
+const IMAGE_UNITS = { detector: "counts", com_row: "CoM row (px)", com_col: "CoM column (px)", dpc: "iCoM phase (rad)", ssb: "SSB phase (rad)" };
 
 export function mount(el, transport, options = {}) {
   const { dashboardLink = true } = options;
@@ -535,16 +591,70 @@ export function mount(el, transport, options = {}) {
     gridOn: false, regionTool: false, closed: null, error: null, live: null, info: "connecting…",
     drag: null, play: null,
   };
+  // the phase panel
+  const P = {
+    controls: { method: "ssb", upsampling: "auto", strength: 0.1, c10_A: 0, c12_A: 0, phi12_deg: 0, spectrum: false }, // as shown
+    accepted: null, // the controls the server took last: the panel returns to them when it refuses an ask
+    asked: false, // the panel's first ask is made (its first image, or the server's word on missing optics)
+    image: null, grid: null, // {values, header} of the phase answer (grid) drawn
+    gridOn: false, goOn: null, // goOn: the controls a slow CPU preparation waits to be let go on with
+    doing: "", // what the phase channel computes, for the status line
+  };
   const hooks = {
-    lastImage: null, lastPattern: null, lastGrid: null,
-    drawn: { image: 0, pattern: 0, grid: 0 }, errors: [], timings: [],
-    detector: null, state: null,
+    lastImage: null, lastPattern: null, lastGrid: null, lastPhase: null, lastPhaseGrid: null,
+    drawn: { image: 0, pattern: 0, grid: 0, phase: 0, phaseGrid: 0 }, errors: [], timings: [], phaseTimings: [],
+    detector: null, state: null, phaseControls: { ...P.controls },
+    asked: {}, // ask type -> the seq of its newest ask
   };
 
   // ---- DOM ------------------------------------------------------------------
   const sel = (role, values, value) => h("select", { "data-role": role }, values.map((v) => h("option", { value: v, selected: v === value }, v)));
   const num = (role, value, step, title) => h("input", { type: "number", "data-role": role, value, step, title });
   const btn = (role, text, title) => h("button", { type: "button", "data-role": role, title }, text);
+  const readout = (role) => h("div", { "data-role": role, class: "qv-readout" });
+
+  // A stage framed by tick labels (rows down the left edge, columns along the bottom, the unit in the corner).
+  function framed(stage, role) {
+    const rows = h("div", { class: "qv-axis rows", "data-role": `${role}-axis-rows` });
+    const cols = h("div", { class: "qv-axis cols", "data-role": `${role}-axis-cols` });
+    const unit = h("div", { class: "qv-axis-unit", "data-role": `${role}-axis-unit` });
+    return { box: h("div", { class: "qv-frame" }, rows, stage, unit, cols), rows, cols, unit };
+  }
+
+  // A colour bar: the colour map from the low end (left) to the high end, each labelled, then what it shows.
+  function colourBar(role) {
+    const canvas = h("canvas", { "data-role": `${role}-colourbar`, width: 256, height: 1 });
+    const lo = h("span", { "data-role": `${role}-colourbar-min` }), hi = h("span", { "data-role": `${role}-colourbar-max` });
+    const caption = h("span", { "data-role": `${role}-colourbar-label` });
+    return { box: h("div", { class: "qv-colourbar" }, lo, canvas, hi, caption), canvas, lo, hi, caption };
+  }
+
+  // A picture: its canvas under an SVG overlay on a stage (with a loading indicator until it is first
+  // drawn), framed by axes, a colour bar below.
+  function picture(role, loading) {
+    const view = {
+      canvas: h("canvas", { "data-role": role, width: 1, height: 1 }),
+      svg: svgEl("svg", { "data-role": `${role}-overlay` }),
+      loading: loading ? h("div", { "data-role": `${role}-loading`, class: "qv-loading" }, loading) : null,
+      bar: colourBar(role),
+    };
+    view.stage = h("div", { class: "qv-stage" }, view.loading, view.canvas, view.svg);
+    view.frame = framed(view.stage, role);
+    view.box = h("div", { class: "qv-picture" }, view.frame.box, view.bar.box);
+    return view;
+  }
+  const imageView = picture("image", "loading the image…");
+  const patternView = picture("pattern", "loading the pattern…");
+  const phaseView = picture("phase", "loading the phase image…");
+  const amplitudeView = picture("phase-amplitude");
+  amplitudeView.box.hidden = true;
+
+  // a C10, C12 or phi12 slider with its numeric entry (which may go beyond the slider's range)
+  const slider = (key, label, unit) => ({
+    key, label, unit,
+    range: h("input", { type: "range", "data-role": `phase-${key}`, min: -1, max: 1, step: 1, value: 0, title: `${label}: arrow keys step, Shift + arrow ${NUDGE} steps` }),
+    entry: h("input", { type: "number", "data-role": `phase-${key}-entry`, step: "any", title: `${label} in ${unit}: any value the server takes` }),
+  });
 
   const ui = {
     acqLabel: h("span", { "data-role": "index-label" }),
@@ -558,8 +668,8 @@ export function mount(el, transport, options = {}) {
     html: btn("export-html", "HTML", "download a self-contained HTML report"),
     dashboard: h("a", { "data-role": "dashboard", target: "_blank", rel: "noopener", hidden: true }, "Dask dashboard"),
     status: h("div", { "data-role": "status", class: "qv-status" }),
-    image: h("canvas", { "data-role": "image", width: 1, height: 1 }),
-    imageSvg: svgEl("svg", { "data-role": "image-overlay" }),
+    image: imageView.canvas,
+    imageSvg: imageView.svg,
     gridBox: h("div", { "data-role": "grid-view", class: "qv-grid", hidden: true }),
     cmap: sel("cmap", Object.keys(CMAPS), "gray"),
     lo: num("contrast-low", 0.5, 0.1, "low percentile"),
@@ -567,22 +677,47 @@ export function mount(el, transport, options = {}) {
     gamma: num("gamma", 1, 0.1, "gamma: colour = t ** gamma"),
     mode: sel("mode", MODES, "detector"),
     op: sel("region-op", ["sum", "mean", "max"], "sum"),
-    imageHover: h("div", { "data-role": "image-hover", class: "qv-readout" }),
-    imageInfo: h("div", { "data-role": "image-info", class: "qv-readout" }),
-    pattern: h("canvas", { "data-role": "pattern", width: 1, height: 1 }),
-    patternSvg: svgEl("svg", { "data-role": "pattern-overlay" }),
+    imageHover: readout("image-hover"),
+    imageInfo: readout("image-info"),
+    pattern: patternView.canvas,
+    patternSvg: patternView.svg,
     scale: sel("pattern-scale", ["linear", "log"], "log"),
-    patternHover: h("div", { "data-role": "pattern-hover", class: "qv-readout" }),
+    patternHover: readout("pattern-hover"),
     patternLabel: h("div", { "data-role": "pattern-label", class: "qv-label" }),
-    imageLoading: h("div", { "data-role": "image-loading", class: "qv-loading" }, "loading the image…"),
-    patternLoading: h("div", { "data-role": "pattern-loading", class: "qv-loading" }, "loading the pattern…"),
-    detText: h("div", { "data-role": "detector-text", class: "qv-readout" }),
+    imageLoading: imageView.loading,
+    patternLoading: patternView.loading,
+    detText: readout("detector-text"),
   };
-  // each stage shows a loading indicator until its first picture is drawn
-  const imageStage = h("div", { class: "qv-stage" }, ui.imageLoading, ui.image);
-  imageStage.append(ui.imageSvg);
-  const patternStage = h("div", { class: "qv-stage" }, ui.patternLoading, ui.pattern);
-  patternStage.append(ui.patternSvg);
+  const ph = {
+    label: h("div", { "data-role": "phase-label", class: "qv-label" }),
+    message: h("div", { "data-role": "phase-message", class: "qv-message", hidden: true }),
+    method: sel("phase-method", PHASE_METHODS, "ssb"),
+    upsampling: sel("phase-upsampling", PHASE_UPSAMPLINGS, "auto"),
+    strength: num("phase-strength", 0.1, 0.01, "direct ptychography's regularization (> 0)"),
+    sliders: [slider("c10_A", "C10", "Å"), slider("c12_A", "C12", "Å"), slider("phi12_deg", "phi12", "°")],
+    fit: btn("phase-fit", "fit", "fit C10, C12, phi12 and the rotation on the acquisition shown"),
+    reset: btn("phase-reset", "reset", "the sliders back to the fit (or to the optics given)"),
+    spectrum: h("input", { type: "checkbox", "data-role": "phase-spectrum" }),
+    grid: btn("phase-grid", "grid", "every acquisition's phase image with these sliders"),
+    goOn: btn("phase-go-on", "go on", "compute it on the CPU worker anyway"),
+    start: readout("phase-start"),
+    spectrumCanvas: h("canvas", { "data-role": "phase-spectrum-image", width: 1, height: 1 }),
+    gridBox: h("div", { "data-role": "phase-grid-view", class: "qv-grid", hidden: true }),
+    hover: readout("phase-hover"),
+    info: readout("phase-info"),
+  };
+  ph.goOn.hidden = true;
+  ph.spectrumBox = h("div", { class: "qv-spectrum", "data-role": "phase-spectrum-box", hidden: true }, ph.spectrumCanvas,
+    h("div", { class: "qv-readout" }, "power spectrum (log10)"));
+  ph.pictures = h("div", { class: "qv-pictures" }, phaseView.box, amplitudeView.box);
+  ph.body = h("div", { "data-role": "phase-controls", class: "qv-panel-body" },
+    h("div", { class: "qv-bar" }, "method", ph.method, "upsampling", ph.upsampling, "strength", ph.strength),
+    ...ph.sliders.map((s) => h("label", { class: "qv-slider" }, `${s.label} (${s.unit})`, s.range, s.entry)),
+    h("div", { class: "qv-bar" }, ph.fit, ph.reset, h("label", {}, ph.spectrum, " spectrum"), ph.grid, ph.goOn),
+    ph.start);
+  ph.panel = h("div", { class: "qv-panel", "data-role": "phase-panel" }, ph.label, ph.message, ph.pictures, ph.gridBox,
+    ph.spectrumBox, ph.hover, ph.info, ph.body);
+
   const sep = () => h("span", { class: "sep" });
   const root = h("div", { class: "qv" },
     h("style", {}, STYLE),
@@ -591,13 +726,14 @@ export function mount(el, transport, options = {}) {
       h("label", {}, ui.snap, " snap"), sep(), ui.png, ui.html, ui.dashboard),
     ui.status,
     h("div", { class: "qv-panels" },
-      h("div", { class: "qv-panel" }, imageStage, ui.gridBox,
+      h("div", { class: "qv-panel" }, imageView.box, ui.gridBox,
         h("div", { class: "qv-bar" }, "mode", ui.mode, "region op", ui.op),
         h("div", { class: "qv-bar" }, "map", ui.cmap, "percentiles", ui.lo, ui.hi, "γ", ui.gamma),
         ui.imageHover, ui.imageInfo),
-      h("div", { class: "qv-panel" }, ui.patternLabel, patternStage,
+      h("div", { class: "qv-panel" }, ui.patternLabel, patternView.box,
         h("div", { class: "qv-bar" }, "scale", ui.scale),
-        ui.patternHover, ui.detText)));
+        ui.patternHover, ui.detText),
+      ph.panel));
   el.append(root);
 
   // CSS pixels a data pixel for a rows x cols picture drawn CSS_SIDE on its longest side
@@ -610,20 +746,42 @@ export function mount(el, transport, options = {}) {
     return s;
   }
 
+  // Tick labels of a rows x cols picture: pixel k at (k - origin) * step units (whole pixels without units).
+  function drawAxes(frame, rows, cols, step, unit, origin = [0, 0]) {
+    const scaled = step > 0;
+    const [d, least] = scaled ? [step, 0] : [1, 1];
+    const ticks = (n, o, side) => axisTicks(n, d, o, least).map((t) => h("span", { class: "qv-tick", style: `${side}: ${(t.at * 100).toFixed(3)}%` }, t.label));
+    frame.rows.replaceChildren(...ticks(rows, scaled ? origin[0] : 0, "top"));
+    frame.cols.replaceChildren(...ticks(cols, scaled ? origin[1] : 0, "left"));
+    frame.unit.textContent = scaled ? unit : "px";
+  }
+
+  function drawColourBar(bar, lo, hi, caption, gamma = 1) {
+    paint(bar.canvas, RAMP, 1, 256, ui.cmap.value, 0, 255, gamma);
+    bar.lo.textContent = barText(lo);
+    bar.hi.textContent = barText(hi);
+    bar.caption.textContent = caption;
+  }
+
   // ---- asks: one seq, at most one ask in flight a channel, the newest of each type waiting ------
   let seq = 0;
-  const channels = { image: { inflight: null, type: null, since: 0 }, pattern: { inflight: null, type: null, since: 0 } };
+  // working: the server said it computes the ask in flight (a phase image or a fit may take longer than STALL_MS)
+  const channels = Object.fromEntries(["image", "pattern", "phase"].map((c) => [c, { inflight: null, type: null, since: 0, working: false }]));
   const pending = new Map(); // ask type -> the newest unsent ask of that type
-  const drawnSeq = { image: -Infinity, pattern: -Infinity, grid: -Infinity };
+  const drawnSeq = { image: -Infinity, pattern: -Infinity, grid: -Infinity, phase: -Infinity, phaseGrid: -Infinity };
   const askedAt = new Map(); // seq -> performance.now() when an image or grid was asked
+  const phaseAskedAt = new Map(); // the same for the phase channel's asks
 
   function ask(message) {
-    const m = { ...message, seq: ++seq };
+    // a phase ask gives only the controls it changes: a waiting one's changes go along with it
+    const m = { ...(message.type === "phase" ? pending.get("phase") : null), ...message, seq: ++seq };
     if (m.type === "cursor") pending.delete("region"); // a cursor and a region replace each other
     if (m.type === "region") pending.delete("cursor");
     pending.delete(m.type);
     pending.set(m.type, m);
+    hooks.asked[m.type] = m.seq;
     if (CHANNELS_OF[m.type].includes("image")) askedAt.set(m.seq, performance.now());
+    if (CHANNELS_OF[m.type].includes("phase")) phaseAskedAt.set(m.seq, performance.now());
     flush();
     return m.seq;
   }
@@ -631,7 +789,7 @@ export function mount(el, transport, options = {}) {
   // Send waiting asks in seq order; one blocked on a channel holds back later asks of that channel.
   function flush() {
     const now = performance.now();
-    for (const c of Object.values(channels)) if (c.inflight != null && now - c.since > STALL_MS) c.inflight = null;
+    for (const c of Object.values(channels)) if (c.inflight != null && !c.working && now - c.since > STALL_MS) c.inflight = null;
     const blocked = new Set();
     for (const m of [...pending.values()].sort((a, b) => a.seq - b.seq)) {
       const names = CHANNELS_OF[m.type];
@@ -640,7 +798,8 @@ export function mount(el, transport, options = {}) {
         continue;
       }
       pending.delete(m.type);
-      for (const c of names) Object.assign(channels[c], { inflight: m.seq, type: m.type, since: now });
+      for (const c of names) Object.assign(channels[c], { inflight: m.seq, type: m.type, since: now, working: false });
+      if (names.includes("phase")) P.doing = S.state?.phase ? doingOf(m) : ""; // without optics it only asks how to give them
       transport.send(m);
     }
   }
@@ -656,12 +815,29 @@ export function mount(el, transport, options = {}) {
   }
   const busy = (type) => pending.has(type) || Object.values(channels).some((c) => c.inflight != null && c.type === type);
 
+  // What the phase channel computes for ask m: said in the status line while it is busy.
+  function doingOf(m) {
+    const c = { ...P.controls, ...m };
+    const one = (x) => (Number.isFinite(Number(x)) && x !== "" ? Number(x).toFixed(1) : String(x));
+    switch (m.type) {
+      case "phase": return `computing ${c.method} at C10 = ${one(c.c10_A)} Å, C12 = ${one(c.c12_A)} Å, phi12 = ${one(c.phi12_deg)}°`;
+      case "fit": return "fitting the aberrations";
+      case "reset": return "computing the image at the fit";
+      default: return `computing ${c.method} of every acquisition`;
+    }
+  }
+
   // ---- status line ----------------------------------------------------------
   function renderStatus() {
     const parts = [];
     if (S.closed) parts.push(h("span", { class: "closed" }, `connection closed${S.closed.reason ? ` (${S.closed.reason})` : ""}`));
     if (S.error) parts.push(h("span", { class: "error" }, S.error.message));
     if (S.live) parts.push(h("span", { class: "live" }, `live: ${S.live.received}/${S.live.n_frames}`));
+    const phase = channels.phase;
+    if (phase.inflight != null && P.doing && !S.closed) { // with the seconds it has taken so far
+      const seconds = Math.floor((performance.now() - phase.since) / 1000);
+      parts.push(h("span", { class: "busy" }, `${P.doing} …${seconds ? ` ${seconds} s` : ""}`));
+    }
     if (!parts.length && S.info) parts.push(h("span", {}, S.info));
     ui.status.replaceChildren(...parts.flatMap((p, i) => (i ? [" · ", p] : [p])));
   }
@@ -671,12 +847,14 @@ export function mount(el, transport, options = {}) {
 
   function drawImage() {
     if (!S.image) return;
-    const { values, rows, cols } = S.image;
+    const { values, rows, cols, header } = S.image;
     const c = contrast();
     const [lo, hi] = percentiles(values, [c.lo, c.hi]);
     paint(ui.image, values, rows, cols, ui.cmap.value, lo, hi, c.gamma);
     ui.imageLoading.hidden = true;
     sizeStage(ui.image, ui.imageSvg, rows, cols);
+    drawAxes(imageView.frame, rows, cols, S.optics?.scan_step_A, "Å");
+    drawColourBar(imageView.bar, lo, hi, IMAGE_UNITS[header.mode] || header.mode, c.gamma);
     drawImageOverlay();
   }
 
@@ -687,23 +865,27 @@ export function mount(el, transport, options = {}) {
     svgItems(ui.imageSvg, [...markItems(S.mark, s), ...scaleBarItems(cols, rows, s, S.optics?.scan_step_A, "Å")]);
   }
 
-  // The pattern as drawn: log1p above its minimum on the log scale.
+  // The pattern as drawn (log1p above its minimum on the log scale) and its range: [shown, lo, hi, min, max].
   function patternDisplay() {
     const { values } = S.pattern;
     const [min, max] = extent(values);
-    if (ui.scale.value !== "log") return [values, min, max];
+    if (ui.scale.value !== "log") return [values, min, max, min, max];
     const shown = new Float64Array(values.length);
     for (let i = 0; i < values.length; i++) shown[i] = Math.log1p(Math.max(0, values[i] - min));
-    return [shown, 0, Math.log1p(max - min)];
+    return [shown, 0, Math.log1p(max - min), min, max];
   }
 
   function drawPattern() {
     if (!S.pattern) return;
     const { rows, cols } = S.pattern;
-    const [shown, lo, hi] = patternDisplay();
+    const [shown, lo, hi, min, max] = patternDisplay();
     paint(ui.pattern, shown, rows, cols, ui.cmap.value, lo, hi);
     ui.patternLoading.hidden = true;
     sizeStage(ui.pattern, ui.patternSvg, rows, cols);
+    // angles from the bright-field disk's centre where the optics give the sampling
+    const centre = S.calibration?.bf_center || [(rows - 1) / 2, (cols - 1) / 2];
+    drawAxes(patternView.frame, rows, cols, S.optics?.det_sampling_mrad, "mrad", centre);
+    drawColourBar(patternView.bar, min, max, ui.scale.value === "log" ? "counts (log scale)" : "counts");
     ui.patternLabel.textContent = patternLabel();
     drawPatternOverlay();
   }
@@ -729,58 +911,136 @@ export function mount(el, transport, options = {}) {
     for (const [kind, b] of Object.entries(ui.tools)) b.classList.toggle("on", S.detector?.kind === kind);
   }
 
-  function drawGrid() {
-    if (!S.grid) return;
-    const { values, header } = S.grid;
+  // A grid answer's tiles in `box`, one contrast for all (they compare); a click on one shows that acquisition.
+  function drawTiles(box, role, values, header, lo, hi, gamma) {
     const [n, rows, cols] = header.shape;
-    const c = contrast();
-    const [lo, hi] = percentiles(values, [c.lo, c.hi]); // one contrast for every tile: they compare
     const s = TILE_SIDE / Math.max(rows, cols, 1);
     const names = (header.names || []).join("\n");
-    if (ui.gridBox.children.length !== n || ui.gridBox.dataset.names !== names) { // new tiles only for a new series
+    if (box.children.length !== n || box.dataset.names !== names) { // new tiles only for a new series
       const tiles = [];
       for (let k = 0; k < n; k++) {
-        const canvas = h("canvas", { "data-role": "grid-tile", "data-index": k });
+        const canvas = h("canvas", { "data-role": role, "data-index": k });
         const name = header.names?.[k] ?? String(k);
         tiles.push(h("div", { class: `qv-tile${k === S.index ? " current" : ""}`, title: name, onclick: () => setIndex(k) }, canvas, h("span", {}, name)));
       }
-      ui.gridBox.replaceChildren(...tiles);
-      ui.gridBox.dataset.names = names;
+      box.replaceChildren(...tiles);
+      box.dataset.names = names;
     }
-    for (const [k, tile] of [...ui.gridBox.children].entries()) {
+    for (const [k, tile] of [...box.children].entries()) {
       const canvas = tile.firstChild;
-      paint(canvas, values.subarray(k * rows * cols, (k + 1) * rows * cols), rows, cols, ui.cmap.value, lo, hi, c.gamma);
+      paint(canvas, values.subarray(k * rows * cols, (k + 1) * rows * cols), rows, cols, ui.cmap.value, lo, hi, gamma);
       canvas.style.width = `${cols * s}px`; canvas.style.height = `${rows * s}px`;
     }
   }
 
+  function drawGrid() {
+    if (!S.grid) return;
+    const c = contrast();
+    const [lo, hi] = percentiles(S.grid.values, [c.lo, c.hi]);
+    drawTiles(ui.gridBox, "grid-tile", S.grid.values, S.grid.header, lo, hi, c.gamma);
+  }
+
+  function markCurrentTiles() {
+    for (const box of [ui.gridBox, ph.gridBox]) for (const [k, tile] of [...box.children].entries()) tile.classList.toggle("current", k === S.index);
+  }
+
+  // A loading indicator's text; it spins while something is on its way.
+  function loadingSays(loading, text, spinning) {
+    loading.textContent = text;
+    loading.classList.toggle("stopped", !spinning);
+  }
+
   function showGrid(on) {
     ui.gridBox.hidden = !on;
-    imageStage.hidden = on;
+    imageView.box.hidden = on;
     ui.grid.classList.toggle("on", on);
+  }
+
+  // The layer `name` of a phase answer: [values, [min, max]], or null where the answer has none.
+  function phaseLayer({ values, header }, name) {
+    const k = header.layers.indexOf(name);
+    const n = header.shape[1] * header.shape[2];
+    return k < 0 ? null : [values.subarray(k * n, (k + 1) * n), header.ranges[k]];
+  }
+
+  // The phase answer drawn: the phase (and the amplitude) on the image's grid, u times finer than the scan,
+  // with a scale bar and axes in Å and a colour bar over its min..max; the power spectrum small below.
+  function drawPhase() {
+    if (!P.image) return;
+    const { header } = P.image;
+    const [, rows, cols] = header.shape;
+    for (const [name, view, caption] of [["phase", phaseView, "phase (rad)"], ["amplitude", amplitudeView, "amplitude"]]) {
+      const layer = phaseLayer(P.image, name);
+      view.box.hidden = !layer;
+      if (name === "amplitude") ph.panel.classList.toggle("wide", Boolean(layer)); // side by side with the phase
+      if (!layer) continue;
+      const [values, [lo, hi]] = layer;
+      paint(view.canvas, values, rows, cols, ui.cmap.value, lo, hi);
+      const s = sizeStage(view.canvas, view.svg, rows, cols);
+      svgItems(view.svg, scaleBarItems(cols, rows, s, header.pixel_A, "Å"));
+      drawAxes(view.frame, rows, cols, header.pixel_A, "Å");
+      drawColourBar(view.bar, lo, hi, caption);
+    }
+    phaseView.loading.hidden = true;
+    const spectrum = phaseLayer(P.image, "spectrum");
+    ph.spectrumBox.hidden = !spectrum;
+    if (spectrum) {
+      paint(ph.spectrumCanvas, spectrum[0], rows, cols, ui.cmap.value, ...spectrum[1]);
+      const s = SPECTRUM_SIDE / Math.max(rows, cols, 1);
+      ph.spectrumCanvas.style.width = `${cols * s}px`; ph.spectrumCanvas.style.height = `${rows * s}px`;
+    }
+    const st = header.steering;
+    ph.label.textContent = `${header.name}: ${st.method}`;
+    ph.info.textContent = `${rows}×${cols} float32 (upsampling ${header.upsampling}, pixel ${fmt(header.pixel_A, 3)} Å)\n` +
+      `C10 ${fmt(st.c10_A, 1)} Å  C12 ${fmt(st.c12_A, 1)} Å  phi12 ${fmt(st.phi12_deg, 1)}°` +
+      (st.method.startsWith("direct") ? `  strength ${st.strength}` : "");
+  }
+
+  function drawPhaseGrid() {
+    if (!P.grid) return;
+    const [lo, hi] = extent(P.grid.values);
+    drawTiles(ph.gridBox, "phase-grid-tile", P.grid.values, P.grid.header, lo, hi, 1);
   }
 
   function drawAll() {
     drawImage();
     drawPattern();
     drawGrid();
+    drawPhase();
+    drawPhaseGrid();
   }
 
-  // Time an image or grid ask once its pixels are on screen: asked, its answer received, drawn.
+  // Time an ask once its pixels are on screen: asked, its answer received, drawn.
   let received = 0;
-  function timed(answerSeq) {
+  function timed(answerSeq, asked = askedAt, timings = hooks.timings) {
     if (answerSeq == null) return;
-    const asked = askedAt.get(answerSeq), got = received;
-    for (const k of askedAt.keys()) if (k <= answerSeq) askedAt.delete(k);
-    if (asked !== undefined) requestAnimationFrame(() => hooks.timings.push({ seq: answerSeq, asked, received: got, drawn: performance.now() }));
+    const at = asked.get(answerSeq), got = received;
+    for (const k of asked.keys()) if (k <= answerSeq) asked.delete(k);
+    if (at !== undefined) requestAnimationFrame(() => timings.push({ seq: answerSeq, asked: at, received: got, drawn: performance.now() }));
   }
 
-  // lastImage / lastPattern records; their values become a plain Array only when read
+  // lastImage / lastPattern / lastPhaseGrid records; their values become a plain Array only when read
   function record(header, values, extra) {
     let plain = null;
     return {
       seq: header.seq, ...extra, dtype: header.dtype, shape: header.shape,
       get values() { return plain || (plain = Array.from(values)); },
+    };
+  }
+
+  // lastPhase: one layer's shape; `values` the phase, `amplitude` (direct complex; else null) as Arrays when read
+  function phaseRecord(image) {
+    const { header } = image;
+    const plain = {};
+    const layer = (name) => {
+      if (!(name in plain)) plain[name] = phaseLayer(image, name) ? Array.from(phaseLayer(image, name)[0]) : null;
+      return plain[name];
+    };
+    return {
+      seq: header.seq, index: header.index, name: header.name, layers: header.layers, shape: header.shape.slice(1),
+      ranges: header.ranges, steering: header.steering, upsampling: header.upsampling, pixel_A: header.pixel_A,
+      get values() { return layer("phase"); },
+      get amplitude() { return layer("amplitude"); },
     };
   }
 
@@ -797,7 +1057,9 @@ export function mount(el, transport, options = {}) {
         case "state": return applyState(header);
         case "image": return onImage(header, buffers);
         case "pattern": return onPattern(header, buffers);
-        case "grid": return onGrid(header, buffers);
+        case "grid": return header.of === "phase" ? onPhaseGrid(header, buffers) : onGrid(header, buffers);
+        case "phase": return onPhase(header, buffers);
+        case "progress": return onProgress(header);
         case "error": return onError(header);
         default: return undefined;
       }
@@ -862,11 +1124,57 @@ export function mount(el, transport, options = {}) {
     timed(header.seq);
   }
 
+  // A phase image: asked, pushed for a new acquisition of the series, or for a live one's new rows.
+  function onPhase(header, buffers) {
+    const values = accepted("phase", "phase", header, buffers);
+    if (!values) return;
+    P.image = { values, header };
+    P.accepted = header.steering;
+    if (!busy("phase")) showControls(header.steering);
+    P.goOn = null;
+    ph.goOn.hidden = true;
+    drawPhase();
+    hooks.drawn.phase++;
+    hooks.lastPhase = phaseRecord(P.image);
+    clearErrorAfter(header.seq);
+    timed(header.seq, phaseAskedAt, hooks.phaseTimings);
+  }
+
+  function onPhaseGrid(header, buffers) {
+    const values = accepted("phaseGrid", "phase", header, buffers);
+    if (!values) return;
+    P.grid = { values, header };
+    drawPhaseGrid();
+    hooks.drawn.phaseGrid++;
+    hooks.lastPhaseGrid = record(header, values, { names: header.names, steering: header.steering });
+    clearErrorAfter(header.seq);
+    timed(header.seq, phaseAskedAt, hooks.phaseTimings);
+  }
+
+  // The server computes the phase channel's ask in flight: its answer will come, however long it takes (the
+  // fit says which acquisition it fits).
+  function onProgress(header) {
+    if (header.seq == null || header.seq !== channels.phase.inflight) return;
+    channels.phase.working = true;
+    // an activity ("fitting the aberrations of a") as it is, a product ("ssb of a") being computed
+    if (header.ask !== "phase") P.doing = /^\w+ing /.test(header.what) ? header.what : `computing ${header.what}`;
+  }
+
   function onError(header) {
-    if (header.seq != null) for (const c of CHANNELS_OF[header.ask] || []) settle(c, header.seq);
+    if (header.seq != null) for (const c of ERROR_FREES[header.ask] || []) settle(c, header.seq);
+    if (PHASE_ASKS.includes(header.ask) && S.state && !S.state.phase) { // no optics: the panel says how to give them
+      ph.message.textContent = header.message;
+      ph.message.hidden = false;
+      return;
+    }
     S.error = { seq: header.seq, message: header.message || "error" };
     hooks.errors.push(S.error.message);
     if (header.ask === "mode" && !busy("mode")) ui.mode.value = S.image?.header.mode || S.state?.mode || "detector";
+    if (header.seconds != null) { // a slow CPU preparation waits for the user's word; the server took the controls
+      P.goOn = P.accepted = header.steering;
+      ph.goOn.hidden = false;
+      if (!P.image) loadingSays(phaseView.loading, "not computed: 'go on' below computes it", false);
+    } else if (header.ask === "phase" && !busy("phase") && P.accepted) showControls(P.accepted, true); // refused: back to what it took
   }
 
   // Take the server's state; what the user is changing right now (waiting asks, a drag) stays as is.
@@ -892,10 +1200,72 @@ export function mount(el, transport, options = {}) {
     const link = st.dashboard;
     ui.dashboard.hidden = !(dashboardLink && link);
     if (link) ui.dashboard.href = link;
-    for (const [k, tile] of [...ui.gridBox.children].entries()) tile.classList.toggle("current", k === S.index);
+    markCurrentTiles();
     ui.patternLabel.textContent = patternLabel();
     drawImageOverlay();
     drawPatternOverlay();
+    applyPhaseState(st.phase);
+  }
+
+  // The phase panel from the state: without optics the server's word on how to give them (its answer to
+  // one ask); else the sliders' ranges and, unless the user is moving them, the controls; its first image.
+  function applyPhaseState(phase) {
+    ph.body.hidden = !phase;
+    ph.pictures.hidden = !phase || P.gridOn;
+    if (phase) {
+      ph.message.hidden = true;
+      options(ph.method, phase.methods);
+      options(ph.upsampling, phase.upsamplings);
+      setRanges(phase);
+      P.accepted = phase.steering;
+      showControls(busy("phase") ? P.controls : phase.steering);
+      ph.grid.hidden = S.names.length <= 1;
+      if (ph.grid.hidden && P.gridOn) setPhaseGrid(false);
+      const u = phase.uncertainties, s = phase.start;
+      const pm = (key, scale = 1) => (u[key] != null && Number.isFinite(u[key]) ? ` ± ${fmt(u[key] * scale, 1)}` : "");
+      ph.start.textContent = `${phase.fitted ? "fit" : "given"}: C10 ${fmt(s.c10_A, 1)}${pm("C10")} Å  C12 ${fmt(s.c12_A, 1)}${pm("C12")} Å  ` +
+        `phi12 ${fmt(s.phi12_deg, 1)}${pm("phi12", 180 / Math.PI)}°  (limit ±${fmt(phase.limit_A, 0)} Å)`;
+    }
+    if (!P.asked) {
+      P.asked = true;
+      ask({ type: "phase" });
+    }
+  }
+
+  // A select's options, where the server names others.
+  function options(select, values) {
+    if (!values || [...select.options].map((o) => o.value).join() === values.join()) return;
+    const value = select.value;
+    select.replaceChildren(...values.map((v) => h("option", { value: v }, v)));
+    select.value = value;
+  }
+
+  // Slider ranges from the state (C10 and C12 about the fit, phi12 -90..90 degrees), at round steps, the ends
+  // on whole steps inside the range.
+  function setRanges(phase) {
+    for (const [s, [lo, hi]] of [[ph.sliders[0], phase.c10_range], [ph.sliders[1], phase.c12_range], [ph.sliders[2], [-90, 90]]]) {
+      const step = s.key === "phi12_deg" ? 0.5 : hi > lo ? niceLength((hi - lo) / SLIDER_STEPS) : 1;
+      const whole = (k) => Number((k * step).toPrecision(12));
+      Object.assign(s.range, { min: whole(Math.ceil(lo / step)), max: whole(Math.floor(hi / step)), step });
+    }
+  }
+
+  // Show `controls` in the panel (the sliders snap to their steps; an entry being typed in keeps its text
+  // unless `typed` says to replace it too).
+  function showControls(controls, typed = false) {
+    P.controls = { ...P.controls, ...controls };
+    const c = P.controls, typing = typed ? null : el.ownerDocument.activeElement;
+    ph.method.value = c.method;
+    ph.upsampling.value = String(c.upsampling);
+    if (typing !== ph.strength) ph.strength.value = c.strength;
+    for (const s of ph.sliders) {
+      s.range.value = c[s.key];
+      if (typing !== s.entry) s.entry.value = typeof c[s.key] === "number" ? r2(c[s.key]) : c[s.key];
+    }
+    ph.spectrum.checked = Boolean(c.spectrum);
+    ph.strength.disabled = !String(c.method).startsWith("direct");
+    ph.upsampling.disabled = c.method === "ssb"; // SSB is on the scan grid
+    hooks.phaseControls = { ...c };
   }
 
   // ---- changing what is shown (the UI and the test hooks go through these) ---------------
@@ -916,7 +1286,7 @@ export function mount(el, transport, options = {}) {
     S.index = Math.max(0, Math.min(n - 1, Math.round(i)));
     ui.index.value = S.index;
     ui.acqLabel.textContent = `${S.names[S.index] ?? ""} (${S.index + 1}/${n})`;
-    for (const [k, tile] of [...ui.gridBox.children].entries()) tile.classList.toggle("current", k === S.index);
+    markCurrentTiles();
     ask({ type: "index", index: S.index });
   }
 
@@ -946,6 +1316,29 @@ export function mount(el, transport, options = {}) {
     else if (S.detector && JSON.stringify(S.image?.header.detector) !== JSON.stringify(S.detector)) ask({ type: "detector", detector: S.detector });
   }
 
+  // Phase controls changed (by the panel or a test): shown at once, asked of the server (the grid's too).
+  function setPhase(controls) {
+    showControls(controls);
+    ask({ type: "phase", ...controls });
+    if (P.gridOn) ask({ type: "phase_grid" });
+  }
+
+  function fit() {
+    ask({ type: "fit" });
+  }
+
+  function reset() {
+    ask({ type: "reset" });
+  }
+
+  function setPhaseGrid(on) {
+    P.gridOn = Boolean(on);
+    ph.gridBox.hidden = !P.gridOn;
+    ph.pictures.hidden = P.gridOn;
+    ph.grid.classList.toggle("on", P.gridOn);
+    if (P.gridOn) ask({ type: "phase_grid" });
+  }
+
   function stopPlay() {
     if (S.play) clearInterval(S.play);
     S.play = null;
@@ -954,14 +1347,14 @@ export function mount(el, transport, options = {}) {
   }
 
   // ---- mouse on the image: click/drag the cursor, or drag a region ---------------------------
-  function imagePixel(event) {
-    if (!S.image) return null;
-    const { rows, cols } = S.image;
+  // The data pixel [row, col] under the pointer on a rows x cols picture's overlay (clamped into it).
+  function pixelAt(event, svg, rows, cols) {
     const s = scaleOf(rows, cols);
-    const box = ui.imageSvg.getBoundingClientRect();
+    const box = svg.getBoundingClientRect();
     const col = Math.floor((event.clientX - box.left) / s), row = Math.floor((event.clientY - box.top) / s);
     return [Math.max(0, Math.min(rows - 1, row)), Math.max(0, Math.min(cols - 1, col))];
   }
+  const imagePixel = (event) => (S.image ? pixelAt(event, ui.imageSvg, S.image.rows, S.image.cols) : null);
 
   const on = (node, type, fn) => node.addEventListener(type, fn);
   const capture = (node, event) => {
@@ -1038,6 +1431,21 @@ export function mount(el, transport, options = {}) {
   on(ui.patternSvg, "pointercancel", endPatternDrag);
   on(ui.patternSvg, "pointerleave", () => { ui.patternHover.textContent = ""; });
 
+  // ---- mouse on the phase image: the phase (and amplitude) under the pointer ----------------------
+  for (const view of [phaseView, amplitudeView]) {
+    on(view.svg, "pointermove", (event) => {
+      if (!P.image) return;
+      const [, rows, cols] = P.image.header.shape;
+      const [row, col] = pixelAt(event, view.svg, rows, cols);
+      const at = (name) => phaseLayer(P.image, name)?.[0][row * cols + col];
+      const amplitude = at("amplitude");
+      const A = P.image.header.pixel_A;
+      ph.hover.textContent = `${row}, ${col} (${r2(row * A)}, ${r2(col * A)} Å): phase ${valueText(at("phase"), "float32")} rad` +
+        (amplitude === undefined ? "" : `  amplitude ${valueText(amplitude, "float32")}`);
+    });
+    on(view.svg, "pointerleave", () => { ph.hover.textContent = ""; });
+  }
+
   // ---- toolbar and controls -------------------------------------------------------------------
   for (const [kind, b] of Object.entries(ui.tools)) {
     on(b, "click", () => {
@@ -1062,6 +1470,36 @@ export function mount(el, transport, options = {}) {
   on(ui.scale, "change", drawPattern);
   on(ui.png, "click", () => exportPng());
   on(ui.html, "click", () => exportHtml());
+
+  // the phase panel's: a slider asks as it moves, an entry when its value is given (Enter, or leaving it)
+  on(ph.method, "change", () => setPhase({ method: ph.method.value }));
+  on(ph.upsampling, "change", () => setPhase({ upsampling: ph.upsampling.value === "auto" ? "auto" : Number(ph.upsampling.value) }));
+  on(ph.strength, "change", () => setPhase({ strength: ph.strength.value === "" ? "" : Number(ph.strength.value) }));
+  on(ph.spectrum, "change", () => setPhase({ spectrum: ph.spectrum.checked }));
+  for (const s of ph.sliders) {
+    on(s.range, "input", () => setPhase({ [s.key]: Number(s.range.value) }));
+    on(s.range, "keydown", (event) => { // Shift + arrow: NUDGE steps (plain arrows step once, as range inputs do)
+      const sign = { ArrowRight: 1, ArrowUp: 1, ArrowLeft: -1, ArrowDown: -1 }[event.key];
+      if (!sign || !event.shiftKey) return;
+      event.preventDefault();
+      const before = s.range.value;
+      s.range.value = Number(before) + sign * NUDGE * Number(s.range.step);
+      if (s.range.value !== before) setPhase({ [s.key]: Number(s.range.value) });
+    });
+    // an entry's text that is no number goes as it is: the server's refusal says what it takes
+    on(s.entry, "change", () => setPhase({ [s.key]: s.entry.value === "" ? s.entry.value : Number(s.entry.value) }));
+  }
+  on(ph.fit, "click", fit);
+  on(ph.reset, "click", reset);
+  on(ph.grid, "click", () => setPhaseGrid(!P.gridOn));
+  on(ph.goOn, "click", () => {
+    const controls = P.goOn;
+    P.goOn = null;
+    ph.goOn.hidden = true;
+    if (!controls) return;
+    if (!P.image) loadingSays(phaseView.loading, "loading the phase image…", true);
+    ask({ type: "phase", ...controls, go_on: true });
+  });
 
   // ---- exports ------------------------------------------------------------------------------
   // One panel: the canvas scaled up by whole-pixel blocks, with its overlay drawn at that scale.
@@ -1133,7 +1571,7 @@ img{image-rendering:pixelated;max-width:${EXPORT_SIDE}px}pre{background:#f4f4f4;
     }
     return hash >>> 0;
   }
-  Object.assign(hooks, { setDetector, setIndex, setCursor, setRegion, setMode, setGrid, canvasHash });
+  Object.assign(hooks, { setDetector, setIndex, setCursor, setRegion, setMode, setGrid, setPhase, fit, reset, setPhaseGrid, canvasHash });
   const registry = (window.qgpuViewers ||= []);
   registry.push(hooks);
 
@@ -1142,13 +1580,13 @@ img{image-rendering:pixelated;max-width:${EXPORT_SIDE}px}pre{background:#f4f4f4;
   const unclose = transport.onClose?.((info) => {
     S.closed = info || {};
     stopPlay();
-    for (const loading of [ui.imageLoading, ui.patternLoading]) {
-      loading.textContent = "not loaded: the connection closed";
-      loading.classList.add("stopped");
-    }
+    for (const loading of [ui.imageLoading, ui.patternLoading, phaseView.loading]) loadingSays(loading, "not loaded: the connection closed", false);
     renderStatus();
   });
-  const stallTimer = setInterval(flush, 1000); // frees a channel whose answer never came
+  const stallTimer = setInterval(() => { // frees a channel whose answer never came; the phase channel's seconds tick
+    flush();
+    if (channels.phase.inflight != null) renderStatus();
+  }, 500);
   renderStatus();
   transport.send({ type: "hello" });
 
