@@ -37,10 +37,11 @@ from view_gpu import browser
 STEP = """
 const [controls, done] = arguments;
 const v = window.qgpuViewers[0];
-const timed0 = v.timings.length, errors0 = v.errors.length, start = performance.now();
-const seq = v.setPhase(controls);
+const timed0 = v.phaseTimings.length, errors0 = v.errors.length, start = performance.now();
+v.setPhase(controls);
+const seq = v.asked.phase;
 function look() {  // the step's phase image painted: its timing entry (taken in the frame after it was drawn)
-  const entry = v.timings.slice(timed0).find(x => x.seq === seq);
+  const entry = v.phaseTimings.slice(timed0).find(x => x.seq === seq);
   if (entry) done({ms: entry.drawn - start, server_ms: entry.received - entry.asked});
   else if (v.errors.length > errors0) done({error: v.errors[v.errors.length - 1]});
   else setTimeout(look, 1);
@@ -132,8 +133,9 @@ def main() -> int:
                "api": api, "viewer": viewer, "errors": errors,
                "over_api": {m: viewer[m]["p50_ms"] / api[m]["p50_ms"] for m in METHODS},
                "targets": ({"ssb_p50_ms": 20.0, "direct-phase_p50_ms": 45.0, "direct-complex_p50_ms": 65.0, "strength_p50_ms": 10.0}
-                           if gpu else {"ssb_p50_ms": 150.0, "direct-phase_p50_ms": 400.0})}
-    results["meets_targets"] = {key: viewer[key.removesuffix("_p50_ms")]["p50_ms"] <= limit for key, limit in results["targets"].items()}
+                           if gpu else {"ssb_p50_ms": 150.0, "direct-phase_p50_ms": 400.0, "direct-complex_p50_ms": None, "strength_p50_ms": None})}
+    results["meets_targets"] = {key: viewer[key.removesuffix("_p50_ms")]["p50_ms"] <= limit
+                                for key, limit in results["targets"].items() if limit is not None}
     path = record.write(f"view_phase_{backend}", results)
     lines = [f"{args.scan}x{args.scan}x{args.det}x{args.det}, u = {args.upsampling} ({backend}): slider to pixels p50 / p95 / max ms, beside the API's p50"]
     lines += [f"{name}: {v['p50_ms']:.1f} / {v['p95_ms']:.1f} / {v['max_ms']:.1f}" + (f" (API {api[name]['p50_ms']:.1f})" if name in api else "")

@@ -8,6 +8,7 @@ here changes or releases a resident.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from typing import Any
 
@@ -277,7 +278,7 @@ class ViewState:
                 "limit_A": limit, "methods": list(phase.METHODS), "upsamplings": list(phase.UPSAMPLINGS),
                 "c10_range": [max(-limit, start["c10_A"] - phase.SLIDER_C10_A), min(limit, start["c10_A"] + phase.SLIDER_C10_A)],
                 "c12_range": [0.0, min(limit, start["c12_A"] + phase.SLIDER_C12_A)],
-                "uncertainties": dict(self.fitted.uncertainties) if self.fitted is not None else {}}
+                "uncertainties": {k: v if math.isfinite(v) else None for k, v in (self.fitted.uncertainties if self.fitted else {}).items()}}
 
     # -- what the page is told -------------------------------------------------
 
