@@ -14,12 +14,11 @@ import time
 import numpy as np
 import pytest
 
-import qgpu_dask as qd
 from browser import STATUS, VIEWER, drag, needs_browser, wait_for
 from qgpu_dask import samples
 from qgpu_dask.view import phase
 from qgpu_dask.view.server import ViewServer
-from test_view_phase import SCAN, expected, phase_counts
+from test_view_phase import SCAN, expected, phased  # phased: the same module fixture, here too
 
 pytestmark = needs_browser
 
@@ -40,18 +39,6 @@ new MutationObserver(() => {
   if (loading && !loading.hidden && loading.offsetHeight > 0 && !(viewer && viewer.drawn.phase > 0)) window.phaseLoadingSeen = true;
 }).observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
 """
-
-
-@pytest.fixture(scope="module")
-def phased(svc):
-    """Two simulated acquisitions and a web server over the service with the optics a user knows (no calibration)."""
-    counts = [phase_counts(seed) for seed in (1, 2)]
-    acqs = [svc.put(c, name=f"phase-page-{k}") for k, c in enumerate(counts)]
-    optics = qd.Optics(300e3, 20.0, samples.PHASE_OPTICS.scan_step_A)
-    with ViewServer(svc, optics=optics) as server:
-        yield server, acqs, optics, counts
-    for a in acqs:
-        a.release()
 
 
 def page_url(server, path: str) -> str:
