@@ -249,3 +249,24 @@ def test_the_widget_gives_the_sliders_optics_and_saves_the_phase(phased, svc, tm
             v.save_phase(tmp_path / "phase.jpg")
     finally:
         v.close()
+
+
+def test_a_kept_job_is_not_replaced_by_newer_ones():
+    """A fit waiting on the phase channel runs although slider asks (or an index push) come after it; of
+    those only the newest runs, after it."""
+    import threading
+
+    from qgpu_dask.view.session import Channel
+
+    channel, ran, release = Channel("test"), [], threading.Event()
+    done, busy = threading.Event(), threading.Event()
+    channel.give(lambda: (busy.set(), release.wait(30), ran.append("busy")))
+    assert busy.wait(30)  # running: what comes now waits
+    channel.give(lambda: ran.append("fit"), kept=True)
+    for k in range(5):
+        channel.give(lambda k=k: ran.append(f"slider {k}"))
+    channel.give(lambda: (ran.append("last"), done.set()))
+    release.set()
+    assert done.wait(30)
+    channel.close()
+    assert ran == ["busy", "fit", "last"]

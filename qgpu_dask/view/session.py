@@ -28,28 +28,29 @@ Send = Callable[[dict, list[bytes]], None]
 
 
 class Channel:
-    """A thread that runs the newest job given to it; a job given while another runs replaces the waiting one."""
+    """A thread that runs the newest job given to it; a job given while another runs replaces the waiting one,
+    unless that one was given to be kept (a fit: the user asked for it once), which runs first."""
 
     def __init__(self, name: str):
-        self.waiting: Callable[[], None] | None = None
+        self.waiting: list[tuple[Callable[[], None], bool]] = []  # (job, kept), in the order they run
         self.ready = threading.Condition()
         self.closed = False
         self.thread = threading.Thread(target=self.loop, name=f"qgpu-view-{name}", daemon=True)
         self.thread.start()
 
-    def give(self, job: Callable[[], None]) -> None:
+    def give(self, job: Callable[[], None], kept: bool = False) -> None:
         with self.ready:
-            self.waiting = job
+            self.waiting = [w for w in self.waiting if w[1]] + [(job, kept)]
             self.ready.notify()
 
     def loop(self) -> None:
         while True:
             with self.ready:
-                while self.waiting is None and not self.closed:
+                while not self.waiting and not self.closed:
                     self.ready.wait()
                 if self.closed:
                     return
-                job, self.waiting = self.waiting, None
+                job, _ = self.waiting.pop(0)
             job()
 
     def close(self) -> None:
@@ -115,7 +116,7 @@ class Session:
                 self.phases.give(lambda: self.answer_phase(seq, index, steering))
             elif kind == "fit":
                 index = self.state.shown.index
-                self.phases.give(lambda: self.answer_fit(seq, index))
+                self.phases.give(lambda: self.answer_fit(seq, index), kept=True)
             elif kind == "reset":
                 steering = self.state.reset()
                 index = self.state.shown.index
