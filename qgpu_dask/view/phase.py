@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..phase import direct, sideband
 from ..phase.optics import Optics
 from ..service import Acquisition
 
@@ -74,12 +75,7 @@ class PhaseImage:
         s = self.steering
         return {"acquisition": self.name, "method": s.method, "upsampling": self.upsampling,
                 "strength": s.strength if s.method.startswith("direct") else None, "pixel_A": self.pixel_A,
-                "units": "rad", "optics": optics_dict(self.optics)}
-
-
-def optics_dict(optics: Optics) -> dict:
-    """``optics`` as JSON-ready keyword arguments of ``qd.Optics`` (phi angles in rad, as Optics takes them)."""
-    return dataclasses.asdict(optics)
+                "units": "rad", "optics": dataclasses.asdict(self.optics)}  # qd.Optics' keyword arguments
 
 
 def sliders_of(optics: Optics) -> dict:
@@ -153,28 +149,20 @@ def steered(optics: Optics, steering: Steering) -> Optics:
     return optics.with_(aberrations=aberrations)
 
 
-def bright_field_pixels(optics: Optics) -> float:
-    """About how many detector pixels the bright-field disk covers."""
-    return math.pi * (optics.semiangle_mrad / optics.det_sampling_mrad) ** 2
-
-
-def upsampling_of(acq: Acquisition, optics: Optics, steering: Steering) -> int:
-    """The grid factor the image will have ("auto": direct's smallest covering 2 alpha / lambda)."""
+def upsampling_of(optics: Optics, steering: Steering) -> int:
+    """The grid factor the image will have (SSB: the scan's; "auto": direct's own choice, parallax's 2)."""
     if steering.method == "ssb":
         return 1
-    if steering.upsampling != "auto":
-        return int(steering.upsampling)
-    if steering.method == "parallax":
+    if steering.method == "parallax" and steering.upsampling == "auto":
         return PARALLAX_AUTO
-    nyquist = 1 / (2 * optics.scan_step_A)
-    return max(1, math.ceil(2 * optics.aperture_k / nyquist - 1e-9))
+    return direct.upsampling_of(optics, steering.upsampling)
 
 
 def cpu_seconds(acq: Acquisition, optics: Optics, steering: Steering) -> float:
     """About how long a CPU worker takes to make ``steering``'s image of ``acq`` (2-core rates)."""
-    u = upsampling_of(acq, optics, steering)
     rows, cols = acq.shape[:2]
-    return CPU_RATE_S[steering.method] * rows * cols * bright_field_pixels(optics) * u
+    pixels = len(sideband.bright_field_pixels(optics, acq.det_shape)[0])
+    return CPU_RATE_S[steering.method] * rows * cols * pixels * upsampling_of(optics, steering)
 
 
 def image_of(acq: Acquisition, optics: Optics, steering: Steering) -> PhaseImage:
@@ -183,7 +171,7 @@ def image_of(acq: Acquisition, optics: Optics, steering: Steering) -> PhaseImage
     if steering.method == "ssb":
         phase = acq.ssb(optics)
     elif steering.method == "parallax":
-        phase = acq.parallax(optics, upsampling_of(acq, optics, steering))
+        phase = acq.parallax(optics, upsampling_of(optics, steering))
     else:
         result = acq.direct_ptycho(optics, steering.method.split("-")[1], steering.upsampling, steering.strength)
         phase, amplitude = result.phase, result.amplitude

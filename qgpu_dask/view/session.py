@@ -123,7 +123,7 @@ class Session:
                 self.answer_state()
                 self.phases.give(lambda: self.answer_phase(seq, index, steering))
             elif kind == "phase_grid":
-                steering = self.state.steer({})
+                steering = self.state.steering
                 self.phases.give(lambda: self.answer_phase_grid(seq, steering))
         except Exception as err:  # the ask was wrong, or the service refused it: said, nothing changed
             self.error(seq, kind, err)
@@ -160,7 +160,8 @@ class Session:
         """The phase image (with amplitude and spectrum where wanted), or, where a CPU owner would take long
         and the user has not said to go on, an error giving the expected seconds."""
         try:
-            seconds = self.state.slow_on_cpu(index, steering)
+            optics = self.state.steered_optics(index, steering)  # once: a live acquisition's is a new calibration
+            seconds = self.state.slow_on_cpu(index, steering, optics)
             if seconds is not None:
                 name = self.state.series[index].name
                 self.send({"type": "error", "seq": seq, "ask": ask, "seconds": seconds, "steering": dataclasses.asdict(steering),
@@ -168,7 +169,7 @@ class Session:
                                       f"press 'go on' to compute it, or choose a smaller upsampling or SSB"}, [])
                 return
             self.send({"type": "progress", "seq": seq, "ask": ask, "what": f"{steering.method} of {self.state.series[index].name}"}, [])
-            image = self.state.phase(index, steering)
+            image = self.state.phase(index, steering, optics)
             layers = {"phase": image.phase}
             if image.amplitude is not None:
                 layers["amplitude"] = image.amplitude

@@ -194,16 +194,15 @@ class ViewState:
     def steered_optics(self, index: int | None = None, steering: Steering | None = None) -> Optics:
         """The optics the sliders show for acquisition ``index`` (default: the one shown)."""
         acq = self.series[self.shown.index if index is None else index]
-        if self.optics is None:
-            raise ValueError(phase.OPTICS_HELP)
         return phase.steered(self.base_optics(acq), steering or self.steering)
 
-    def phase(self, index: int | None = None, steering: Steering | None = None) -> PhaseImage:
-        """The phase image of acquisition ``index`` (default: shown) with ``steering`` (default: now); the last
-        one is kept (a live acquisition's is made again: its rows keep coming)."""
+    def phase(self, index: int | None = None, steering: Steering | None = None, optics: Optics | None = None) -> PhaseImage:
+        """The phase image of acquisition ``index`` (default: shown) with ``steering`` (default: now) and its
+        ``optics`` (default: ``steered_optics``); the last one is kept (a live acquisition's is made again: its
+        rows keep coming)."""
         index = self.shown.index if index is None else index
         steering = steering or self.steering
-        optics = self.steered_optics(index, steering)
+        optics = optics or self.steered_optics(index, steering)
         key = (index, dataclasses.replace(steering, spectrum=False), repr(optics))
         cached = self.last_phase
         if cached is not None and cached[0] == key and not self.is_live(index):
@@ -212,21 +211,23 @@ class ViewState:
         self.last_phase = (key, image)
         return image
 
-    def slow_on_cpu(self, index: int, steering: Steering) -> float | None:
-        """The seconds a CPU owner is expected to take for this image where that is more than ``CPU_ASK_S``
-        and the user has not said to go on for its acquisition, method and upsampling; else None."""
+    def slow_on_cpu(self, index: int, steering: Steering, optics: Optics) -> float | None:
+        """The seconds a CPU owner is expected to take for this image (``optics``: its steered optics) where
+        that is more than ``CPU_ASK_S`` and the user has not said to go on for it (``go_on``); else None."""
         acq = self.series[index]
-        if self.device_of(acq) != "cpu":
+        if self.device_of(acq) != "cpu" or self.consent(acq, optics, steering) in self.confirmed:
             return None
-        optics = self.steered_optics(index, steering)
-        key = (acq.name, steering.method, phase.upsampling_of(acq, optics, steering))
         seconds = phase.cpu_seconds(acq, optics, steering)
-        return seconds if seconds > phase.CPU_ASK_S and key not in self.confirmed else None
+        return seconds if seconds > phase.CPU_ASK_S else None
 
     def go_on(self, index: int, steering: Steering) -> None:
         """The user lets a slow CPU preparation run for this acquisition, method and upsampling."""
-        acq = self.series[index]
-        self.confirmed.add((acq.name, steering.method, phase.upsampling_of(acq, self.steered_optics(index, steering), steering)))
+        self.confirmed.add(self.consent(self.series[index], self.steered_optics(index, steering), steering))
+
+    @staticmethod
+    def consent(acq: Acquisition, optics: Optics, steering: Steering) -> tuple:
+        """What a user's 'go on' covers: the acquisition, the method and the upsampling."""
+        return acq.name, steering.method, phase.upsampling_of(optics, steering)
 
     def device_of(self, acq: Acquisition) -> str:
         """"cpu" or "cuda": the kind of device ``acq``'s owner computes on."""
@@ -240,21 +241,22 @@ class ViewState:
         """Fit C10, C12, phi12 and the rotation on acquisition ``index`` (default: shown) on its owner; every
         acquisition's images then carry them and the sliders start from them (reset: the same)."""
         acq = self.series[self.shown.index if index is None else index]
-        if self.optics is None:
-            raise ValueError(phase.OPTICS_HELP)
         fitted = acq.fit_aberrations(self.optics_of(acq))
         with self.lock:
             self.fitted = fitted
-            self.steering = dataclasses.replace(self.steering, **phase.sliders_of(fitted))
+        self.reset()
         return fitted
+
+    def start(self) -> Optics:
+        """Where the sliders start and reset to: the fit's optics, or the given ones where no fit was made."""
+        if self.optics is None:
+            raise ValueError(phase.OPTICS_HELP)
+        return self.fitted if self.fitted is not None else self.optics
 
     def reset(self) -> Steering:
         """The sliders back to the fit's values (or the given optics' where no fit was made)."""
         with self.lock:
-            start = self.fitted if self.fitted is not None else self.optics
-            if start is None:
-                raise ValueError(phase.OPTICS_HELP)
-            self.steering = dataclasses.replace(self.steering, **phase.sliders_of(start))
+            self.steering = dataclasses.replace(self.steering, **phase.sliders_of(self.start()))
             return self.steering
 
     def phase_grid(self, steering: Steering | None = None) -> np.ndarray:
@@ -273,7 +275,7 @@ class ViewState:
             return None
         acq = self.acquisition
         limit = phase.limit_A(self.optics, tuple(acq.shape[:2]))
-        start = phase.sliders_of(self.fitted if self.fitted is not None else self.optics)
+        start = phase.sliders_of(self.start())
         return {"steering": dataclasses.asdict(self.steering), "start": start, "fitted": self.fitted is not None,
                 "limit_A": limit, "methods": list(phase.METHODS), "upsamplings": list(phase.UPSAMPLINGS),
                 "c10_range": [max(-limit, start["c10_A"] - phase.SLIDER_C10_A), min(limit, start["c10_A"] + phase.SLIDER_C10_A)],
@@ -322,6 +324,8 @@ class ViewState:
 
     def optics_of(self, acq: Acquisition) -> Optics:
         """The viewer's Optics calibrated for ``acq`` (once per acquisition; a live one's as its rows come)."""
+        if self.optics is None:
+            raise ValueError(phase.OPTICS_HELP)
         if acq.name not in self.calibrated or acq.record.get("live"):
             self.calibrated[acq.name] = acq.calibrate(self.optics)
         return self.calibrated[acq.name]
