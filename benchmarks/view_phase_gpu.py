@@ -6,8 +6,10 @@ direct benchmark's: about 9000 bright-field pixels on a 192 x 192 detector, u = 
 chromium with its calibrated optics. Each step moves one slider (C10 by ``--c10-step`` A, or the strength)
 and waits until the phase image of that step is painted: ms from the slider's ask to its pixels, per
 method (SSB; direct, phase; direct, complex; the strength of direct phase). Baselines from the same run:
-the same calls from Python (``acq.ssb``, ``acq.direct_ptycho``) at the same C10 steps; each page figure is
-given beside its API figure.
+the same calls from Python (``acq.ssb``, ``acq.direct_ptycho``) at the same C10 steps, and the same steps asked
+over the page's WebSocket from Python (ask to answer read: everything but the drawing), each beside the page's.
+Where the machine has no chromium (the GPU machine's image has none) the page's figures are left out and the
+socket's stand for the viewer's server half.
 
     python benchmarks/view_phase_gpu.py                 # on the GPU machine: 512 x 512 x 192 x 192, u = 3
     QGPU_DASK_CPU=1 python benchmarks/view_phase_gpu.py # 2 CPU workers: 128 x 128 x 128 x 128
@@ -17,6 +19,8 @@ given beside its API figure.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -28,6 +32,7 @@ import numpy as np
 import qgpu_dask as qd
 from qgpu_dask.phase import simulate
 from qgpu_dask.phase.optics import wavelength_A
+from qgpu_dask.view.protocol import unframe
 from qgpu_dask.view.server import ViewServer
 
 import record
@@ -76,6 +81,42 @@ def page_steps(page, steps: list[dict]) -> list[float]:
     return times
 
 
+def socket_steps(url: str, steps: list[dict]) -> list[float]:
+    """ms from each slider ask sent over the page's WebSocket to its phase image read and unframed (the page's
+    protocol without the page); RuntimeError naming an error the server answered."""
+    import tornado.websocket
+
+    async def run() -> list[float]:
+        socket = await tornado.websocket.websocket_connect(url)
+        try:
+            times = []
+            for seq, controls in enumerate(steps, start=1):
+                start = time.perf_counter()
+                await socket.write_message(json.dumps({"type": "phase", "seq": seq, **controls}))
+                while True:
+                    data = await asyncio.wait_for(socket.read_message(), 300)
+                    if data is None:
+                        raise RuntimeError("the viewer closed its socket")
+                    header, _ = unframe(data)
+                    if header.get("seq") == seq and header["type"] in ("phase", "error"):
+                        break
+                if header["type"] == "error":
+                    raise RuntimeError(f"the viewer answered an error for {controls}: {header['message']}")
+                times.append((time.perf_counter() - start) * 1e3)
+            return times
+        finally:
+            socket.close()
+
+    return asyncio.run(run())
+
+
+def slider_steps(method: str, args, c10s: list[float]) -> tuple[list[dict], list[dict]]:
+    """The method's first ask (its kernels, a CPU worker's consent; not timed) and the timed slider steps."""
+    if method == "strength":
+        return [{"method": "direct-phase"}], [{"strength": s} for s in np.geomspace(0.02, 0.5, args.steps).tolist()]
+    return [{"method": method, "upsampling": args.upsampling, "c10_A": -30.0, "go_on": True}], [{"c10_A": c} for c in c10s]
+
+
 def summary(times: list[float]) -> dict:
     return {"p50_ms": statistics.median(times), "p95_ms": float(np.percentile(times, 95)), "max_ms": max(times), "steps": len(times)}
 
@@ -102,8 +143,9 @@ def main() -> int:
     c10s = [-30.0 + args.c10_step * (k + 1) for k in range(args.steps)]
     page = browser()
     if page is None:
-        print("no chromium and chromedriver: apt-get install chromium chromium-driver", file=sys.stderr)
-        return 1
+        print("no chromium and chromedriver (apt-get install chromium chromium-driver): the page's figures are left out",
+              file=sys.stderr)
+    viewer, socket, errors = {}, {}, []
     try:
         with tempfile.TemporaryDirectory() as tmp, (qd.Service.local(n_workers=1, dashboard_address=":0") if gpu
                                                    else qd.Service.local(n_workers=2, dashboard_address=":0")) as svc:
@@ -112,34 +154,39 @@ def main() -> int:
             acq.ssb(optics)  # the kernels compiled and G made before anything is timed, page and API alike
             api = {m: summary(api_ms(acq, optics, m, [c - 0.5 for c in c10s], args.upsampling)) for m in METHODS}
             with ViewServer(svc, optics=optics) as server:
-                page.get(server.url + "acq/phase/")
-                deadline = time.monotonic() + 300
-                while not page.execute_script("const v = (window.qgpuViewers || [])[0]; return v && v.drawn.image > 0;"):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the page drew no image in 300 s")
-                    time.sleep(0.05)
-                viewer = {}
-                for method in METHODS:
-                    first = {"method": method, "upsampling": args.upsampling, "c10_A": -30.0, "go_on": True}
-                    page_steps(page, [first])  # the method's first image (its kernels, a CPU worker's consent)
-                    viewer[method] = summary(page_steps(page, [{"c10_A": c} for c in c10s]))
-                page_steps(page, [{"method": "direct-phase"}])
-                viewer["strength"] = summary(page_steps(page, [{"strength": s} for s in np.geomspace(0.02, 0.5, args.steps).tolist()]))
-                errors = page.execute_script("return window.qgpuViewers[0].errors;")
+                url = server.url.replace("http://", "ws://").split("?")[0].rstrip("/") + "/acq/phase/ws"
+                for method in (*METHODS, "strength"):
+                    first, steps = slider_steps(method, args, [c + 0.25 for c in c10s])
+                    socket[method] = summary(socket_steps(url, first + steps)[1:])
+                if page is not None:
+                    page.get(server.url + "acq/phase/")
+                    deadline = time.monotonic() + 300
+                    while not page.execute_script("const v = (window.qgpuViewers || [])[0]; return v && v.drawn.image > 0;"):
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("the page drew no image in 300 s")
+                        time.sleep(0.05)
+                    for method in (*METHODS, "strength"):
+                        first, steps = slider_steps(method, args, c10s)
+                        page_steps(page, first)
+                        viewer[method] = summary(page_steps(page, steps))
+                    errors = page.execute_script("return window.qgpuViewers[0].errors;")
             acq.release()
     finally:
-        page.quit()
+        if page is not None:
+            page.quit()
+    shown = viewer or socket  # the page's figures where a browser drew them, else the server's half
     results = {"scan": args.scan, "det": args.det, "upsampling": args.upsampling, "backend": backend, "c10_step_A": args.c10_step,
-               "api": api, "viewer": viewer, "errors": errors,
-               "over_api": {m: viewer[m]["p50_ms"] / api[m]["p50_ms"] for m in METHODS},
+               "api": api, "socket": socket, "errors": errors,
+               **({"viewer": viewer, "over_api": {m: viewer[m]["p50_ms"] / api[m]["p50_ms"] for m in METHODS}} if viewer else {}),
                "targets": ({"ssb_p50_ms": 20.0, "direct-phase_p50_ms": 45.0, "direct-complex_p50_ms": 65.0, "strength_p50_ms": 10.0}
                            if gpu else {"ssb_p50_ms": 150.0, "direct-phase_p50_ms": 400.0, "direct-complex_p50_ms": None, "strength_p50_ms": None})}
-    results["meets_targets"] = {key: viewer[key.removesuffix("_p50_ms")]["p50_ms"] <= limit
+    results["meets_targets"] = {key: shown[key.removesuffix("_p50_ms")]["p50_ms"] <= limit
                                 for key, limit in results["targets"].items() if limit is not None}
     path = record.write(f"view_phase_{backend}", results)
-    lines = [f"{args.scan}x{args.scan}x{args.det}x{args.det}, u = {args.upsampling} ({backend}): slider to pixels p50 / p95 / max ms, beside the API's p50"]
-    lines += [f"{name}: {v['p50_ms']:.1f} / {v['p95_ms']:.1f} / {v['max_ms']:.1f}" + (f" (API {api[name]['p50_ms']:.1f})" if name in api else "")
-              for name, v in viewer.items()]
+    lines = [f"{args.scan}x{args.scan}x{args.det}x{args.det}, u = {args.upsampling} ({backend}): slider to "
+             f"{'pixels' if viewer else 'image read over the socket (no browser)'} p50 / p95 / max ms, beside the socket's and the API's p50"]
+    lines += [f"{name}: {v['p50_ms']:.1f} / {v['p95_ms']:.1f} / {v['max_ms']:.1f} (socket {socket[name]['p50_ms']:.1f}"
+              + (f", API {api[name]['p50_ms']:.1f})" if name in api else ")") for name, v in shown.items()]
     lines.append(f"targets met: {results['meets_targets']}")
     return record.reported(path, lines, {"no errors on the page": not errors})
 

@@ -34,7 +34,7 @@ CPU_ONLY = {"cpu_vs_libertem"}  # a comparison of CPU workers, on any machine
 # The other project's fields: those with a part ("a/b/c") that starts with one of these.
 OTHER_PROJECT = {"ssb_vs_ptychography40": ("ptychography40", "phases_correlation", "first_over_udf", "repeat_over_udf"),
                  "cpu_vs_libertem": ("libertem", "all_equal")}
-NEEDS_BROWSER = {"view_gpu", "view_phase_gpu"}  # benchmarks measured in headless chromium
+NEEDS_BROWSER = {"view_gpu"}  # benchmarks measured in headless chromium only (view_phase_gpu reads the socket without one)
 NEEDS_SIMULATORS = {"live_detectors"}  # benchmarks fed by LiberTEM-live's detector simulators (programs beside Python)
 # Figures read from JSON that an earlier version of the benchmark wrote (its layout since changed).
 EARLIER_LAYOUT = {"multi_gpu_256", "multi_gpu_512"}

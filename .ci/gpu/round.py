@@ -61,7 +61,7 @@ STEPS: dict[str, Step] = {
                            ("libertem_qd_mpx", "libertem_dectris", "libertem_asi_tpx3")),
     "load_series_gpu": Step("load_series_gpu", ("--fill",), ("load_series_gpu",), "saved_reopen/GBps", 300),
     "view_gpu": Step("view_gpu", (), ("view_cuda",), "drag/updates_per_s", 240, ("selenium",)),
-    "view_phase_gpu": Step("view_phase_gpu", (), ("view_phase_cuda",), "viewer/ssb/p50_ms", 180, ("selenium",)),
+    "view_phase_gpu": Step("view_phase_gpu", (), ("view_phase_cuda",), "socket/ssb/p50_ms", 180),
     "ssb_gpu": Step("ssb_gpu", (), ("ssb_cuda",), "first_ssb_ms", 150),
     "direct_gpu": Step("direct_gpu", (), ("direct_cuda",), "phase/prepare_ms", 120),
     "ptycho_gpu": Step("ptycho_gpu", (), ("ptycho_cuda",), "iteration/fed_ms", 300),
