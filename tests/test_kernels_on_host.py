@@ -357,14 +357,14 @@ def test_sideband_sum_kernel_against_its_twin(tmp_path):
     test compares it: within float32 rounding of the terms."""
     from test_ssb_kernels import OPTICS, sideband_inputs
     from qgpu_dask.phase import sideband
-    from qgpu_dask.phase.optics import chi, chi_table
+    from qgpu_dask.phase.optics import chi, chi_table, monomials
 
     cuda = compiling_module("qgpu_dask.phase.cuda")
     G, ky, kx, dqy, dqx, kmax = sideband_inputs(3)
     for k, (qy, qx), sign in ((5, (dqy, 2 * dqx), 1.0), (6, (-2 * dqy, dqx), -1.0)):  # k -+ q on the aperture's edge
         ky[k], kx[k] = sign * np.array([qy, qx]) * (1 - kmax / math.hypot(qy, qx))
     chi_k, table = chi(kx, ky, OPTICS), chi_table(OPTICS)
-    degree, poly = cuda.monomials(np.asarray(table))
+    degree, poly = monomials(np.asarray(table))
     n_pix, rows, half = G.shape
     per_slice = math.ceil(n_pix / 2)
     entry = f"""
@@ -376,7 +376,7 @@ extern "C" void sums(const float2* G, i64 n_pix, int rows, int half, const float
         sideband_sum<{degree}>(G, n_pix, rows, half, pixel, ky, kx, poly, dqy, dqx, kmax2, floor, per_slice, re, im, w); }});
 }}"""
     parts = np.zeros((3, 2, rows * half))
-    arrays = [np.ascontiguousarray(a) for a in (G, cuda.pixel_table(ky, kx, chi_k, kmax**2), ky, kx, poly.ravel())]
+    arrays = [np.ascontiguousarray(a) for a in (G, cuda.pixel_table(ky, kx, chi_k, kmax**2), ky, kx, poly.ravel().astype(np.float32))]
     library("ssb.cu", cuda.DEFINES, entry, tmp_path).sums(
         pointer(arrays[0]), ctypes.c_int64(n_pix), rows, half, pointer(arrays[1]), pointer(arrays[2]), pointer(arrays[3]), pointer(arrays[4]),
         ctypes.c_double(dqy), ctypes.c_double(dqx), ctypes.c_double(kmax**2), ctypes.c_float(sideband.GAMMA_FLOOR), ctypes.c_int64(per_slice),
@@ -441,7 +441,7 @@ def test_normal_equations_kernel_against_its_twin(terms, tmp_path):
     from test_direct import OPTICS, SCAN, U, bright_field
     from direct_gpu import ABERRATIONS  # all 14 terms, as the benchmark measures them
     from qgpu_dask.phase import direct
-    from qgpu_dask.phase.optics import chi, chi_table
+    from qgpu_dask.phase.optics import chi, chi_table, monomials
 
     cuda = compiling_module("qgpu_dask.phase.cuda")
     optics = OPTICS.with_(det_sampling_mrad=2.0, **({"aberrations": ABERRATIONS} if terms == "all" else {}))
@@ -449,7 +449,7 @@ def test_normal_equations_kernel_against_its_twin(terms, tmp_path):
     rng = np.random.default_rng(9)
     G = (rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1)) + 1j * rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1))).astype(np.complex64)
     weights, chi_k, table, kmax2 = rng.uniform(0.5, 2.0, len(ky)), chi(kx, ky, optics), chi_table(optics), optics.aperture_k**2
-    degree, poly = cuda.monomials(np.asarray(table))
+    degree, poly = monomials(np.asarray(table))
     order = rng.permutation(len(ky)).astype(np.int64)
     cases = [(g.freq[:3], g.q[:3], m) for g in direct.aliases(SCAN, OPTICS, U).groups for m in (False, True)]
     assert {q.shape[1] for _, q, _ in cases} == {8, 9}
@@ -471,7 +471,7 @@ extern "C" void equations{case}(const float2* G, i64 nq, const i64* pixel, i64 n
     equations = library("ssb.cu", cuda.DEFINES, entry, tmp_path)
     ky_o, kx_o = ky[order], kx[order]
     pixels = [np.ascontiguousarray(a) for a in (G, order, ky_o, kx_o, np.stack([ky_o, kx_o], axis=1).astype(np.float32),
-                                                chi_k[order].astype(np.float32), np.sqrt(weights[order]).astype(np.float32), poly.ravel())]
+                                                chi_k[order].astype(np.float32), np.sqrt(weights[order]).astype(np.float32), poly.ravel().astype(np.float32))]
     for case, (freq, alias_q, complex_method) in enumerate(cases):
         gram, rhs = phase_cpu.normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method, U, kmax2)
         n, cols = rhs.shape

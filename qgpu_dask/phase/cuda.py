@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import compile
 from . import solve_cuda
+from .optics import monomials
 
 THREADS = 256
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
@@ -55,24 +56,10 @@ def spectrum_of(images: cupy.ndarray, out: cupy.ndarray) -> None:
     spectrum_plan(images).fft(images, out, cupy.cuda.cufft.CUFFT_FORWARD)
 
 
-def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:
-    """chi's polar table (``optics.chi_table``: Re(T[m, p] (k_x + i k_y)^m) |k|^(2p)) as a polynomial in k_x and k_y,
-    the kernels' form: (degree N, P) with chi = sum P[b, a] k_x^a k_y^b, P (N + 1) x (N + 1) float32 (expanded in
-    float64)."""
-    degree = max((m + 2 * p for m, p in np.argwhere(table != 0)), default=0)
-    poly = np.zeros((degree + 1, degree + 1), np.float64)  # [b, a]: k_y^b k_x^a
-    for m, p in np.argwhere(table != 0):
-        for i in range(m + 1):  # (k_x + i k_y)^m = sum_i binom(m, i) k_x^(m - i) (i k_y)^i
-            term = table[m, p] * math.comb(m, i) * 1j**i
-            for j in range(p + 1):  # |k|^(2p) = sum_j binom(p, j) k_x^(2 (p - j)) k_y^(2 j)
-                poly[i + 2 * j, m - i + 2 * (p - j)] += term.real * math.comb(p, j)
-    return degree, poly.astype(np.float32)
-
-
 def poly_argument(poly: np.ndarray) -> np.void:
-    """P as the kernels' Poly<N> struct, passed by value."""
+    """P (``optics.monomials``) as the kernels' Poly<N> struct of float32, passed by value."""
     value = np.zeros((), np.dtype([("c", np.float32, (poly.size,))]))
-    value["c"] = poly.ravel()
+    value["c"] = poly.ravel().astype(np.float32)
     return value[()]
 
 

@@ -171,6 +171,20 @@ def chi_table(optics: Optics) -> np.ndarray:
     return table[:rows, :cols]
 
 
+def monomials(table: np.ndarray) -> tuple[int, np.ndarray]:
+    """chi's polar table (``chi_table``: Re(T[m, p] (k_x + i k_y)^m) |k|^(2p)) as a polynomial in k_x and k_y:
+    (degree N, P) with chi = sum P[b, a] k_x^a k_y^b, P (N + 1) x (N + 1) float64, the form the SSB kernels
+    evaluate (Horner in k_x within each power of k_y) and advance along rows of frequencies."""
+    degree = max((m + 2 * p for m, p in np.argwhere(table != 0)), default=0)
+    poly = np.zeros((degree + 1, degree + 1), np.float64)  # [b, a]: k_y^b k_x^a
+    for m, p in np.argwhere(table != 0):
+        for i in range(m + 1):  # (k_x + i k_y)^m = sum_i binom(m, i) k_x^(m - i) (i k_y)^i
+            term = table[m, p] * math.comb(m, i) * 1j**i
+            for j in range(p + 1):  # |k|^(2p) = sum_j binom(p, j) k_x^(2 (p - j)) k_y^(2 j)
+                poly[i + 2 * j, m - i + 2 * (p - j)] += term.real * math.comb(p, j)
+    return degree, poly
+
+
 def chi(kx, ky, optics: Optics, xp=np):
     """The aberration function chi(k) in rad at spatial frequencies (kx, ky) in 1/A (NumPy or CuPy arrays, as ``xp``)."""
     kx, ky = xp.asarray(kx, xp.float64), xp.asarray(ky, xp.float64)
