@@ -73,11 +73,11 @@ look();
 
 def browser():
     """Headless chromium through chromedriver; None where they are not installed."""
-    from selenium import webdriver
-
     chromium, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
     if not (chromium and driver):
         return None
+    from selenium import webdriver
+
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1600,1200"):

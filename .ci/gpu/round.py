@@ -81,7 +81,7 @@ SUITE_SECONDS = 300
 
 
 def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.rstrip()  # a leading space is a status column
 
 
 def staleness(step: Step) -> tuple[str, str]:
