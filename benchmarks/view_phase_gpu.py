@@ -87,7 +87,7 @@ def socket_steps(url: str, steps: list[dict]) -> list[float]:
     import tornado.websocket
 
     async def run() -> list[float]:
-        socket = await tornado.websocket.websocket_connect(url)
+        socket = await tornado.websocket.websocket_connect(url, max_message_size=1 << 30)  # a complex u = 3 image is 19 MB
         try:
             times = []
             for seq, controls in enumerate(steps, start=1):
