@@ -168,7 +168,10 @@ def test_bad_input_is_said_in_the_page_and_changes_nothing(phased, svc, monkeypa
             await page.ask(type="phase", seq=seq, **bad)
             header, _ = await page.answer("error", seq)
             errors.append(header["message"])
-        await page.ask(type="phase", seq=20, method="direct-complex", upsampling=3)  # slow on a CPU worker
+        await page.ask(type="phase", seq=20, method="direct-complex", upsampling=3)  # slow on a CPU worker: asked first
+        if svc.backend != "cpu":
+            header, _ = await page.answer("phase", 20)
+            return errors, None, header
         slow, _ = await page.answer("error", 20)
         await page.ask(type="phase", seq=21, go_on=True)
         header, (layers,) = await page.answer("phase", 21)
