@@ -184,10 +184,17 @@ def image_of(acq: Acquisition, optics: Optics, steering: Steering) -> PhaseImage
 def power_spectrum(image: np.ndarray) -> np.ndarray:
     """log10 of the power spectrum of ``image`` less its mean, zero frequency at the centre (float32): the
     diffractogram whose Thon rings show defocus and astigmatism."""
-    values = np.asarray(image, np.float64)
-    power = np.abs(np.fft.fftshift(np.fft.fft2(values - values.mean()))) ** 2
-    floor = power[power > 0].min() if (power > 0).any() else 1.0
-    return np.log10(np.maximum(power, floor)).astype(np.float32)
+    values = np.asarray(image, np.float32)
+    rows, cols = values.shape
+    half = np.fft.rfft2(values)  # float32 in, complex64 out
+    half = half.real * half.real + half.imag * half.imag
+    half[0, 0] = 0.0  # the mean, left out
+    positive = half > 0
+    half = np.log10(np.maximum(half, half[positive].min() if positive.any() else 1.0))
+    power = np.empty((rows, cols), np.float32)  # the other half by symmetry: P(-q) = P(q) for a real image
+    power[:, : half.shape[1]] = half
+    power[:, half.shape[1] :] = half[(-np.arange(rows)) % rows][:, cols - np.arange(half.shape[1], cols)]
+    return np.fft.fftshift(power)
 
 
 SAVED = (".png", ".npy", ".tif", ".tiff")

@@ -59,22 +59,24 @@ WIRE_TYPES = {  # dtypes that cross to the browser, as JavaScript typed arrays r
 }
 
 
-def array_answer(kind: str, seq: int | None, array: np.ndarray, **fields) -> tuple[dict, list[bytes]]:
-    """An answer carrying one array: its header (dtype, shape) and its little-endian bytes."""
+def array_answer(kind: str, seq: int | None, array: np.ndarray, **fields) -> tuple[dict, list[memoryview]]:
+    """An answer carrying one array: its header (dtype, shape) and its little-endian bytes (a view, no copy)."""
     array = np.ascontiguousarray(array)
     name = array.dtype.name
     if name not in WIRE_TYPES:
         raise TypeError(f"the viewer sends {sorted(WIRE_TYPES)}, not {name}")
-    data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-    return {"type": kind, "seq": seq, "dtype": name, "shape": list(array.shape), **fields}, [data]
+    data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+    return {"type": kind, "seq": seq, "dtype": name, "shape": list(array.shape), **fields}, [memoryview(data).cast("B")]
 
 
-def frame(header: dict, buffers: list[bytes]) -> bytes:
-    """One WebSocket binary frame of an answer (see the module's text for the layout)."""
-    padded = [b + b"\0" * (-len(b) % 8) for b in buffers]
-    text = json.dumps({**header, "buffers": [len(b) for b in padded]}).encode()
+def frame(header: dict, buffers: list) -> bytes:
+    """One WebSocket binary frame of an answer (see the module's text for the layout), the buffers copied once
+    into it (a phase answer is tens of MB)."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    pads = [b"\0" * (-len(v) % 8) for v in views]
+    text = json.dumps({**header, "buffers": [len(v) + len(pad) for v, pad in zip(views, pads)]}).encode()
     text += b" " * (-(4 + len(text)) % 8)
-    return b"".join([struct.pack("<I", len(text)), text, *padded])
+    return b"".join([struct.pack("<I", len(text)), text, *(part for pair in zip(views, pads) for part in pair)])
 
 
 def unframe(data: bytes) -> tuple[dict, list[np.ndarray]]:
@@ -82,8 +84,9 @@ def unframe(data: bytes) -> tuple[dict, list[np.ndarray]]:
     (length,) = struct.unpack_from("<I", data)
     header = json.loads(data[4 : 4 + length])
     arrays, at = [], 4 + length
+    whole = memoryview(data)
     for size in header["buffers"]:
-        chunk = data[at : at + size]
+        chunk = whole[at : at + size]  # the arrays are views of the frame
         at += size
         if "dtype" in header:
             dtype = np.dtype(WIRE_TYPES[header["dtype"]]).newbyteorder("<")

@@ -176,7 +176,8 @@ class Session:
             if steering.spectrum:
                 layers["spectrum"] = phase.power_spectrum(image.phase)
             ranges = [finite_range(v) for v in layers.values()]
-            header, buffers = array_answer("phase", seq, np.stack(list(layers.values())), layers=list(layers), ranges=ranges,
+            stacked = image.phase[None] if len(layers) == 1 else np.stack(list(layers.values()))  # one layer: a view
+            header, buffers = array_answer("phase", seq, stacked, layers=list(layers), ranges=ranges,
                                            pixel_A=image.pixel_A, upsampling=image.upsampling, index=index,
                                            steering=dataclasses.asdict(steering), name=image.name)
             self.send(header, buffers)
@@ -242,6 +243,11 @@ class Session:
 
 
 def finite_range(values: np.ndarray) -> list[float]:
-    """[min, max] of the finite values ([0, 0] where none is)."""
-    finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+    """[min, max] of the finite values ([0, 0] where none is): two passes where every value is finite."""
+    if values.size == 0:
+        return [0.0, 0.0]
+    low, high = values.min(), values.max()
+    if values.dtype.kind != "f" or (np.isfinite(low) and np.isfinite(high)):
+        return [float(low), float(high)]
+    finite = values[np.isfinite(values)]
     return [float(finite.min()), float(finite.max())] if finite.size else [0.0, 0.0]
