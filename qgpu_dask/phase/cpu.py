@@ -62,23 +62,22 @@ def scan_spectrum(counts: np.ndarray, pixels: np.ndarray, scan_shape: tuple[int,
     return G
 
 
-@numba.njit(cache=True)
-def chi_at(x, y, table):
-    r2 = x * x + y * y
-    z = complex(x, y)
-    power = complex(1.0, 0.0)
+@numba.njit(cache=True, inline="always")
+def chi_of(x, y, poly):
+    """chi at k = (x, y) from its monomials (``optics.monomials``: chi = sum poly[b, a] x^a y^b), Horner in x
+    within each power of y, then in y: 27 multiply-adds at degree 6, a fifth of the polar table's work."""
+    n = poly.shape[0]
     total = 0.0
-    for m in range(table.shape[0]):
-        poly = complex(0.0, 0.0)
-        for p in range(table.shape[1] - 1, -1, -1):
-            poly = poly * r2 + table[m, p]
-        total += (poly * power).real
-        power *= z
+    for b in range(n - 1, -1, -1):
+        row = 0.0
+        for a in range(n - 1 - b, -1, -1):
+            row = row * x + poly[b, a]
+        total = total * y + row
     return total
 
 
 @numba.njit(cache=True, inline="always")
-def trotters(x, y, here, qy, qx, table, kmax2):
+def trotters(x, y, here, qy, qx, poly, kmax2):
     """(Gamma_plus, Gamma_minus) of pixel k = (x, y) with chi(k) = ``here`` at frequency (qy, qx): the phase
     factors exp(i (chi(k) - chi(k - q))) and exp(i (chi(k + q) - chi(k))) where k - q and k + q fall inside the
     aperture, else 0."""
@@ -86,10 +85,10 @@ def trotters(x, y, here, qy, qx, table, kmax2):
     minus = 0j
     my, mx, py, px = y - qy, x - qx, y + qy, x + qx
     if mx * mx + my * my <= kmax2:
-        a = here - chi_at(mx, my, table)
+        a = here - chi_of(mx, my, poly)
         plus = complex(math.cos(a), math.sin(a))
     if px * px + py * py <= kmax2:
-        a = chi_at(px, py, table) - here
+        a = chi_of(px, py, poly) - here
         minus = complex(math.cos(a), math.sin(a))
     return plus, minus
 
@@ -181,7 +180,7 @@ def inside(r, cutoff, inv_pixel):
 
 
 @numba.njit(parallel=True, cache=True)
-def fit_terms_loop(Gt, uv, params, qy, qx, table, has_rest, cutoff, inv_pixel, floor, step, terms):
+def fit_terms_loop(Gt, uv, params, qy, qx, poly, has_rest, cutoff, inv_pixel, floor, step, terms):
     n_pix = Gt.shape[1]
     nq, nqx = terms.shape[1], qx.size
     for job in numba.prange(terms.size):
@@ -201,9 +200,9 @@ def fit_terms_loop(Gt, uv, params, qy, qx, table, has_rest, cutoff, inv_pixel, f
             lin = 2.0 * (c10 * (y * fy + x * fx) + a * (x * fx - y * fy) + b * (x * fy + y * fx))
             dm, dp = lin - quad, lin + quad
             if has_rest:
-                centre = chi_at(x, y, table)
-                dm += centre - chi_at(x - fx, y - fy, table)
-                dp += chi_at(x + fx, y + fy, table) - centre
+                centre = chi_of(x, y, poly)
+                dm += centre - chi_of(x - fx, y - fy, poly)
+                dp += chi_of(x + fx, y + fy, poly) - centre
             gamma = om * complex(math.cos(dm), math.sin(dm)) - op * complex(math.cos(dp), math.sin(dp))
             size = abs(gamma)
             if not size > floor:
@@ -215,9 +214,9 @@ def fit_terms_loop(Gt, uv, params, qy, qx, table, has_rest, cutoff, inv_pixel, f
 def fit_setup(uv, qy, qx, table) -> tuple:
     """``fit_terms``'s fixed arguments, made once per fit: ``uv`` (n_pix, 2) the bright-field pixels' k_y, k_x
     before the rotation (1/A), the scan frequencies ``qy`` and ``qx``, the rest of chi as ``table``
-    (``optics.chi_table``)."""
+    (``optics.chi_table``, evaluated as its monomials)."""
     table = np.asarray(table, np.complex128)
-    return np.asarray(uv, np.float64), np.asarray(qy, np.float64), np.asarray(qx, np.float64), table, bool(np.any(table != 0))
+    return np.asarray(uv, np.float64), np.asarray(qy, np.float64), np.asarray(qx, np.float64), monomials(table)[1], bool(np.any(table != 0))
 
 
 def fit_terms(Gt, setup: tuple, params, cutoff: float, pixel: float, floor: float, step: int) -> np.ndarray:
@@ -226,45 +225,61 @@ def fit_terms(Gt, setup: tuple, params, cutoff: float, pixel: float, floor: floa
     ``setup`` (``fit_setup``) and Gt (nq, n_pix) complex64 (G at the scan frequencies (qy[i // len(qx)],
     qx[i % len(qx)])); the aperture's radius ``cutoff`` and a pixel's width ``pixel`` in 1/A. Contract in
     kernels/ssb.cu (fit_terms), which evaluates in float32 where this is float64."""
-    uv, qy, qx, table, has_rest = setup
+    uv, qy, qx, poly, has_rest = setup
     terms = np.empty((len(params), Gt.shape[0]), np.float64)
-    fit_terms_loop(Gt, uv, np.asarray(params, np.float64), qy, qx, table, has_rest, float(cutoff), 1.0 / pixel, float(floor), int(step), terms)
+    fit_terms_loop(Gt, uv, np.asarray(params, np.float64), qy, qx, poly, has_rest, float(cutoff), 1.0 / pixel, float(floor), int(step), terms)
     return terms
 
 
+@numba.njit(cache=True, fastmath=True)
+def weighted_dot(re, im, a: int, b: int, n: int) -> complex:
+    """sum_k conj(row a) * row b over the first n entries of split-complex rows (re, im): a reduction the
+    compiler may reorder (fastmath) into vector lanes; the sums change in their last bits, not more."""
+    sr = 0.0
+    si = 0.0
+    for k in range(n):
+        sr += re[a, k] * re[b, k] + im[a, k] * im[b, k]
+        si += re[a, k] * im[b, k] - im[a, k] * re[b, k]
+    return complex(sr, si)
+
+
 @numba.njit(parallel=True, cache=True)
-def normal_equations_loop(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method, inv_u2, kmax2, gram, rhs):
+def normal_equations_loop(G, ky, kx, root_w, chi_k, poly, freq, alias_q, complex_method, inv_u2, kmax2, chunk, gram, rhs):
     n_pix = G.shape[0]
     d = alias_q.shape[1]
     cols = gram.shape[1]
-    for f in numba.prange(len(freq)):
-        column = np.zeros(cols, np.complex128)
-        for k in range(n_pix):
-            y, x = ky[k], kx[k]
-            if x * x + y * y > kmax2:
-                continue
-            here = chi_k[k]
-            any_term = False
-            for m in range(d):
-                plus, minus = trotters(x, y, here, alias_q[f, m, 0], alias_q[f, m, 1], table, kmax2)
-                plus, minus = plus * inv_u2, minus * inv_u2
-                if complex_method:
-                    column[m] = plus
-                    column[d + m] = minus
-                else:
-                    column[m] = 1j * (plus - minus)
-                any_term = any_term or plus != 0 or minus != 0
-            if not any_term:
-                continue
-            w = weights[k]
-            g = G[k, freq[f]]
-            for i in range(cols):
-                ci = column[i].conjugate() * w
-                if ci == 0:
+    n = len(freq)
+    for part in numba.prange((n + chunk - 1) // chunk):
+        # the model's columns, then g, as rows of split-complex values over the pixels that see the frequency
+        re = np.empty((cols + 1, n_pix), np.float64)
+        im = np.empty((cols + 1, n_pix), np.float64)
+        for f in range(part * chunk, min(n, (part + 1) * chunk)):
+            used = 0
+            for k in range(n_pix):
+                y, x = ky[k], kx[k]
+                if x * x + y * y > kmax2:
                     continue
-                rhs[f, i] += ci * g
-                for j in range(cols):
-                    gram[f, i, j] += ci * column[j]
+                here = chi_k[k]
+                scale = root_w[k] * inv_u2
+                any_term = False
+                for m in range(d):
+                    plus, minus = trotters(x, y, here, alias_q[f, m, 0], alias_q[f, m, 1], poly, kmax2)
+                    any_term = any_term or plus != 0 or minus != 0
+                    if complex_method:
+                        re[m, used], im[m, used] = plus.real * scale, plus.imag * scale
+                        re[d + m, used], im[d + m, used] = minus.real * scale, minus.imag * scale
+                    else:  # i (plus - minus)
+                        re[m, used], im[m, used] = (minus.imag - plus.imag) * scale, (plus.real - minus.real) * scale
+                if any_term:
+                    g = G[k, freq[f]] * root_w[k]
+                    re[cols, used], im[cols, used] = g.real, g.imag
+                    used += 1
+            for i in range(cols):  # T^H W T is Hermitian: the upper half, mirrored
+                for j in range(i, cols):
+                    value = weighted_dot(re, im, i, j, used)
+                    gram[f, i, j] = value
+                    gram[f, j, i] = value.conjugate()
+                rhs[f, i] = weighted_dot(re, im, i, cols, used)
 
 
 def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
@@ -277,9 +292,11 @@ def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_me
     cols = d * (2 if complex_method else 1)
     gram = np.zeros((n, cols, cols), np.complex128)
     rhs = np.zeros((n, cols), np.complex128)
-    normal_equations_loop(G.reshape(n_pix, -1), np.asarray(ky, np.float64), np.asarray(kx, np.float64), np.asarray(weights, np.float64),
-                          np.asarray(chi_k, np.float64), np.asarray(table, np.complex128), np.asarray(freq, np.int64),
-                          np.asarray(alias_q, np.float64), bool(complex_method), 1.0 / upsampling**2, float(kmax2), gram, rhs)
+    chunk = max(1, -(-n // (4 * numba.get_num_threads())))  # frequencies a thread takes at once (its buffers made once)
+    normal_equations_loop(G.reshape(n_pix, -1), np.asarray(ky, np.float64), np.asarray(kx, np.float64),
+                          np.sqrt(np.asarray(weights, np.float64)), np.asarray(chi_k, np.float64), monomials(np.asarray(table))[1],
+                          np.asarray(freq, np.int64), np.asarray(alias_q, np.float64), bool(complex_method), 1.0 / upsampling**2,
+                          float(kmax2), chunk, gram, rhs)
     return gram, rhs
 
 
