@@ -161,7 +161,7 @@ def main() -> int:
             baseline = {"image_per_s": api_rate(acq.virtual_image, centre, swing, radius, args.det, args.seconds),
                         "series_per_s": api_rate(series.virtual_images, centre, swing, radius, args.det, args.seconds)}
             with ViewServer(svc) as server:
-                page.get(server.url + "series/?names=" + ",".join(series.names))
+                page.get(server.address("series/?names=" + ",".join(series.names)))
                 deadline = time.monotonic() + 300
                 while not page.execute_script("const v = (window.qgpuViewers || [])[0]; return v && v.drawn.image > 0;"):
                     if time.monotonic() > deadline:

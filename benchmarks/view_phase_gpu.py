@@ -154,12 +154,12 @@ def main() -> int:
             acq.ssb(optics)  # the kernels compiled and G made before anything is timed, page and API alike
             api = {m: summary(api_ms(acq, optics, m, [c - 0.5 for c in c10s], args.upsampling)) for m in METHODS}
             with ViewServer(svc, optics=optics) as server:
-                url = server.url.replace("http://", "ws://").split("?")[0].rstrip("/") + "/acq/phase/ws"
+                url = server.address("acq/phase/ws", scheme="ws")
                 for method in (*METHODS, "strength"):
                     first, steps = slider_steps(method, args, [c + 0.25 for c in c10s])
                     socket[method] = summary(socket_steps(url, first + steps)[1:])
                 if page is not None:
-                    page.get(server.url + "acq/phase/")
+                    page.get(server.address("acq/phase/"))
                     deadline = time.monotonic() + 300
                     while not page.execute_script("const v = (window.qgpuViewers || [])[0]; return v && v.drawn.image > 0;"):
                         if time.monotonic() > deadline:

@@ -323,9 +323,9 @@ def parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--address", help="scheduler address, e.g. tcp://host:8786")
     where.add_argument("--scheduler-file", help="scheduler file written by `dask scheduler --scheduler-file`")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback a token is asked for)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback unless told)")
     p.add_argument("--port", type=port_number, default=8790, help="port (0: any free one)")
-    p.add_argument("--token", default=None, help="the token pages must carry (default: made up where one is asked)")
+    p.add_argument("--token", default=None, help="the token every page must carry (default: made up, and printed in the URL)")
     p.add_argument("--optics", default=None, help="JSON file of qd.Optics keyword arguments (CoM, iCoM, SSB images, scale bars)")
     p.set_defaults(run=view, check=check_view)
     return parser

@@ -13,6 +13,7 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 import pytest
+import tornado.httpclient
 import tornado.websocket
 
 import qgpu_dask as qd
@@ -190,13 +191,32 @@ def test_grid_sums_travel_as_32_bit_integers_where_they_fit():
 
 
 def test_the_listing_page_script_and_tokens(svc, viewed):
+    """Every server asks for its token (loopback too: any user of a shared node reaches it), and its WebSocket
+    opens only for a page of its own origin."""
     server, acqs, _ = viewed
     listing = urllib.request.urlopen(server.url, timeout=30).read().decode()
     assert all(a.name in listing for a in acqs) and "/series/" in listing
-    page = urllib.request.urlopen(server.url + f"acq/{acqs[0].name}/", timeout=30).read().decode()
+    page = urllib.request.urlopen(server.address(f"acq/{acqs[0].name}/"), timeout=30).read().decode()
     assert "viewer.js" in page and "{{" not in page
-    script = urllib.request.urlopen(server.url + f"acq/{acqs[0].name}/viewer.js", timeout=30)
+    script = urllib.request.urlopen(server.address(f"acq/{acqs[0].name}/viewer.js"), timeout=30)
     assert script.headers["Content-Type"].startswith("text/javascript") and b"export" in script.read()
+    assert len(server.token) >= 24
+    for bare in (server.url.split("?")[0], server.url.split("?")[0] + "?token=guess"):
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            urllib.request.urlopen(bare, timeout=30)
+
+    async def opened_from(origin: str):
+        ask = tornado.httpclient.HTTPRequest(ws(server, f"/acq/{acqs[0].name}/ws"), headers={"Origin": origin})
+        conn = await tornado.websocket.websocket_connect(ask)
+        await conn.write_message('{"type": "hello"}')
+        return await conn.read_message()
+
+    with pytest.raises(tornado.httpclient.HTTPClientError, match="403"):
+        asyncio.run(opened_from("http://elsewhere.example"))  # a page of another site the user opened
+    own = server.url.split("/?")[0]
+    assert asyncio.run(opened_from(own)) is not None  # the viewer's own page
+    with pytest.raises(ValueError, match="non-empty string"):
+        ViewServer(svc, token="")
     with ViewServer(svc, token="sesame") as guarded:
         assert guarded.url.endswith("?token=sesame")
         with pytest.raises(urllib.error.HTTPError, match="403"):
@@ -204,7 +224,7 @@ def test_the_listing_page_script_and_tokens(svc, viewed):
         assert acqs[0].name in urllib.request.urlopen(guarded.url, timeout=30).read().decode()
 
         async def refused():
-            ws_url = guarded.url.replace("http://", "ws://").split("?")[0] + f"acq/{acqs[0].name}/ws"
+            ws_url = guarded.address(f"acq/{acqs[0].name}/ws", scheme="ws").split("?")[0]
             conn = await tornado.websocket.websocket_connect(ws_url)
             return await conn.read_message()
 

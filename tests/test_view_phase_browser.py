@@ -42,7 +42,7 @@ new MutationObserver(() => {
 
 
 def page_url(server, path: str) -> str:
-    return server.url.split("?")[0].rstrip("/") + path
+    return server.address(path)
 
 
 def open_page(browser, url: str) -> None:

@@ -55,4 +55,4 @@ def talk(url: str, script):
 
 
 def ws(server: ViewServer, path: str) -> str:
-    return server.url.replace("http://", "ws://").split("?")[0].rstrip("/") + path
+    return server.address(path, scheme="ws")

@@ -3,8 +3,10 @@
 Routes: ``/`` lists the acquisitions with their shapes (and links the Dask dashboard), offering a series of
 each shape held more than once; ``/acq/<name>/`` views one and ``/series/?names=a,b`` those as one series
 (no names: every acquisition, where all have one shape); each page loads ``viewer.js`` and talks over ``ws``
-beside it (the protocol's frames). The server binds 127.0.0.1 unless told otherwise; bound elsewhere it asks for a token
-(given, or made and printed as Jupyter does) on every request. Each page gets its own view (a Session): pages
+beside it (the protocol's frames). The server binds 127.0.0.1 unless told otherwise, and asks for a token (given,
+or made and printed as Jupyter does) on every request, loopback too: on a shared node any user's process can
+reach a loopback port, and any web page a user opens can try one. A WebSocket is accepted only from a page of
+the server's own origin (a browser says which page opens it). Each page gets its own view (a Session): pages
 read residents, never change or release them.
 """
 
@@ -13,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import html
 import hmac
-import ipaddress
 import secrets
-import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,13 +35,6 @@ from .state import ViewState
 HERE = Path(__file__).parent
 
 
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
-
-
 class Guarded(tornado.web.RequestHandler):
     """A handler that refuses requests without the server's token (where it has one)."""
 
@@ -53,7 +46,7 @@ class Guarded(tornado.web.RequestHandler):
             raise tornado.web.HTTPError(403, "this viewer asks for its token: open the URL it printed (…?token=…)")
 
     def link(self, path: str) -> str:
-        return path + (f"?token={quote(self.app.token)}" if self.app.token else "")
+        return f"{path}?token={quote(self.app.token)}"
 
 
 def shape_text(shape) -> str:
@@ -93,7 +86,7 @@ class Listing(Guarded):
 
     def series_link(self, group: list[Acquisition]) -> str:
         names = ",".join(quote(a.name, safe="") for a in group)
-        return f"/series/?names={names}" + (f"&token={quote(self.app.token)}" if self.app.token else "")
+        return f"/series/?names={names}&token={quote(self.app.token)}"
 
 
 class Page(Guarded):
@@ -117,9 +110,6 @@ class Socket(tornado.websocket.WebSocketHandler):
         self.session: Session | None = None
         self.asks = ThreadPoolExecutor(1, thread_name_prefix="qgpu-view-asks")
         self.loop = asyncio.get_running_loop()
-
-    def check_origin(self, origin: str) -> bool:
-        return True  # the token guards a server bound beyond loopback; a loopback page may come from any port
 
     async def open(self, name: str | None = None):
         self.set_nodelay(True)  # answers are several writes: Nagle's wait for the ACK of the first cost 40 ms a step
@@ -169,9 +159,9 @@ class ViewServer:
         self.service = service
         self.optics = optics
         self.host = host
-        if token is None and not is_loopback(host):
-            token = secrets.token_urlsafe(24)
-        self.token = token or ""
+        if token is not None and not (isinstance(token, str) and token.strip()):
+            raise ValueError(f"the viewer's token is a non-empty string (or None to make one), got {token!r}")
+        self.token = token or secrets.token_urlsafe(24)
         self.dashboard = getattr(service.client, "dashboard_link", None)
         self.sockets: set[Socket] = set()  # the pages connected now (touched on the event loop only)
         started = threading.Event()
@@ -195,7 +185,7 @@ class ViewServer:
         return ViewState(Series(self.service, held), self.optics)
 
     def admits(self, token: str) -> bool:
-        return not self.token or hmac.compare_digest(token, self.token)
+        return hmac.compare_digest(token.encode(), self.token.encode())
 
     def run(self, port: int, started: threading.Event) -> None:
         async def serve():
@@ -230,9 +220,15 @@ class ViewServer:
 
     @property
     def url(self) -> str:
-        """The listing's address (with the token where one is asked)."""
+        """The listing's address, with the token."""
+        return self.address("")
+
+    def address(self, path: str, scheme: str = "http") -> str:
+        """The address of ``path`` on this server (``acq/<name>/``, ``series/?names=a,b``, ``acq/<name>/ws`` with
+        scheme ws), with the token."""
         host = self.host if ":" not in self.host else f"[{self.host}]"
-        return f"http://{host}:{self.port}/" + (f"?token={quote(self.token)}" if self.token else "")
+        path, _, query = path.lstrip("/").partition("?")
+        return f"{scheme}://{host}:{self.port}/{path}?token={quote(self.token)}" + (f"&{query}" if query else "")
 
     def close(self) -> None:
         if self.thread.is_alive():
