@@ -103,6 +103,36 @@ def test_bad_reconstruction_input(svc, names, crystal):
     assert qd.ptycho.reconstruct(series, FIT, iterations=1, progress=False).objects.shape[0] == 1  # still usable
 
 
+def test_a_cropped_or_binned_detector_is_the_same_run_as_counts_reduced_before(svc, names, crystal):
+    """crop and bin reduce each block of the feed on the owner: the objects, probe and errors are those of a
+    run on counts cropped or binned beforehand (put as such, with the optics of the reduced detector)."""
+    _, counts = crystal
+    series = put_series(svc, names, counts[:2], [None, None])
+    for crop, bin in ((36, 1), (None, 2), (36, 3)):
+        reduced = qd.ptycho.reconstruct(series, FIT, iterations=3, batch=100, crop=crop, bin=bin, progress=False)
+        top = DET[0] // 2 - (crop or DET[0]) // 2 if crop else 0
+        side = crop or DET[0]
+        kept = [c[:, :, top : top + side, top : top + side] for c in counts[:2]]
+        n = side // bin
+        before = [k.reshape(*SCAN, n, bin, n, bin).sum(axis=(3, 5), dtype=np.uint32) for k in kept]
+        center = (DET[0] // 2 - top - (bin - 1) / 2) / bin
+        fit = FIT.with_(det_sampling_mrad=FIT.det_sampling_mrad * bin, bf_center_px=(center, center))
+        plain = qd.ptycho.reconstruct(put_series(svc, names, before, [None, None]), fit, iterations=3, batch=100, progress=False)
+        step = OVER * side // DET[0]  # object pixels a scan step: a smaller far field has larger pixels, binned or not
+        assert reduced.objects.shape == plain.objects.shape == (2, 17 * step + n, 17 * step + n)
+        assert (reduced.objects == plain.objects).all() and (reduced.probe == plain.probe).all(), (crop, bin)
+        assert (reduced.errors == plain.errors).all() and reduced.pixel_A == plain.pixel_A
+        assert reduced.pixel_A[0] == pytest.approx(STEP / step)
+    for kwargs, words in (({"crop": 60}, "wider than the 54 x 54 detector"), ({"crop": 1}, "crop must be"),
+                          ({"bin": 0}, "bin must be"), ({"bin": 5}, "bin 5 does not divide the 54 x 54"),
+                          ({"crop": 36, "bin": 5}, "does not divide the 36 x 36"), ({"crop": 2.5}, "crop must be")):
+        with pytest.raises(ValueError, match=words):
+            qd.ptycho.reconstruct(series, FIT, progress=False, **kwargs)
+    off = FIT.with_(bf_center_px=(10.0, 40.0))
+    with pytest.raises(ValueError, match="passes the 54 x 54 detector's edge: choose at most 20"):
+        qd.ptycho.reconstruct(series, off, crop=30, progress=False)
+
+
 def test_the_feed_runs_next_to_the_data(svc, names, crystal):
     _, counts = crystal
     acq = svc.put(counts[0], name=names("f"), layout="compressed")

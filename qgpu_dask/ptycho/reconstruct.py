@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from ..resident.feed import check_count
 from ..phase.optics import Optics
 from ..phase.iterative import geometry, update
+from ..phase.iterative.window import window
 from ..queries.ptycho import PtychoEnd, PtychoObjects, PtychoPass, PtychoStart
 
 RESTARTS = 3  # restarts from a checkpoint after lost state, before giving up
@@ -97,21 +98,28 @@ def reconstruct(
     depth: int = 2,
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int = 10,
+    crop: int | None = None,
+    bin: int = 1,
     progress: bool = True,
 ) -> Reconstruction:
     """Single-slice ptychography of every frame of ``series`` with calibrated ``fit`` (its aberrations give
     the starting probe): ``iterations`` passes, positions in batches of ``batch`` (the feed's blocks, made
     ``depth`` ahead), object and probe steps in (0, 2], the probe updated from pass ``probe_after`` on.
     With ``checkpoint`` (a .npz path) the run saves there every ``checkpoint_every`` iterations and resumes
-    from it when it exists."""
+    from it when it exists. ``crop`` (a square window's side in detector pixels, around the bright-field
+    disk) and ``bin`` (b x b pixels summed) reduce the detector in the feed on each owner: a faster pass,
+    object pixels as much larger (``pixel_A``)."""
     iterations, batch = check_count(iterations, "iterations", 1), check_count(batch, "batch", 1)
     probe_after, checkpoint_every = check_count(probe_after, "probe_after", 1), check_count(checkpoint_every, "checkpoint_every", 1)
     depth = check_count(depth, "depth", 0)
     object_step, probe_step = check_step(object_step, "object_step"), check_step(probe_step, "probe_step")
     names = list(series.names)
     scan_shape, det_shape = series.same("scan_shape"), series.same("det_shape")
-    geo = geometry.geometry(fit, scan_shape, det_shape)
-    totals = series.reduce(op="sum").sum(axis=(1, 2)).astype(np.float64)  # per frame: sum I = sum a^2
+    fit.require_calibration("ptychography")
+    reduced = window(det_shape, fit, crop, bin)
+    fit = reduced.optics_of(fit)
+    geo = geometry.geometry(fit, scan_shape, reduced.det_shape)
+    totals = np.array([reduced.sums(p) for p in series.reduce(op="sum")])  # per frame: sum I = sum a^2, in the window
     if not (totals > 0).all():
         raise ValueError(f"frames {np.flatnonzero(totals <= 0).tolist()} hold no counts: nothing to reconstruct")
     initial = Checkpoint(0, geometry.starting_probe(fit, geo, float(totals.mean()) / (scan_shape[0] * scan_shape[1])), None)
@@ -123,11 +131,11 @@ def reconstruct(
     bar = tqdm(total=iterations, initial=done, desc="ptychography", unit="it", disable=not progress)
     objects = None
     try:
-        series.ask(PtychoStart, run, fit, state.objects)
+        series.ask(PtychoStart, run, fit, reduced, state.objects)
         while objects is None:
             try:
                 while done < iterations:
-                    passes = series.ask(PtychoPass, run, probe, batch, depth, object_step)
+                    passes = series.ask(PtychoPass, run, probe, reduced, batch, depth, object_step)
                     errors.append([p.error / t for p, t in zip(passes, totals)])
                     done += 1
                     if done >= probe_after:
@@ -143,7 +151,7 @@ def reconstruct(
                 restarts += 1
                 if restarts > RESTARTS:
                     raise
-                series.ask(PtychoStart, run, fit, state.objects)
+                series.ask(PtychoStart, run, fit, reduced, state.objects)
                 probe, errors, done = state.probe, list(state.errors), state.iteration
                 bar.n = done
                 bar.refresh()

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..device import to_host
 from ..phase.iterative import geometry, update
+from ..phase.iterative.window import Window
 from ..phase.optics import Optics
 from ..resident import Resident
 from .base import Context, Kept, Query, register
@@ -48,24 +49,25 @@ class PtychoQuery(Query):
 @register
 class PtychoStart(PtychoQuery):
     """Keep an object per resident for reconstruction ``run``: ones, or the given NumPy ``objects`` (one per
-    acquisition of the series, each sent only to its owner)."""
+    acquisition of the series, each sent only to its owner); ``optics`` are those of the detector reduced to
+    ``window``."""
 
     name = "ptycho_start"
 
-    def __init__(self, series, run: str, optics: Optics, objects: list | None):
+    def __init__(self, series, run: str, optics: Optics, window: Window, objects: list | None):
         self.names = list(series.names)
-        self.args = (run, optics, objects)
+        self.args = (run, optics, window, objects)
 
     async def send(self, call, owner: str, names: list[str]):
-        run, optics, objects = self.args
+        run, optics, window, objects = self.args
         given = None if objects is None else [objects[self.names.index(n)] for n in names]
-        return await call(owner, names, run, optics, given)
+        return await call(owner, names, run, optics, window, given)
 
     @staticmethod
-    def run(ctx: Context, residents: list[Resident], run: str, optics: Optics, objects: list | None) -> list[None]:
+    def run(ctx: Context, residents: list[Resident], run: str, optics: Optics, window: Window, objects: list | None) -> list[None]:
         kept: Reconstructions = ctx.kept["ptycho"]
         names = [r.name for r in residents]
-        geos = [geometry.geometry(optics, r.scan_shape, r.det_shape) for r in residents]
+        geos = [geometry.geometry(optics, r.scan_shape, window.det_shape) for r in residents]
         others = sum(obj.nbytes for n, (_, obj) in kept.runs.get(run, {}).items() if n not in names)
         need = sum(8 * g.object_shape[0] * g.object_shape[1] for g in geos) + others  # complex64 objects, replacing any of these names
         ctx.check_room(f"the objects of reconstruction {run[:8]} need", need - kept.held_bytes(run))
@@ -85,18 +87,20 @@ class PtychoStart(PtychoQuery):
 @register
 class PtychoPass(PtychoQuery):
     """One pass over each resident's scan positions, its object updated in place with ``probe``, in blocks
-    of ``batch`` made ``depth`` ahead, with object step ``step``; the probe's sums of each
-    (``update.Pass``)."""
+    of ``batch`` made ``depth`` ahead and reduced to ``window``, with object step ``step``; the probe's sums
+    of each (``update.Pass``)."""
 
     name = "ptycho_pass"
 
     @staticmethod
-    def run(ctx: Context, residents: list[Resident], run: str, probe: np.ndarray, batch: int, depth: int, step: float) -> list:
+    def run(ctx: Context, residents: list[Resident], run: str, probe: np.ndarray, window: Window, batch: int, depth: int,
+            step: float) -> list:
         kept: Reconstructions = ctx.kept["ptycho"]
         states = [kept.state(run, r.name) for r in residents]
         passes = []
         for r, (geo, obj) in zip(residents, states):
-            blocks = r.feed(batch, amplitude=False, depth=depth)  # counts: the projection takes their roots
+            # counts: the projection takes their roots
+            blocks = (window.reduce(block, r.xp) for block in r.feed(batch, amplitude=False, depth=depth))
             passes.append(update.frame_pass(obj, r.xp.asarray(probe), blocks, geo, step, r.xp))
         return passes
 
