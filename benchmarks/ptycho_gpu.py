@@ -8,7 +8,8 @@ A resident of Poisson counts (``--scan`` x ``--scan`` positions, ``--det`` x ``-
 - each step of one batch (``stages_us_per_batch``);
 - one pass of ``phase.iterative.update.frame_pass`` over all positions (a scan step of 2 object pixels): fed from
   the compressed resident's counts as the shards feed it, and with the blocks made beforehand (the update
-  alone), so the overlap of feed and update is (feed + update - fed pass) / feed.
+  alone), so the overlap of feed and update is (feed + update - fed pass) / feed; and fed with the detector
+  reduced in the feed as ``qd.ptycho.reconstruct(crop=, bin=)`` does: cropped to 2/3 (128 of 192), binned 2 x 2.
 
     python benchmarks/ptycho_gpu.py                     # on the GPU machine: 512 x 512 x 192 x 192
     python benchmarks/ptycho_gpu.py --small             # seconds, on the CPU too: what CI runs
@@ -22,7 +23,7 @@ import numpy as np
 
 import qgpu_dask as qd
 from qgpu_dask.device import array_module
-from qgpu_dask.phase.iterative import geometry, update
+from qgpu_dask.phase.iterative import geometry, update, window
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.resident.dense import DenseCounts
 
@@ -113,7 +114,19 @@ def main() -> None:
     made = [b.copy() for b in compressed.feed(args.block, False, args.depth)] if counts * 2 < 64e9 else None  # the blocks, made beforehand
     alone_s = seconds(xp, lambda: update.frame_pass(fresh(), probe, made, geo, 1.0, xp), 2) if made else None
     results["stages_us_per_batch"] = stages(xp, geo, probe, fresh(), made[0] if made else next(iter(compressed.feed(args.block, False))))
+    reduced = {}
+    for label, crop, bin in (("crop", args.det * 2 // 3 // 2 * 2, 1), ("bin", None, 2)):
+        part = window.window(shape[2:], fit, crop, bin)
+        small_fit = part.optics_of(fit)
+        small = geometry.geometry(small_fit, shape[:2], part.det_shape)
+        small_probe = xp.asarray(geometry.starting_probe(small_fit, small, args.dose * frame_len))
+        s = seconds(xp, lambda: update.frame_pass(xp.ones(small.object_shape, np.complex64), small_probe,
+                                                  (part.reduce(b, xp) for b in compressed.feed(args.block, False, args.depth)),
+                                                  small, 1.0, xp), 2)
+        reduced[label] = {"det": list(part.det_shape), "fed_ms": s * 1e3, "ms_per_262144_positions": s * 1e3 * 262144 / n_frames,
+                          "over_full_detector": s / fed_s}
     results["iteration"] = {
+        "reduced": reduced,
         "positions": n_frames, "object_shape": list(geo.object_shape),
         "fed_ms": fed_s * 1e3, "ms_per_262144_positions": fed_s * 1e3 * 262144 / n_frames,
         "update_alone_ms": alone_s * 1e3 if alone_s else None, "feed_ms": feed_s * 1e3,

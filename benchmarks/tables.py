@@ -574,7 +574,9 @@ TABLES: tuple[Table | Figure, ...] = (
         ("fed pass", F("iteration/ms_per_262144_positions", "{:.0f}", bold=True)),
         ("the update alone (blocks made beforehand)", F("iteration/update_alone_ms", "{:.0f}")),
         ("the feed alone (compressed counts)", F("iteration/feed_ms", "{:.0f}")),
-        ("overlap, (feed + update - fed) / feed", F("iteration/overlap")))),
+        ("overlap, (feed + update - fed) / feed", F("iteration/overlap")),
+        ("fed pass, the detector cropped to 2/3 in the feed (`crop`)", F("iteration/reduced/crop/ms_per_262144_positions", "{:.0f}", absent="not measured")),
+        ("fed pass, the detector binned 2 x 2 in the feed (`bin=2`)", F("iteration/reduced/bin/ms_per_262144_positions", "{:.0f}", absent="not measured")))),
     Table("ptycho_stages_cuda", PAGE, "ptycho_cuda", "ptycho_gpu", ("one batch of 512 positions, each step timed alone", "us"), tuple(
         (label, F(f"stages_us_per_batch/{k}", "{:.0f}", absent="-")) for label, k in (
             ("exit waves", "exit_waves"), ("cuFFT 2-D forward", "fft2"), ("projection", "project"), ("cuFFT inverse", "ifft2"),
