@@ -42,7 +42,9 @@ def client(scheduler_file, body: str) -> subprocess.Popen:
     """A client process running ``body`` (``svc`` connected), which prints "interrupted" and the error's type
     name when a KeyboardInterrupt or another error ends it, then stays connected until its stdin closes."""
     script = textwrap.dedent("""
+        import signal
         import sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a Ctrl-C raises, though a shell that started us ignores it
         import qgpu_dask as qd
         svc = qd.Service.connect(scheduler_file=sys.argv[1])
         print("connected", flush=True)

@@ -108,8 +108,8 @@ def test_a_cropped_or_binned_detector_is_the_same_run_as_counts_reduced_before(s
     run on counts cropped or binned beforehand (put as such, with the optics of the reduced detector)."""
     _, counts = crystal
     series = put_series(svc, names, counts[:2], [None, None])
-    for crop, bin in ((36, 1), (None, 2), (36, 3)):
-        reduced = qd.ptycho.reconstruct(series, FIT, iterations=3, batch=100, crop=crop, bin=bin, progress=False)
+    for crop, bin in ((None, 2), (36, 3)):  # binning alone; a crop binned
+        reduced = qd.ptycho.reconstruct(series, FIT, iterations=2, batch=100, crop=crop, bin=bin, progress=False)
         top = DET[0] // 2 - (crop or DET[0]) // 2 if crop else 0
         side = crop or DET[0]
         kept = [c[:, :, top : top + side, top : top + side] for c in counts[:2]]
@@ -117,7 +117,7 @@ def test_a_cropped_or_binned_detector_is_the_same_run_as_counts_reduced_before(s
         before = [k.reshape(*SCAN, n, bin, n, bin).sum(axis=(3, 5), dtype=np.uint32) for k in kept]
         center = (DET[0] // 2 - top - (bin - 1) / 2) / bin
         fit = FIT.with_(det_sampling_mrad=FIT.det_sampling_mrad * bin, bf_center_px=(center, center))
-        plain = qd.ptycho.reconstruct(put_series(svc, names, before, [None, None]), fit, iterations=3, batch=100, progress=False)
+        plain = qd.ptycho.reconstruct(put_series(svc, names, before, [None, None]), fit, iterations=2, batch=100, progress=False)
         step = OVER * side // DET[0]  # object pixels a scan step: a smaller far field has larger pixels, binned or not
         assert reduced.objects.shape == plain.objects.shape == (2, 17 * step + n, 17 * step + n)
         assert (reduced.objects == plain.objects).all() and (reduced.probe == plain.probe).all(), (crop, bin)
