@@ -39,7 +39,8 @@ new MutationObserver(() => {
 
 @pytest.fixture(scope="module")
 def view_command(svc, scheduler_file):
-    """`qgpu-dask view` on a free loopback port, as its own process; its URL."""
+    """`qgpu-dask view` on a free loopback port, as its own process; the URL of a path on it, with the token it
+    printed."""
     process = subprocess.Popen([sys.executable, "-m", "qgpu_dask.cli", "view", "--scheduler-file", str(scheduler_file), "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -47,14 +48,15 @@ def view_command(svc, scheduler_file):
         while time.monotonic() < deadline:
             line = process.stdout.readline()
             lines.append(line)
-            found = re.search(r"at (http://127\.0\.0\.1:\d+/)", line)
+            found = re.search(r"at (http://127\.0\.0\.1:\d+/)\?token=(\S+)", line)
             if found:
                 break
             if process.poll() is not None:
                 pytest.fail(f"qgpu-dask view stopped: {''.join(lines)}")
         else:
             pytest.fail(f"qgpu-dask view printed no URL in 60 s: {''.join(lines)}")
-        yield found.group(1)
+        base, token = found.groups()
+        yield lambda path: f"{base}{path}?token={token}"
     finally:
         stop(process)
 
@@ -66,12 +68,12 @@ def test_dragging_the_detector_redraws_the_api_image(svc, view_command, browser,
     counts = (rng.poisson(0.3, (20, 24, 48, 48)) + disk * rng.poisson(40, (20, 24, 1, 1))).astype(np.uint16)
     acq = svc.put(counts, name="browser-view")
     try:
-        browser.get(view_command)
+        browser.get(view_command(""))
         assert "browser-view" in browser.page_source  # the listing
         # from its first change on, the page records whether a loading indicator showed before the first image
         watch = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": LOADING_WATCH})
         try:
-            browser.get(view_command + "acq/browser-view/")
+            browser.get(view_command("acq/browser-view/"))
             wait_for(browser, f"{VIEWER} && {VIEWER}.drawn.image > 0 && {VIEWER}.drawn.pattern > 0")
         finally:
             browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", watch)
