@@ -68,18 +68,22 @@ def decoded(part: bytes, where: str) -> dict:
 
 
 def tagged(decoder, tag):
-    """cbor2's hook for the tags stream2 uses; others are left as cbor2's CBORTag."""
+    """cbor2's hook for the tags stream2 uses (ValueError for one holding what stream2 never sends); others are
+    left as cbor2's CBORTag."""
     value = tag.value
     if tag.tag == COMPRESSED:
-        if not (isinstance(value, list) and len(value) == 3 and isinstance(value[2], bytes)):
+        if not (isinstance(value, list) and len(value) == 3 and isinstance(value[0], str) and type(value[1]) is int
+                and isinstance(value[2], bytes)):
             raise ValueError(f"tag {COMPRESSED} holds {value!r:.80}, not [algorithm, element size, bytes]")
-        return Compressed(str(value[0]), int(value[1]), value[2])
+        return Compressed(value[0], value[1], value[2])
     if tag.tag in TYPED:
+        if not isinstance(value, (bytes, Compressed)):
+            raise ValueError(f"tag {tag.tag} (a typed array) holds {value!r:.80}, not bytes or a compressed array")
         return Typed(np.dtype(TYPED[tag.tag]), value)
     if tag.tag == MULTI_DIM:
-        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)):
+        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list) and all(type(d) is int for d in value[0])):
             raise ValueError(f"tag {MULTI_DIM} holds {value!r:.80}, not [dimensions, array]")
-        return MultiDim(tuple(int(d) for d in value[0]), value[1])
+        return MultiDim(tuple(value[0]), value[1])
     return tag
 
 

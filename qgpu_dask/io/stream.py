@@ -86,8 +86,9 @@ class TcpSource:
     def frames(self, det_shape: tuple[int, int], dtype, xp: ModuleType = np) -> Iterator:
         """The stream's frames, (n, det_rows, det_cols) arrays of ``xp`` (chunks decoded there: on the GPU
         for CuPy), read ahead in a thread of their own while the caller uses the last; ValueError if nothing
-        listens there, its header does not match ``det_shape`` and ``dtype``, it ends inside a frame, sends
-        a malformed chunk (after the whole frames before it) or sends nothing for ``timeout_s``."""
+        listens there, its header does not match ``det_shape`` and ``dtype``, it closes before its scan's last
+        frame, sends a malformed chunk or more frames than its scan holds (after the whole frames before it) or
+        sends nothing for ``timeout_s``. It stops after the scan's last frame."""
         sent, dtype = 0, np.dtype(dtype)
         for batch in prefetched(self.batches(det_shape, dtype, host_buffers(xp)), AHEAD):
             block, bad = decoded(batch, det_shape, dtype, xp)
@@ -110,45 +111,56 @@ class TcpSource:
             except TimeoutError:
                 raise ValueError(f"the stream from {self.describe()} sent no header for {self.timeout_s:g} s") from None
             check_header(header, det_shape, dtype, self.describe())
+            total = scan_frames(header, self.describe())
             frame_bytes = det_shape[0] * det_shape[1] * dtype.itemsize
             if header.get("compression", "none") == "bitshuffle-lz4":
-                yield from self.chunk_batches(conn, frame_bytes, buffer)
+                yield from self.chunk_batches(conn, frame_bytes, total, buffer)
             else:
-                yield from self.raw_batches(conn, det_shape, dtype, frame_bytes, buffer)
+                yield from self.raw_batches(conn, det_shape, dtype, frame_bytes, total, buffer)
 
-    def raw_batches(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype, frame_bytes: int, buffer) -> Iterator[np.ndarray]:
-        """Frames sent as their counts, read into ``buffer``s: a full one, or the whole frames that came
-        within LATENCY_S."""
+    def raw_batches(self, conn: socket.socket, det_shape: tuple[int, int], dtype: np.dtype, frame_bytes: int, total: int,
+                    buffer) -> Iterator[np.ndarray]:
+        """The ``total`` frames sent as their counts, read into ``buffer``s: a full one, or the whole frames that
+        came within LATENCY_S."""
         sent = 0
-        for whole in (ended := Records(conn, frame_bytes, self.frames_per_read, buffer, self.timeout_s)):
+        for whole in (ended := Records(conn, frame_bytes, self.frames_per_read, buffer, self.timeout_s, total)):
             sent += len(whole)
             yield whole.reshape(-1).view(dtype.newbyteorder("<")).reshape(-1, *det_shape).astype(dtype, copy=False)
-        self.check_end(ended.end, sent, f"{ended.carried} of the next frame's {frame_bytes} bytes" if ended.carried else "")
+        self.check_end(ended.end, sent, total, f"{ended.carried} of the next frame's {frame_bytes} bytes" if ended.carried else "")
 
-    def check_end(self, end: str, sent: int, partial: str) -> None:
-        """ValueError for a stream gone quiet (``end`` "stalled"), or closed with ``partial`` (the bytes of a
-        frame cut short) left."""
+    def check_end(self, end: str, sent: int, total: int, partial: str) -> None:
+        """ValueError for a stream gone quiet (``end`` "stalled"), closed with ``partial`` (the bytes of a frame
+        cut short) left, or closed before its scan's ``total`` frames came."""
         if end == "stalled":
             raise ValueError(f"the stream from {self.describe()} sent nothing for {self.timeout_s:g} s after {sent} whole frames")
         if partial:
             raise ValueError(f"the stream from {self.describe()} stopped inside a frame: after {sent} whole frames, {partial} came")
+        if sent < total:
+            raise ValueError(f"the stream from {self.describe()} closed after {sent} of its scan's {total} frames")
 
-    def chunk_batches(self, conn: socket.socket, frame_bytes: int, buffer) -> Iterator[Chunks]:
-        """Frames sent as messages of bitshuffle-LZ4 chunks, whole messages copied into ``buffer``s: at least
-        ``frames_per_read`` frames, a full read buffer's, or the whole messages that came within LATENCY_S."""
+    def chunk_batches(self, conn: socket.socket, frame_bytes: int, total: int, buffer) -> Iterator[Chunks]:
+        """The ``total`` frames sent as messages of bitshuffle-LZ4 chunks, whole messages copied into ``buffer``s:
+        at least ``frames_per_read`` frames, a full read buffer's, or the whole messages that came within
+        LATENCY_S."""
         largest = 3 * frame_bytes + 4096  # far more than the chunk of one frame takes
         pending = np.empty(max(READ_BYTES, 2 * (largest + 8)), np.uint8)
         filled = sent = 0
         end = ""
         since = time.perf_counter()
         while True:
-            starts, ends, used, bad, value, long = chunk_bounds(pending, filled, self.frames_per_read, largest)
+            starts, ends, used, bad, value, long = chunk_bounds(pending, filled, min(self.frames_per_read, total - sent), largest)
             late = time.perf_counter() - since > LATENCY_S
-            if len(starts) and (len(starts) >= self.frames_per_read or end or late or bad >= 0 or filled == pending.size):
+            last = sent + len(starts) >= total
+            if len(starts) and (len(starts) >= self.frames_per_read or end or late or last or bad >= 0 or filled == pending.size):
                 data = buffer(used)
                 data[:] = pending[:used]
-                yield Chunks(data, starts, ends)
+                yield Chunks(data, starts[: total - sent], ends[: total - sent])
+                if sent + len(starts) > total:
+                    raise ValueError(f"the stream from {self.describe()} sent a message past its scan's {total} frames "
+                                     f"(frames {sent} to {sent + len(starts) - 1})")
                 sent += len(starts)
+                if last:
+                    return
                 pending[: filled - used] = pending[used:filled].copy()
                 filled -= used
                 since = time.perf_counter()
@@ -158,7 +170,7 @@ class TcpSource:
                            else f"a message of {value} frames (1 to {MESSAGE_FRAMES})")
                 raise ValueError(f"the stream from {self.describe()} sent a malformed frame {sent + bad}: {problem}")
             if end:
-                self.check_end(end, sent, f"{filled} bytes of the next" if filled else "")
+                self.check_end(end, sent, total, f"{filled} bytes of the next" if filled else "")
                 return
             if filled == pending.size:  # one message longer than the buffer
                 pending = np.concatenate([pending, np.empty_like(pending)])
@@ -279,6 +291,14 @@ def read_header(reader, where: str) -> dict:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(f"the stream from {where} is not {FORMAT}: its header is {line[:200]!r}")
     return header
+
+
+def scan_frames(header: dict, where: str) -> int:
+    """The frames the header's scan announces; ValueError unless its scan_shape is two positive whole numbers."""
+    shape = header.get("scan_shape")
+    if not (isinstance(shape, list) and len(shape) == 2 and all(type(n) is int and n > 0 for n in shape)):
+        raise ValueError(f"the stream from {where} announces a scan_shape of {shape!r}, not two positive whole numbers")
+    return shape[0] * shape[1]
 
 
 def check_header(header: dict, det_shape: tuple[int, int], dtype: np.dtype, where: str) -> None:

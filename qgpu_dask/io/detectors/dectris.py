@@ -110,7 +110,7 @@ class DectrisSource(SeriesSource):
                 parts.json()
                 parts.next()
         total = series_frames(config, where)
-        shape = (int(config["y_pixels_in_detector"]), int(config["x_pixels_in_detector"]))
+        shape = detector_shape(config, where)
         self.check_series(total, count, shape, det_shape, where)
         series = header.get("series")
         yield from self.batched(lambda frame: self.blob(parts, series, frame, dtype, det_shape, where), total, det_shape, dtype, buffer, where)
@@ -126,10 +126,15 @@ class DectrisSource(SeriesSource):
             total, shape = int(start["number_of_images"]), (int(start["image_size_y"]), int(start["image_size_x"]))
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{where}: the start message lacks number_of_images, image_size_x or image_size_y") from None
+        if total < 1:
+            raise ValueError(f"{where}: the start message announces {total} images")
         self.check_series(total, count, shape, det_shape, where)
         if start.get("image_dtype", dtype.name) != dtype.name:
-            raise ValueError(f"{where} sends {start['image_dtype']} images, the acquisition holds {dtype}")
-        channel, series = (start.get("channels") or [None])[0], start.get("series_id")
+            raise ValueError(f"{where} sends {start['image_dtype']!r} images, the acquisition holds {dtype}")
+        channels = start.get("channels") or [None]
+        if not (isinstance(channels, list) and all(c is None or isinstance(c, str) for c in channels)):
+            raise ValueError(f"{where}: the start message's channels are {channels!r:.80}, not a list of names")
+        channel, series = channels[0], start.get("series_id")
         yield from self.batched(lambda frame: image2(parts, series, frame, channel, det_shape, dtype, where), total, det_shape, dtype, buffer,
                                 where)
 
@@ -237,7 +242,18 @@ def series_frames(config: dict, where: str) -> int:
         mode, ntrigger, nimages = config["trigger_mode"], int(config["ntrigger"]), int(config["nimages"])
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{where}: the detector configuration lacks trigger_mode, ntrigger or nimages") from None
-    return ntrigger if mode in ("exte", "inte") else ntrigger * nimages
+    total = ntrigger if mode in ("exte", "inte") else ntrigger * nimages
+    if total < 1:
+        raise ValueError(f"{where}: the detector configuration announces {total} frames (ntrigger {ntrigger}, nimages {nimages})")
+    return total
+
+
+def detector_shape(config: dict, where: str) -> tuple[int, int]:
+    """(rows, cols) of the detector configuration's frames."""
+    try:
+        return int(config["y_pixels_in_detector"]), int(config["x_pixels_in_detector"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{where}: the detector configuration lacks x_pixels_in_detector or y_pixels_in_detector") from None
 
 
 def gathered(blobs: list[bytes], frame_bytes: int, buffer) -> Chunks:
@@ -282,9 +298,11 @@ def image2(parts: "Parts", series, frame: int, channel: str | None, det_shape: t
         raise ValueError(f"{where}: frame {frame} came as image {image.get('image_id')} of series {image.get('series_id')}"
                          f" (series {series} expected: an image was lost, or another series began)")
     data = image.get("data") or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: frame {frame}'s data is {type(data).__name__}, not a map of channels")
     array = data.get(channel) if channel is not None else next(iter(data.values()), None)
     if not isinstance(array, stream2.MultiDim) or not isinstance(array.array, stream2.Typed):
-        raise ValueError(f"{where}: frame {frame} has no typed array for channel {channel!r} (channels: {sorted(data)})")
+        raise ValueError(f"{where}: frame {frame} has no typed array for channel {channel!r} (channels: {sorted(map(str, data))})")
     typed = array.array
     if tuple(array.dims) != det_shape:
         raise ValueError(f"{where}: frame {frame} is {array.dims}, the acquisition holds {det_shape}")
