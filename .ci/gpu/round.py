@@ -238,7 +238,8 @@ def run(budget: float, out: Path) -> int:
 
 def collect(came_back: Path) -> int:
     """Unpack a call's archive: its results into benchmarks/results (those of the planned commit), its logs and
-    state into .gpu-round, so that the next call resumes."""
+    state into .gpu-round, so that the next call resumes. Its steps join those collected before (a call made
+    before the last one was collected still counts what the earlier one did)."""
     doc = json.loads((STATE / "plan.json").read_text())
     archive = came_back / ARCHIVE if came_back.is_dir() else came_back
     target = STATE / "last"
@@ -256,8 +257,9 @@ def collect(came_back: Path) -> int:
     logs.mkdir(exist_ok=True)
     for log in (target / "logs").glob("*.txt"):
         shutil.copy(log, logs / log.name)
-    shutil.copy(target / "done.json", STATE / "done.json")
-    done = json.loads((STATE / "done.json").read_text())
+    before = json.loads((STATE / "done.json").read_text()) if (STATE / "done.json").exists() else {}
+    done = before | json.loads((target / "done.json").read_text())
+    (STATE / "done.json").write_text(json.dumps(done, indent=2) + "\n")
     for name, result in done.items():
         print(f"{name}: {result['status']} in {result['seconds']} s on {result['gpu']}; {result['headline']}")
     todo = (["suite"] if doc["suite"] else []) + [s["name"] for s in doc["steps"]]
