@@ -29,27 +29,27 @@ from dask.utils import format_bytes
 from distributed import get_worker
 from tornado.ioloop import PeriodicCallback
 
-from ..device import (array_module, default_budget, device_info, free_cached_memory, memory_bytes, pool_bytes, synchronize,
+from ...device import (array_module, default_budget, device_info, free_cached_memory, memory_bytes, pool_bytes, synchronize,
                       to_host, use_own_stream)
-from ..io.export import Calibration, export_resident
-from ..io.load import describe, inspect, model_sample, read_coded, read_dense
-from ..io.registry import open_reader
-from ..io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
-from ..io.source import Source
-from ..io.stream import FrameSource
-from .. import jit
-from ..queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup
-from ..resident import DenseCounts, Resident
-from ..resident.base import check_dtype, check_shape
-from ..resident.compressed import check_layout
-from ..resident.live import LIVE_LAYOUTS, LiveCounts, start_bytes
-from .budget import Budget
+from ...io.export import Calibration, export_resident
+from ...io.load import describe, inspect, model_sample, read_coded, read_dense
+from ...io.registry import open_reader
+from ...io.saved import describe_saved, is_saved, open_resident, read_saved, resident_from, save_resident
+from ...io.source import Source
+from ...io.stream import FrameSource
+from ... import jit
+from ...queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup
+from ...resident import DenseCounts, Resident
+from ...resident.base import check_dtype, check_shape
+from ...resident.compressed import check_layout
+from ...resident.live import LIVE_LAYOUTS, LiveCounts, start_bytes
+from ..budget import Budget
+from ..handoff import STALE, Handoff, sweep
+from .. import warm_up
+from ..lane import LaneServer
+from ..layout import Plan, check_saved, held_as, planned
+from ..stops import Stop
 from .copies import live_appended, live_frames, live_started, reachable, removed, sweep as sweep_copies, taken_over, written
-from .handoff import STALE, Handoff, sweep
-from . import warm_up
-from .lane import LaneServer
-from .layout import Plan, check_saved, held_as, planned
-from .stops import Stop
 
 
 logger = logging.getLogger(__name__)

@@ -34,10 +34,10 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from ..device import to_host
-from ..io.saved import save_resident
-from ..resident import Resident
-from .handoff import alive
+from ...device import to_host
+from ...io.saved import save_resident
+from ...resident import Resident
+from ..handoff import alive
 
 FOLDER_ENV = "QGPU_DASK_COPIES"
 STALE = 3600.0  # seconds after which a copy no live process holds is removed
