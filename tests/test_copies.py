@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.service import copies
+from qgpu_dask.service.shard import copies
 
 from conftest import BACKENDS, make_service
 from test_recovery import wait_for, worker_pid

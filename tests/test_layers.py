@@ -6,6 +6,8 @@ DenseCounts`` is an import of ``qgpu_dask/resident/dense.py`` (read from ``resid
 import only from its own layer or lower ones, never through the package face ``qgpu_dask/__init__.py``, and the
 modules may not import in a circle. ``if TYPE_CHECKING:`` imports obey the layers but are left out of the circle
 check: they never run, and a type named both ways within one layer is what they are for.
+
+Every module is also held to a size (``MAX_LINES``, or its own cap in ``OVER_CAP``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,22 @@ LAYER_OF = {
     "device": "device",
     "compile": "device",
     "jit": "device",  # where Numba caches, what it compiles: imports nothing of the package
+}
+
+
+# shared/design/ARCHITECTURE.md ("The core's shape"): no module over 400 lines. A module that long holds more than
+# one concept (shard.py held six in 745 lines before it became service/shard/).
+MAX_LINES = 400
+# The modules over MAX_LINES when the cap came in (2026-12), each held to its size then: they may shrink, never
+# grow. Split one below MAX_LINES, then drop it here.
+OVER_CAP = {
+    "qgpu_dask/resident/cpu/compressed.py": 1109,
+    "qgpu_dask/service/service.py": 594,
+    "qgpu_dask/service/handoff.py": 523,
+    "qgpu_dask/resident/cuda/compressed.py": 518,
+    "qgpu_dask/formats/bitshuffle_lz4.py": 489,
+    "qgpu_dask/samples.py": 475,
+    "qgpu_dask/resident/live.py": 426,
 }
 
 
@@ -175,6 +193,36 @@ def failures(root: Path) -> list[str]:
 def test_layers_and_circles():
     problems = failures(ROOT)
     assert not problems, f"{len(problems)} import(s) against the layers:\n" + "\n".join(problems)
+
+
+def oversized(root: Path) -> list[str]:
+    """Each Python module under root/qgpu_dask longer than its cap, and each OVER_CAP entry with nothing to hold
+    (its module gone, or within MAX_LINES now)."""
+    sizes = {path.relative_to(root).as_posix(): len(path.read_text().splitlines()) for path in (root / FACE).rglob("*.py")}
+    found = [f"{where} has {lines} lines, over its cap of {OVER_CAP.get(where, MAX_LINES)}: split it by concept"
+             for where, lines in sorted(sizes.items()) if lines > OVER_CAP.get(where, MAX_LINES)]
+    found += [f"OVER_CAP lists {where}, which is {'gone' if where not in sizes else f'within {MAX_LINES} lines'}: drop it there"
+              for where in OVER_CAP if sizes.get(where, 0) <= MAX_LINES]
+    return found
+
+
+def test_module_sizes():
+    """No module of the package over MAX_LINES (kernels' CUDA sources and the viewer's script are not Python and
+    not held), the ones over it when the cap came in held to their size then (``OVER_CAP``)."""
+    problems = oversized(ROOT)
+    assert not problems, "\n".join(problems)
+
+
+def test_size_check_catches_each_kind(tmp_path):
+    long = "x = 1\n" * (MAX_LINES + 1)
+    for name, text in {"long.py": long, "fine.py": "x = 1\n", "samples.py": "x = 1\n"}.items():
+        (tmp_path / FACE / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / FACE / name).write_text(text)
+    found = oversized(tmp_path)
+    assert found[0] == f"qgpu_dask/long.py has {MAX_LINES + 1} lines, over its cap of {MAX_LINES}: split it by concept"
+    assert f"OVER_CAP lists qgpu_dask/samples.py, which is within {MAX_LINES} lines: drop it there" in found
+    assert "OVER_CAP lists qgpu_dask/service/service.py, which is gone: drop it there" in found
+    assert len(found) == 1 + len(OVER_CAP)
 
 
 def test_checker_catches_each_kind(tmp_path):

@@ -7,7 +7,7 @@ below, and it sees workers come and go. An acquisition is "loading", "ready",
 (to a shard that joined); while re-homed or moved it names its ``target``
 shard, which alone may claim it. The copies of ``svc.put`` arrays that a
 re-home needs are kept here, limited to ``COPY_LIMIT`` bytes in all; where a
-compressed acquisition has a node-local copy (``copies.py``), its entry names
+compressed acquisition has a node-local copy (``shard/copies.py``), its entry names
 it (``local``). A load's entry names the client that asked for it (``asker``)
 until it is ready: when that client leaves, the load is stopped on its owner
 (``stops.py``). ``release`` frees a name in any state.

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from distributed.protocol import deserialize
 from distributed.protocol.serialize import Serialized
 
-from .copies import host_of
 from .placement import place
 from .shard import Shard, shard_key
+from .shard.copies import host_of
 
 if TYPE_CHECKING:
     from .catalog import Catalog
