@@ -8,16 +8,13 @@ tests show a worker keeping the frames before an error and staying usable)."""
 
 from __future__ import annotations
 
-import io
 import os
-import json
-import socket
 import struct
+import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
-import h5py
-import hdf5plugin
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,8 +22,14 @@ from hypothesis import strategies as st
 
 import qgpu_dask as qd
 from merlin_files import encoded
+from processes import serve
 from qgpu_dask.io.wire import header_line
-from qgpu_dask.samples import merlin_frame_header, merlin_hdr
+from qgpu_dask.samples import merlin_frame_header, merlin_hdr, write_dectris_series
+from test_dectris import stream2_series
+from test_live import hdf5plugin_chunk, message
+from test_merlin import mpx
+from test_timepix import acquisition_start, chunk
+from test_timepix import header as timepix_header
 
 SCAN, DET = (2, 3), (8, 12)
 FRAMES = np.random.default_rng(61).poisson(2.0, (SCAN[0] * SCAN[1], *DET)).astype(np.uint16)
@@ -43,69 +46,42 @@ class Stream:
     tail: list[bytes]
 
 
-def bitshuffle_chunk(frame: np.ndarray) -> bytes:
-    """One frame as the bitshuffle-LZ4 chunk HDF5 stores (h5py + hdf5plugin)."""
-    buffer = io.BytesIO()
-    with h5py.File(buffer, "w") as f:
-        f.create_dataset("d", data=frame[None], chunks=(1, *frame.shape), **hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
-        return f["d"].id.read_direct_chunk((0, 0, 0))[1]
-
-
 def wire(compression: str) -> Stream:
     head = [header_line(SCAN, DET, np.uint16, compression)]
     if compression == "none":
         return Stream(head, [[frame.astype("<u2").tobytes()] for frame in FRAMES], [])
-    chunks = [bitshuffle_chunk(frame) for frame in FRAMES]  # a message a frame
-    return Stream(head, [[struct.pack("<II", 1, len(c)) + c] for c in chunks], [])
+    return Stream(head, [[message([hdf5plugin_chunk(frame)])] for frame in FRAMES], [])  # a message a frame
 
 
 def merlin() -> Stream:
-    def mpx(payload: bytes) -> bytes:
-        return f"MPX,{len(payload) + 1:010d},".encode() + payload
-
     pixels, size = encoded(FRAMES, "U16", 12, 1)
     head = [mpx(merlin_hdr(len(FRAMES), SCAN[1], 12, 1, SCAN))]
     return Stream(head, [[mpx(merlin_frame_header(k + 1, size, "U16", 12) + p.tobytes())] for k, p in enumerate(pixels)], [])
 
 
 def timepix() -> Stream:
-    def header(tag: int, body: bytes = b"") -> bytes:
-        return (bytes([tag]) + body).ljust(32, b"\0")
-
-    def chunk(frames: np.ndarray) -> bytes:
-        rows, cols = np.nonzero(frames)
-        pointers = np.searchsorted(rows, np.arange(len(frames) + 1)).astype("<u4").tobytes()
-        body = pointers + cols.astype("<u4").tobytes() + frames[rows, cols].astype("<u2").tobytes()
-        return header(2, struct.pack("<BIIII", 3, len(frames), cols.size, len(pointers), len(pointers) + 4 * cols.size)) + body
-
-    start = header(0, struct.pack("<BBHHBHHBI", 7, 0, *SCAN, 4, *DET, 4, 1)) + header(1, struct.pack("<IQ", 1, 0))
     flat = FRAMES.reshape(len(FRAMES), -1)
-    return Stream([start], [[chunk(flat[k : k + 1])] for k in range(len(flat))], [header(3) + header(4)])
+    start = acquisition_start(SCAN, DET) + timepix_header(1, struct.pack("<IQ", 1, 0))
+    return Stream([start], [[chunk(flat[k : k + 1])] for k in range(len(flat))], [timepix_header(3) + timepix_header(4)])
 
 
 def dectris_v1() -> Stream:
-    chunks = [bitshuffle_chunk(frame) for frame in FRAMES]
-    config = {"trigger_mode": "exte", "ntrigger": len(FRAMES), "nimages": 1, "x_pixels_in_detector": DET[1], "y_pixels_in_detector": DET[0],
-              "bit_depth_image": 16, "compression": "bslz4"}
-    head = [json.dumps({"htype": "dheader-1.0", "series": 3, "header_detail": "basic"}).encode(), json.dumps(config).encode()]
-    frames = [[json.dumps({"htype": "dimage-1.0", "series": 3, "frame": k}).encode(),
-               json.dumps({"htype": "dimage_d-1.0", "shape": [DET[1], DET[0]], "type": "uint16", "encoding": "bs16-lz4<", "size": len(c)}).encode(),
-               c, json.dumps({"htype": "dconfig-1.0"}).encode()] for k, c in enumerate(chunks)]
-    return Stream(head, frames, [json.dumps({"htype": "dseries_end-1.0", "series": 3}).encode()])
+    """The series ``samples.write_dectris_series`` records, its length-prefixed parts read back: the header and
+    configuration, four parts a frame, the end."""
+    with tempfile.TemporaryDirectory() as tmp:
+        recorded = write_dectris_series(Path(tmp) / "series.bin", FRAMES, series=3).read_bytes()
+    parts, at = [], 0
+    while at < len(recorded):
+        (n,), at = struct.unpack_from("<q", recorded, at), at + 8
+        parts.append(recorded[at : at + n])
+        at += n
+    return Stream(parts[:2], [parts[2 + 4 * k : 6 + 4 * k] for k in range(len(FRAMES))], parts[2 + 4 * len(FRAMES) :])
 
 
 def dectris_stream2() -> Stream:
-    cbor2 = pytest.importorskip("cbor2")
-
-    def message(value: dict) -> bytes:
-        return cbor2.dumps(cbor2.CBORTag(55799, value))
-
-    start = message({"type": "start", "series_id": 3, "series_unique_id": "x", "number_of_images": len(FRAMES), "image_size_x": DET[1],
-                     "image_size_y": DET[0], "channels": ["threshold_1"], "image_dtype": "uint16"})
-    frames = [[message({"type": "image", "series_id": 3, "image_id": k,
-                        "data": {"threshold_1": cbor2.CBORTag(40, [list(DET), cbor2.CBORTag(69, frame.astype("<u2").tobytes())])}})]
-              for k, frame in enumerate(FRAMES)]
-    return Stream([start], frames, [message({"type": "end", "series_id": 3})])
+    pytest.importorskip("cbor2")
+    messages = stream2_series(None, FRAMES, "raw", series=3)  # raw images need no folder
+    return Stream(messages[:1], [[m] for m in messages[1:-1]], messages[-1:])
 
 
 PROTOCOLS = {"wire-raw": lambda: wire("none"), "wire-bitshuffle-lz4": lambda: wire("bitshuffle-lz4"), "merlin": merlin,
@@ -168,26 +144,6 @@ def damaged(stream: Stream, how: tuple) -> tuple[list[bytes], int | None]:
     return out, kept
 
 
-def sent_over_tcp(parts: list[bytes]) -> int:
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def run() -> None:
-        with listener:
-            listener.settimeout(30)
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    conn.sendall(b"".join(parts))
-                except OSError:
-                    pass  # the receiver stopped reading: what it refused is its answer
-
-    threading.Thread(target=run, daemon=True).start()
-    return listener.getsockname()[1]
-
-
 def pushed(parts: list[bytes]) -> tuple[int, threading.Event]:
     """A ZeroMQ PUSH socket on loopback sending ``parts``, in a thread that owns it (ZeroMQ sockets are not
     shared between threads) until it is done or the returned event is set; its port."""
@@ -216,11 +172,11 @@ def pushed(parts: list[bytes]) -> tuple[int, threading.Event]:
 
 def source_for(protocol: str, parts: list[bytes]):
     if protocol.startswith("wire"):
-        return qd.TcpSource("127.0.0.1", sent_over_tcp(parts), frames_per_read=2, timeout_s=TIMEOUT_S), None
+        return qd.TcpSource("127.0.0.1", serve(b"".join(parts)), frames_per_read=2, timeout_s=TIMEOUT_S), None
     if protocol == "merlin":
-        return qd.MerlinSource("127.0.0.1", sent_over_tcp(parts), frames_per_read=2, timeout_s=TIMEOUT_S), None
+        return qd.MerlinSource("127.0.0.1", serve(b"".join(parts)), frames_per_read=2, timeout_s=TIMEOUT_S), None
     if protocol == "timepix":
-        return qd.TimepixSource("127.0.0.1", sent_over_tcp(parts), frames_per_read=2, timeout_s=TIMEOUT_S), None
+        return qd.TimepixSource("127.0.0.1", serve(b"".join(parts)), frames_per_read=2, timeout_s=TIMEOUT_S), None
     pytest.importorskip("zmq")
     port, done = pushed(parts)
     return qd.DectrisSource("127.0.0.1", port, frames_per_read=2, timeout_s=TIMEOUT_S), done
