@@ -126,8 +126,6 @@ class DectrisSource(SeriesSource):
             total, shape = int(start["number_of_images"]), (int(start["image_size_y"]), int(start["image_size_x"]))
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{where}: the start message lacks number_of_images, image_size_x or image_size_y") from None
-        if total < 1:
-            raise ValueError(f"{where}: the start message announces {total} images")
         self.check_series(total, count, shape, det_shape, where)
         if start.get("image_dtype", dtype.name) != dtype.name:
             raise ValueError(f"{where} sends {start['image_dtype']!r} images, the acquisition holds {dtype}")
@@ -139,6 +137,8 @@ class DectrisSource(SeriesSource):
                                 where)
 
     def check_series(self, total: int, count: int | None, shape: tuple[int, int], det_shape: tuple[int, int], where: str) -> None:
+        if total < 1:
+            raise ValueError(f"{where}: the series announces {total} frames")
         if count is not None and total != count:
             raise ValueError(f"{where}: the series has {total} frames, the acquisition holds {count}")
         if shape != det_shape:
@@ -242,10 +242,7 @@ def series_frames(config: dict, where: str) -> int:
         mode, ntrigger, nimages = config["trigger_mode"], int(config["ntrigger"]), int(config["nimages"])
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{where}: the detector configuration lacks trigger_mode, ntrigger or nimages") from None
-    total = ntrigger if mode in ("exte", "inte") else ntrigger * nimages
-    if total < 1:
-        raise ValueError(f"{where}: the detector configuration announces {total} frames (ntrigger {ntrigger}, nimages {nimages})")
-    return total
+    return ntrigger if mode in ("exte", "inte") else ntrigger * nimages
 
 
 def detector_shape(config: dict, where: str) -> tuple[int, int]:
