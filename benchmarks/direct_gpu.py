@@ -40,11 +40,20 @@ ABERRATIONS = {f"C{n}{m}": c for (n, m), c in zip(TERMS, (-30.0, 5.0, 50.0, 40.0
 ABERRATIONS |= {f"phi{n}{m}": 0.1 * i for i, (n, m) in enumerate(TERMS) if m}
 
 
+def first_frequencies(found, rows: int, to):
+    """The aliases of the first ``rows`` frequencies of each group of ``found``, their arrays through ``to``."""
+    from qgpu_dask.phase.direct import AliasGroup, Aliases
+
+    return Aliases(found.scan_shape, found.upsampling,
+                   [AliasGroup(g.count, to(g.freq[:rows]), to(g.q[:rows]), to(g.here_at[: rows * g.count]), to(g.mirror_at[: rows * g.count]))
+                    for g in found.groups], None, None, found.q_step)
+
+
 def owner_stages(resident, optics, u: int, rows: int) -> dict:
     """On the owner, stage by stage (ms, second calls: the first compiles), and the Gram and right side of the
     first ``rows`` frequencies of each alias group against the CPU twin (float64)."""
     from qgpu_dask.device import to_host
-    from qgpu_dask.phase import cpu, direct, sideband
+    from qgpu_dask.phase import direct, direct_cpu, sideband
     from qgpu_dask.phase.optics import chi, chi_table
 
     xp = resident.xp
@@ -57,25 +66,20 @@ def owner_stages(resident, optics, u: int, rows: int) -> dict:
     weights, chi_k, table = to_host(direct.pixel_weights(spec, xp)), chi(kx, ky, optics), chi_table(optics)
     out = {"bright_field_pixels": int(len(indices)), "aliases_ms": aliases_ms,
            "alias_groups": {g.count: int(g.freq.size) for g in found.groups}}
-    kernels = sideband.sum_kernels(xp)
+    kernels = direct.equation_kernels(xp)
+    head, head_host = first_frequencies(found, rows, lambda a: a), first_frequencies(found, rows, to_host)
     for method in direct.METHODS:
         complex_method = method == "complex"
-
-        def grams():
-            return [kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, g.freq, g.q, complex_method, u, kmax**2)
-                    for g in found.groups]
-
-        _, gram_ms = clock(grams)
+        _, gram_ms = clock(lambda: kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, found, complex_method, kmax**2))
         prep, prepare_ms = clock(lambda: direct.prepare(spec, ky, kx, optics, found, method, xp))
         result, solve_ms = clock(lambda: direct.solve(prep, 0.1, xp))
         _, fetch_ms = clock(lambda: to_host(result.phase))
         gram_error = rhs_error = 0.0
-        for g in found.groups:
-            part = (g.freq[:rows], g.q[:rows])
-            device = kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, *part, complex_method, u, kmax**2)
-            reference = cpu.normal_equations(to_host(spec.G), ky, kx, weights, chi_k, table, *(to_host(a) for a in part), complex_method, u, kmax**2)
-            gram_error = max(gram_error, float(np.abs(to_host(device[0]) - reference[0]).max() / np.abs(reference[0]).max()))
-            rhs_error = max(rhs_error, float(np.abs(to_host(device[1]) - reference[1]).max() / np.abs(reference[1]).max()))
+        device = kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, head, complex_method, kmax**2)
+        reference = direct_cpu.normal_equations(to_host(spec.G), ky, kx, weights, chi_k, table, head_host, complex_method, kmax**2)
+        for (gram, rhs), (want_gram, want_rhs) in zip(device, reference, strict=True):
+            gram_error = max(gram_error, float(np.abs(to_host(gram) - want_gram).max() / np.abs(want_gram).max()))
+            rhs_error = max(rhs_error, float(np.abs(to_host(rhs) - want_rhs).max() / np.abs(want_rhs).max()))
         out[method] = {"gram_kernels_ms": gram_ms, "prepare_ms": prepare_ms, "solve_ms": solve_ms, "image_to_host_ms": fetch_ms,
                        "equations_bytes": prep.nbytes, "gram_relative_error": gram_error, "rhs_relative_error": rhs_error}
     return out

@@ -252,7 +252,7 @@ __host__ __device__ constexpr int block_count(int tiles) {
 // tensor cores, one m16n8k4 product per 16 x 8 block on or above the diagonal (Y's 16 x 4 fragment of a row
 // block holds the same values as its two 4 x 8 column tiles: one load per tile); four-row steps with no term
 // are skipped. More blocks than BLOCKS_PER_PASS (many aliases) take several passes over the pixels.
-// Twin: normal_equations in qgpu_dask/phase/cpu.py (with normal_gram).
+// Twin: normal_equations in qgpu_dask/phase/direct_cpu.py (with normal_gram).
 template <int N, int D, bool COMPLEX>
 __global__ void normal_equations(const float2* __restrict__ G, i64 nq, const i64* __restrict__ pixel, i64 n_pix,
                                  const i64* __restrict__ freq, i64 n, const double* __restrict__ ky, const double* __restrict__ kx,

@@ -4,12 +4,15 @@ acquisition scanned coarser than the probe's information limit."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import qgpu_dask as qd
 from conftest import asked_into, cupy_available
-from qgpu_dask.phase import cpu, direct, simulate
+from qgpu_dask.phase import direct, direct_cpu, simulate
 from qgpu_dask.phase.calibration import correlation
 from qgpu_dask.phase.optics import chi, chi_table, interaction_constant, probe_spectrum
 from qgpu_dask.phase.sideband import Spectrum
@@ -18,6 +21,7 @@ from qgpu_dask.queries.results import RESULT_PREFIX, memory_of
 OPTICS = qd.Optics(300e3, 20.0, 1.0, det_sampling_mrad=1.0, rotation_deg=0.0, flip=False, bf_center_px=(0.0, 0.0),
                    aberrations={"C10": -50.0, "C12": 20.0, "phi12": 0.3})
 SCAN, U = (10, 8), 3
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # direct_gpu's aberrations
 
 
 def bright_field(optics: qd.Optics) -> tuple[np.ndarray, np.ndarray]:
@@ -98,17 +102,24 @@ def test_aliases_cover_each_fine_frequency_once():
         assert other != key
 
 
-def test_normal_equations_against_explicit_matrices():
-    ky, kx = bright_field(OPTICS)
+@pytest.mark.parametrize("terms", ["C10 C12", "all"])
+def test_normal_equations_against_explicit_matrices(terms):
+    """Every frequency's equations (the transfers as running products along lines of aliases) against explicit
+    matrices: chi of degree 2, and of degree 6 (all 14 aberration terms, as the GPU benchmark's)."""
+    from direct_gpu import ABERRATIONS  # all 14 terms
+
+    optics = OPTICS.with_(aberrations=ABERRATIONS) if terms == "all" else OPTICS
+    ky, kx = bright_field(optics)
     rng = np.random.default_rng(0)
     G = (rng.standard_normal((len(ky), *SCAN[:1], SCAN[1] // 2 + 1)) + 1j * rng.standard_normal((len(ky), SCAN[0], SCAN[1] // 2 + 1))).astype(np.complex64)
     weights = rng.uniform(0.5, 2.0, len(ky))
-    kmax = OPTICS.aperture_k
-    for g in direct.aliases(SCAN, OPTICS, U).groups:
-        for complex_method in (False, True):
-            gram, rhs = cpu.normal_equations(G, ky, kx, weights, chi(kx, ky, OPTICS), chi_table(OPTICS), g.freq, g.q, complex_method, U, kmax**2)
-            for f in some_frequencies(g):
-                A, b = explicit_equations(G.reshape(len(ky), -1)[:, g.freq[f]], ky, kx, weights, OPTICS, g.q[f], complex_method)
+    found = direct.aliases(SCAN, optics, U)
+    for complex_method in (False, True):
+        equations = direct_cpu.normal_equations(G, ky, kx, weights, chi(kx, ky, optics), chi_table(optics), found, complex_method,
+                                                optics.aperture_k**2)
+        for g, (gram, rhs) in zip(found.groups, equations, strict=True):
+            for f in range(len(g.freq)):
+                A, b = explicit_equations(G.reshape(len(ky), -1)[:, g.freq[f]], ky, kx, weights, optics, g.q[f], complex_method)
                 assert np.abs(gram[f] - A).max() <= 1e-12 * np.abs(A).max()
                 assert np.abs(rhs[f] - b).max() <= 1e-9 * np.abs(b).max()
 
@@ -127,7 +138,7 @@ def test_shifted_solve_against_numpy(C, rank):
     for shift in (1e-6, 0.1, 10.0):
         shifted = matrix + shift * np.eye(C)
         want = np.linalg.solve(shifted, rhs[..., None])[..., 0]
-        got = cpu.shifted_solve(matrix, rhs, shift)
+        got = direct_cpu.shifted_solve(matrix, rhs, shift)
         error = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
         assert got.shape == want.shape and (error <= 1e-14 * np.linalg.cond(shifted)).all()
 
@@ -141,7 +152,7 @@ def test_cuda_shifted_solve_against_the_cpu_twin(C, n):
     from qgpu_dask.phase import cuda
 
     matrix, rhs = shifted_systems(np.random.default_rng(C), n, C, C)
-    want = cpu.shifted_solve(matrix, rhs, 0.05)
+    want = direct_cpu.shifted_solve(matrix, rhs, 0.05)
     got = cuda.shifted_solve(cupy.asarray(matrix), cupy.asarray(rhs), 0.05).get()
     assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()
 
@@ -313,11 +324,9 @@ def test_cuda_normal_equations_against_the_cpu_twin(complex_method):
     shape = (len(ky), SCAN[0], SCAN[1] // 2 + 1)
     G = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
     weights = rng.uniform(0.5, 2.0, len(ky))
-    kmax = OPTICS.aperture_k
-    for g in direct.aliases(SCAN, OPTICS, U).groups:
-        args = (weights, chi(kx, ky, OPTICS), chi_table(OPTICS), g.freq, g.q, complex_method, U, kmax**2)
-        gram, rhs = cpu.normal_equations(G, ky, kx, *args)
-        on_gpu = cuda.normal_equations(cupy.asarray(G), ky, kx, *args)
+    args = (weights, chi(kx, ky, OPTICS), chi_table(OPTICS), direct.aliases(SCAN, OPTICS, U), complex_method, OPTICS.aperture_k**2)
+    for (gram, rhs), on_gpu in zip(direct_cpu.normal_equations(G, ky, kx, *args), cuda.normal_equations(cupy.asarray(G), ky, kx, *args),
+                                   strict=True):
         # transfers in float32 registers, sums in float64: agreement to float32 rounding of the terms
         assert np.abs(on_gpu[0].get() - gram).max() <= 1e-5 * np.abs(gram).max()
         assert np.abs(on_gpu[1].get() - rhs).max() <= 1e-5 * np.abs(rhs).max()
@@ -343,12 +352,11 @@ def test_cuda_normal_equations_with_many_aliases():
     shape = (len(ky), scan[0], scan[1] // 2 + 1)
     G = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
     weights = rng.uniform(0.5, 2.0, len(ky))
-    groups = direct.aliases(scan, optics, u).groups
-    assert max(g.count for g in groups) >= 40
-    for g in groups[-2:]:
-        for complex_method in (False, True):
-            args = (weights, chi(kx, ky, optics), chi_table(optics), g.freq, g.q, complex_method, u, optics.aperture_k**2)
-            gram, rhs = cpu.normal_equations(G, ky, kx, *args)
-            on_gpu = cuda.normal_equations(cupy.asarray(G), ky, kx, *args)
+    found = direct.aliases(scan, optics, u)
+    assert max(g.count for g in found.groups) >= 40
+    for complex_method in (False, True):
+        args = (weights, chi(kx, ky, optics), chi_table(optics), found, complex_method, optics.aperture_k**2)
+        for (gram, rhs), on_gpu in zip(direct_cpu.normal_equations(G, ky, kx, *args), cuda.normal_equations(cupy.asarray(G), ky, kx, *args),
+                                       strict=True):
             assert np.abs(on_gpu[0].get() - gram).max() <= 1e-5 * np.abs(gram).max()
             assert np.abs(on_gpu[1].get() - rhs).max() <= 1e-5 * np.abs(rhs).max()

@@ -21,6 +21,7 @@ import pytest
 from conftest import compiling_module
 from qgpu_dask.formats import codec
 from qgpu_dask.phase import cpu as phase_cpu
+from qgpu_dask.phase import direct_cpu
 from qgpu_dask.resident.compressed import CompressedCounts
 from qgpu_dask.phase.iterative import cpu
 from qgpu_dask.phase.iterative.geometry import Geometry
@@ -198,7 +199,7 @@ extern "C" void solve(const double2* matrix, const double2* rhs, i64 n, double s
 }}"""
     x = np.zeros((n, C), np.complex128)
     library("solve.cu", solve.DEFINES, entry, tmp_path).solve(pointer(matrix), pointer(rhs), ctypes.c_int64(n), ctypes.c_double(0.05), pointer(x))
-    want = phase_cpu.shifted_solve(matrix, rhs, 0.05)
+    want = direct_cpu.shifted_solve(matrix, rhs, 0.05)
     assert np.abs(x - want).max() <= 1e-9 * np.abs(want).max()
 
 
@@ -451,10 +452,12 @@ def test_normal_equations_kernel_against_its_twin(terms, tmp_path):
     weights, chi_k, table, kmax2 = rng.uniform(0.5, 2.0, len(ky)), chi(kx, ky, optics), chi_table(optics), optics.aperture_k**2
     degree, poly = monomials(np.asarray(table))
     order = rng.permutation(len(ky)).astype(np.int64)
-    cases = [(g.freq[:3], g.q[:3], m) for g in direct.aliases(SCAN, OPTICS, U).groups for m in (False, True)]
-    assert {q.shape[1] for _, q, _ in cases} == {8, 9}
+    found = direct.aliases(SCAN, OPTICS, U)
+    twin = {m: direct_cpu.normal_equations(G, ky, kx, weights, chi_k, table, found, m, kmax2) for m in (False, True)}
+    cases = [(g.freq[:3], g.q[:3], m, *(e[:3] for e in twin[m][i])) for i, g in enumerate(found.groups) for m in (False, True)]
+    assert {q.shape[1] for _, q, *_ in cases} == {8, 9}
     entry = ""
-    for case, (freq, alias_q, complex_method) in enumerate(cases):
+    for case, (freq, alias_q, complex_method, *_) in enumerate(cases):
         n, d = alias_q.shape[:2]
         cols = 2 * d if complex_method else d
         name = f"normal_equations<{degree}, {d}, {str(complex_method).lower()}>"
@@ -472,8 +475,7 @@ extern "C" void equations{case}(const float2* G, i64 nq, const i64* pixel, i64 n
     ky_o, kx_o = ky[order], kx[order]
     pixels = [np.ascontiguousarray(a) for a in (G, order, ky_o, kx_o, np.stack([ky_o, kx_o], axis=1).astype(np.float32),
                                                 chi_k[order].astype(np.float32), np.sqrt(weights[order]).astype(np.float32), poly.ravel().astype(np.float32))]
-    for case, (freq, alias_q, complex_method) in enumerate(cases):
-        gram, rhs = phase_cpu.normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method, U, kmax2)
+    for case, (freq, alias_q, complex_method, gram, rhs) in enumerate(cases):
         n, cols = rhs.shape
         width = 2 * (cols + 1)
         yy, got_gram, got_rhs = np.zeros((n, width, width)), np.zeros((n, cols, cols), np.complex128), np.zeros((n, cols), np.complex128)

@@ -112,8 +112,8 @@ def main() -> None:
     for ablate in args.ablate:
         use_source(patched(ablate))
         for method in args.methods:
-            per_group = [timed_ms(lambda g=g: cuda.normal_equations(G, ky, kx, weights, chi_k, table, g.freq, g.q, method == "complex",
-                                                                    args.upsampling, kmax2), args.repeat) for g in found.groups]
+            per_group = [timed_ms(lambda g=g: cuda.group_equations(G, ky, kx, weights, chi_k, table, g.freq, g.q, method == "complex",
+                                                                   args.upsampling, kmax2), args.repeat) for g in found.groups]
             rows.append((ablate, method, sum(per_group), per_group))
     print(f"{'made cheap':>10} {'method':>8} {'total ms':>9}  per group (aliases: ms)")
     for ablate, method, total, per_group in rows:

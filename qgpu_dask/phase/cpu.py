@@ -1,7 +1,7 @@
 """The SSB kernels on the CPU (Numba, and NumPy's FFTs in threads), twins of kernels/ssb.cu: the scan spectrum
-of images (``spectrum_of``), the sideband sum, the aberration fit's signal (``fit_terms``), the normal equations
-of direct ptychography (``normal_equations``) and their solve at one strength (``shifted_solve``), contracts in
-their docstrings; and the scan spectrum of dense counts in threads (``scan_spectrum``).
+of images (``spectrum_of``), the sideband sum and the aberration fit's signal (``fit_terms``), contracts in their
+docstrings; the scan spectrum of dense counts in threads (``scan_spectrum``); chi along a line of frequencies as
+phases for running products (``line_phases``), which direct ptychography's twins (``phase.direct_cpu``) share.
 
 Contract of ``sideband_sum(G, ky, kx, chi_k, table, dqy, dqx, kmax2, floor)``, shared with
 ``qgpu_dask.phase.cuda``: it takes G (n_pix, rows, half_cols) complex64 (the rfft2 over the scan of each
@@ -76,23 +76,6 @@ def chi_of(x, y, poly):
     return total
 
 
-@numba.njit(cache=True, inline="always")
-def trotters(x, y, here, qy, qx, poly, kmax2):
-    """(Gamma_plus, Gamma_minus) of pixel k = (x, y) with chi(k) = ``here`` at frequency (qy, qx): the phase
-    factors exp(i (chi(k) - chi(k - q))) and exp(i (chi(k + q) - chi(k))) where k - q and k + q fall inside the
-    aperture, else 0."""
-    plus = 0j
-    minus = 0j
-    my, mx, py, px = y - qy, x - qx, y + qy, x + qx
-    if mx * mx + my * my <= kmax2:
-        a = here - chi_of(mx, my, poly)
-        plus = complex(math.cos(a), math.sin(a))
-    if px * px + py * py <= kmax2:
-        a = chi_of(px, py, poly) - here
-        minus = complex(math.cos(a), math.sin(a))
-    return plus, minus
-
-
 def surjections(degree: int) -> np.ndarray:
     """S[i, j] = j! S2(i, j) (onto maps of i things to j): the j-th forward difference at 0 of c^i, so that a
     polynomial sum_i b_i c^i has differences sum_i b_i S[i, j], summed without cancelling large values."""
@@ -105,11 +88,11 @@ def surjections(degree: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, inline="always")
-def line_differences(poly, binomial, onto, y, x, step, here, sign, scratch, out):
-    """out[j] = exp(i D^j a(0)) for a(c) = sign (chi(x + c step, y) - here), chi = sum poly[b, a] x^a y^b: the
-    phase factors whose running products give exp(i a(c)) at c = 0, 1, ... (a(c) a polynomial of the poly's
-    degree in c). Taylor coefficients of chi along the line, then differences from them: no difference of
-    large chi values is formed, so a row of 1000-rad phases keeps float64's precision."""
+def line_phases(poly, binomial, onto, y, x, step, here, sign, scratch, out, at):
+    """out[j, at] = D^j a(0) for a(c) = sign (chi(x + c step, y) - here), chi = sum poly[b, a] x^a y^b: the
+    phases whose factors exp(i D^j a(0)) give exp(i a(c)) at c = 0, 1, ... by running products (a(c) a
+    polynomial of the poly's degree in c). Taylor coefficients of chi along the line, then differences from
+    them: no difference of large chi values is formed, so a row of 1000-rad phases keeps float64's precision."""
     n = poly.shape[0]
     for a in range(n):  # r_a = sum_b poly[b, a] y^b: chi on the line as sum_a r_a (x + s)^a
         r = 0.0
@@ -127,8 +110,7 @@ def line_differences(poly, binomial, onto, y, x, step, here, sign, scratch, out)
         d = -here if j == 0 else 0.0
         for i in range(j, n):
             d += scratch[i] * onto[i, j]
-        d *= sign
-        out[j] = complex(math.cos(d), math.sin(d))
+        out[j, at] = d * sign
 
 
 @numba.njit(parallel=True, cache=True)
@@ -139,13 +121,17 @@ def sideband_sum_loop(G, ky, kx, chi_k, poly, binomial, onto, dqy, dqx, kmax2, f
         qy = (r if r < (rows + 1) // 2 else r - rows) * dqy
         plus_f = np.empty(n, np.complex128)  # exp(i (chi(k) - chi(k - q))) and its differences along the row
         minus_f = np.empty(n, np.complex128)  # exp(i (chi(k + q) - chi(k)))
+        phases = np.empty((n, 2), np.float64)
         scratch = np.empty(n, np.float64)
         for k in range(n_pix):
             y, x = ky[k], kx[k]
             if x * x + y * y > kmax2:
                 continue
-            line_differences(poly, binomial, onto, y - qy, x, -dqx, chi_k[k], -1.0, scratch, plus_f)
-            line_differences(poly, binomial, onto, y + qy, x, dqx, chi_k[k], 1.0, scratch, minus_f)
+            line_phases(poly, binomial, onto, y - qy, x, -dqx, chi_k[k], -1.0, scratch, phases, 0)
+            line_phases(poly, binomial, onto, y + qy, x, dqx, chi_k[k], 1.0, scratch, phases, 1)
+            for j in range(n):
+                plus_f[j] = complex(math.cos(phases[j, 0]), math.sin(phases[j, 0]))
+                minus_f[j] = complex(math.cos(phases[j, 1]), math.sin(phases[j, 1]))
             my2, py2 = (y - qy) * (y - qy), (y + qy) * (y + qy)
             for c in range(half):
                 mx, px = x - c * dqx, x + c * dqx
@@ -162,7 +148,7 @@ def sideband_sum_loop(G, ky, kx, chi_k, poly, binomial, onto, dqy, dqx, kmax2, f
 
 def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, floor: float) -> tuple[np.ndarray, np.ndarray]:
     """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > ``floor``, each (rows, half_cols). Along each
-    row of frequencies Gamma's phase factors are running products (``line_differences``): two complex
+    row of frequencies Gamma's phase factors are running products (``line_phases``): two complex
     multiplies per degree of chi instead of two evaluations of chi and two sincos per frequency."""
     degree, poly = monomials(np.asarray(table))
     binomial = np.array([[math.comb(a, i) for i in range(degree + 1)] for a in range(degree + 1)], np.float64)
@@ -229,110 +215,3 @@ def fit_terms(Gt, setup: tuple, params, cutoff: float, pixel: float, floor: floa
     terms = np.empty((len(params), Gt.shape[0]), np.float64)
     fit_terms_loop(Gt, uv, np.asarray(params, np.float64), qy, qx, poly, has_rest, float(cutoff), 1.0 / pixel, float(floor), int(step), terms)
     return terms
-
-
-@numba.njit(cache=True, fastmath=True)
-def weighted_dot(re, im, a: int, b: int, n: int) -> complex:
-    """sum_k conj(row a) * row b over the first n entries of split-complex rows (re, im): a reduction the
-    compiler may reorder (fastmath) into vector lanes; the sums change in their last bits, not more."""
-    sr = 0.0
-    si = 0.0
-    for k in range(n):
-        sr += re[a, k] * re[b, k] + im[a, k] * im[b, k]
-        si += re[a, k] * im[b, k] - im[a, k] * re[b, k]
-    return complex(sr, si)
-
-
-@numba.njit(parallel=True, cache=True)
-def normal_equations_loop(G, ky, kx, root_w, chi_k, poly, freq, alias_q, complex_method, inv_u2, kmax2, chunk, gram, rhs):
-    n_pix = G.shape[0]
-    d = alias_q.shape[1]
-    cols = gram.shape[1]
-    n = len(freq)
-    for part in numba.prange((n + chunk - 1) // chunk):
-        # the model's columns, then g, as rows of split-complex values over the pixels that see the frequency
-        re = np.empty((cols + 1, n_pix), np.float64)
-        im = np.empty((cols + 1, n_pix), np.float64)
-        for f in range(part * chunk, min(n, (part + 1) * chunk)):
-            used = 0
-            for k in range(n_pix):
-                y, x = ky[k], kx[k]
-                if x * x + y * y > kmax2:
-                    continue
-                here = chi_k[k]
-                scale = root_w[k] * inv_u2
-                any_term = False
-                for m in range(d):
-                    plus, minus = trotters(x, y, here, alias_q[f, m, 0], alias_q[f, m, 1], poly, kmax2)
-                    any_term = any_term or plus != 0 or minus != 0
-                    if complex_method:
-                        re[m, used], im[m, used] = plus.real * scale, plus.imag * scale
-                        re[d + m, used], im[d + m, used] = minus.real * scale, minus.imag * scale
-                    else:  # i (plus - minus)
-                        re[m, used], im[m, used] = (minus.imag - plus.imag) * scale, (plus.real - minus.real) * scale
-                if any_term:
-                    g = G[k, freq[f]] * root_w[k]
-                    re[cols, used], im[cols, used] = g.real, g.imag
-                    used += 1
-            for i in range(cols):  # T^H W T is Hermitian: the upper half, mirrored
-                for j in range(i, cols):
-                    value = weighted_dot(re, im, i, j, used)
-                    gram[f, i, j] = value
-                    gram[f, j, i] = value.conjugate()
-                rhs[f, i] = weighted_dot(re, im, i, cols, used)
-
-
-def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
-    """For the frequencies ``freq`` (flat indices into G's half spectrum, G (n_pix, rows, half_cols)), each with
-    the aliases ``alias_q`` (n, D, 2) (1/A, (q_y, q_x)): the Gram T^H W T (n, C, C) and right side T^H W g
-    (n, C) of the direct-ptychography model (``phase.direct``), complex128, with one column per alias (phase
-    method: i Gamma / u^2) or two (complex method: Gamma_plus / u^2, then Gamma_minus / u^2)."""
-    n_pix = G.shape[0]
-    n, d = alias_q.shape[:2]
-    cols = d * (2 if complex_method else 1)
-    gram = np.zeros((n, cols, cols), np.complex128)
-    rhs = np.zeros((n, cols), np.complex128)
-    chunk = max(1, -(-n // (4 * numba.get_num_threads())))  # frequencies a thread takes at once (its buffers made once)
-    normal_equations_loop(G.reshape(n_pix, -1), np.asarray(ky, np.float64), np.asarray(kx, np.float64),
-                          np.sqrt(np.asarray(weights, np.float64)), np.asarray(chi_k, np.float64), monomials(np.asarray(table))[1],
-                          np.asarray(freq, np.int64), np.asarray(alias_q, np.float64), bool(complex_method), 1.0 / upsampling**2,
-                          float(kmax2), chunk, gram, rhs)
-    return gram, rhs
-
-
-@numba.njit(parallel=True, cache=True)
-def shifted_solve_loop(matrix, rhs, shift, out):
-    n, C = rhs.shape
-    for f in numba.prange(n):
-        L = np.empty((C, C), np.complex128)
-        y = np.empty(C, np.complex128)
-        for j in range(C):  # L L^H = matrix + shift I, column by column
-            d = matrix[f, j, j].real + shift
-            for k in range(j):
-                d -= L[j, k].real ** 2 + L[j, k].imag ** 2
-            d = math.sqrt(max(d, shift))  # a pivot of M + s I is >= s when M >= 0: only rounding could take it lower
-            L[j, j] = d
-            for i in range(j + 1, C):
-                v = matrix[f, i, j]
-                for k in range(j):
-                    v -= L[i, k] * np.conj(L[j, k])
-                L[i, j] = v / d
-        for i in range(C):  # L y = rhs
-            v = rhs[f, i]
-            for k in range(i):
-                v -= L[i, k] * y[k]
-            y[i] = v / L[i, i].real
-        for i in range(C - 1, -1, -1):  # L^H x = y
-            v = y[i]
-            for k in range(i + 1, C):
-                v -= np.conj(L[k, i]) * out[f, k]
-            out[f, i] = v / L[i, i].real
-
-
-def shifted_solve(matrix, rhs, shift: float) -> np.ndarray:
-    """x (n, C) complex128 with (matrix + shift I) x = rhs for each of n Hermitian positive semi-definite
-    ``matrix`` (n, C, C) (only its lower triangle is read) and ``shift`` > 0: a Cholesky factorisation per system,
-    the regularized solve of direct ptychography at one strength (``phase.direct.unknowns``)."""
-    out = np.empty(rhs.shape, np.complex128)
-    shifted_solve_loop(np.asarray(matrix, np.complex128), np.asarray(rhs, np.complex128), float(shift), out)
-    return out

@@ -1,5 +1,5 @@
-"""The SSB kernels on the GPU (kernels/ssb.cu), twins of ``qgpu_dask.phase.cpu``: the sideband sum over
-bright-field pixels, the aberration fit's signal and the normal equations of direct ptychography, and their
+"""The SSB kernels on the GPU (kernels/ssb.cu), twins of ``phase.cpu`` and ``phase.direct_cpu``: the sideband sum
+over bright-field pixels, the aberration fit's signal and the normal equations of direct ptychography, and their
 solve (from ``phase.solve_cuda``); the scan spectrum of images through cuFFT.
 
 Same contracts as the CPU twins (see their docstrings). chi and Gamma are evaluated in float32 registers
@@ -137,10 +137,15 @@ def patch_order(ky, kx) -> cupy.ndarray:
     return cupy.argsort((patch * PATCH[0] + row % PATCH[0]) * width + col)
 
 
-def normal_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
-    """The twin of ``phase.cpu.normal_equations`` (see there): Gram and right side of each listed frequency,
-    complex128 on the device, summed in float64 from float32 transfers. The kernel takes the pixels in
-    ``patch_order`` (for speed only) and writes Y^T Y, which ``normal_gram`` turns into the two."""
+def normal_equations(G, ky, kx, weights, chi_k, table, found, complex_method: bool, kmax2: float) -> list:
+    """The twin of ``phase.direct_cpu.normal_equations`` (see there): each alias group's Gram and right side, complex128
+    on the device, summed in float64 from float32 transfers (``group_equations``, one launch per group)."""
+    return [group_equations(G, ky, kx, weights, chi_k, table, g.freq, g.q, complex_method, found.upsampling, kmax2) for g in found.groups]
+
+
+def group_equations(G, ky, kx, weights, chi_k, table, freq, alias_q, complex_method: bool, upsampling: int, kmax2: float):
+    """Gram and right side of each listed frequency ``freq`` with its aliases' q ``alias_q`` (n, D, 2). The kernel
+    takes the pixels in ``patch_order`` (for speed only) and writes Y^T Y, which ``normal_gram`` turns into the two."""
     n_pix = G.shape[0]
     if G.dtype != np.complex64 or not G.flags.c_contiguous:
         raise ValueError("G must be a C-contiguous complex64 array")

@@ -39,7 +39,7 @@ import numpy as np
 
 from .optics import Optics, chi, chi_table, probe_spectrum
 from .parallax import check_upsampling
-from .sideband import Spectrum, sum_kernels
+from .sideband import Spectrum
 
 METHODS = ("phase", "complex")
 BEAM_PRIOR = 10.0  # the prior of j = 0's aliases against the others': on abTEM SrTiO3 at 8 and 16 scan positions
@@ -128,6 +128,7 @@ class Aliases:
     groups: list[AliasGroup]
     beam: AliasGroup | None  # j = 0's carrying aliases (one frequency), solved beside the unscattered beam
     share: Any
+    q_step: tuple[float, float]
 
     @property
     def all_groups(self) -> list[AliasGroup]:
@@ -180,7 +181,8 @@ def aliases(scan_shape: tuple[int, int], optics: Optics, u: int, xp=np) -> Alias
     reaching = [a for g in groups + ([beam] if beam else []) for a in (g.here_at, g.mirror_at)]
     reached = xp.bincount(xp.concatenate(reaching) if reaching else xp.zeros(0, xp.int64), minlength=fine_shape[0] * fine_shape[1])
     inverse = xp.concatenate([xp.zeros(1), 1.0 / xp.arange(1, int(reached.max()) + 1)])  # 1 / n, and 0 where none reaches
-    return Aliases((rows, cols), u, groups, beam, inverse[reached].reshape(fine_shape))
+    return Aliases((rows, cols), u, groups, beam, inverse[reached].reshape(fine_shape),
+                   (1 / (rows * optics.scan_step_A), 1 / (cols * optics.scan_step_A)))
 
 
 def equations_bytes(found: Aliases, method: str) -> int:
@@ -217,6 +219,17 @@ class Prepared:
     @property
     def nbytes(self) -> int:
         return int(sum(s.nbytes for s in self.systems) + self.here_at.nbytes + self.mirror_at.nbytes + self.found.nbytes)
+
+
+def equation_kernels(xp):
+    """The normal equations and their shifted solve for ``xp``'s arrays: ``phase.direct_cpu`` or ``phase.cuda``."""
+    if xp is np:
+        from . import direct_cpu
+
+        return direct_cpu
+    from . import cuda
+
+    return cuda
 
 
 def pixel_weights(spec: Spectrum, xp=np):
@@ -262,11 +275,10 @@ def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, foun
     """The normal equations of ``method`` for the aliases ``found``, built and scaled on G's device."""
     kmax = optics.aperture_k
     weights = pixel_weights(spec, xp)
-    chi_k, table, kernels = chi(kx, ky, optics), chi_table(optics), sum_kernels(xp)
+    chi_k, table, kernels = chi(kx, ky, optics), chi_table(optics), equation_kernels(xp)
     systems = []
-    for g in found.groups:
-        gram, rhs = kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, g.freq, g.q, method == "complex",
-                                             found.upsampling, kmax**2)
+    equations = kernels.normal_equations(spec.G, ky, kx, weights, chi_k, table, found, method == "complex", kmax**2)
+    for g, (gram, rhs) in zip(found.groups, equations):
         systems.append(scaled(gram, rhs * spec.scale, g.q, kmax, method, xp))
     diagonal = sum(float(xp.real(xp.diagonal(s.matrix, axis1=1, axis2=2)).sum()) for s in systems)
     unknowns = sum(s.scale.size for s in systems)
@@ -281,7 +293,7 @@ def prepare(spec: Spectrum, ky: np.ndarray, kx: np.ndarray, optics: Optics, foun
 def unknowns(prep: Prepared, strength: float, xp=np) -> list:
     """Each group's unknowns (n, C) at ``strength``: the batched solve of (M + s I) y = D^-1/2 b, x = D^-1/2 y."""
     s = strength * prep.level
-    kernels = sum_kernels(xp)
+    kernels = equation_kernels(xp)
     return [sys.scale * kernels.shifted_solve(sys.matrix, sys.rhs, s) for sys in prep.systems]
 
 

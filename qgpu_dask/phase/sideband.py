@@ -45,7 +45,7 @@ class Spectrum:
 
 
 def sum_kernels(xp):
-    """The SSB kernels (sideband sum, normal equations) for ``xp``'s arrays: ``phase.cpu`` or ``phase.cuda``."""
+    """The SSB kernels (sideband sum, the fit's terms) for ``xp``'s arrays: ``phase.cpu`` or ``phase.cuda``."""
     if xp is np:
         from . import cpu
 

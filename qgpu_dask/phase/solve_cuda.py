@@ -1,4 +1,4 @@
-"""Direct ptychography's solve at one strength on the GPU (kernels/solve.cu): the twin of ``phase.cpu.shifted_solve``,
+"""Direct ptychography's solve at one strength on the GPU (kernels/solve.cu): the twin of ``phase.direct_cpu.shifted_solve``,
 which ``phase.cuda`` offers beside the other SSB kernels."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ DEFINES = compile.defines()  # the kernel takes no constant from Python
 
 
 def shifted_solve(matrix, rhs, shift: float) -> cupy.ndarray:
-    """The twin of ``phase.cpu.shifted_solve``: a Cholesky factorisation per thread (kernels/solve.cu) up to
+    """The twin of ``phase.direct_cpu.shifted_solve``: a Cholesky factorisation per thread (kernels/solve.cu) up to
     MAX_SOLVE unknowns, CuPy's batched solve beyond."""
     n, C = rhs.shape
     if C > MAX_SOLVE:

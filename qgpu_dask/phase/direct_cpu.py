@@ -1,0 +1,241 @@
+"""Direct ptychography's kernels on the CPU (Numba), twins of ``phase.cuda``'s: the normal equations of every
+alias group (``normal_equations``; kernels/ssb.cu) and their solve at one strength (``shifted_solve``;
+kernels/solve.cu), contracts in their docstrings. Every step is float64; the transfers' phase factors are running
+products along lines of fine frequencies (``cpu.line_phases``), within 1e-12 of factors evaluated at each
+frequency where chi is tens of rad.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from .cpu import line_phases, surjections
+from .optics import monomials
+
+PIXEL_BLOCK = 128  # bright-field pixels whose phase factors advance together (vector lanes) in normal_equations
+
+
+@numba.njit(cache=True, inline="always")
+def sin_cos(v):
+    """(sin v, cos v) in float64 to 1 ulp for |v| < 2^20 pi, without branches so that loops of it run in vector
+    lanes (libm's are calls, one value at a time): v reduced by pi / 2 in three parts (Cody and Waite), fdlibm's
+    minimax polynomials on [-pi / 4, pi / 4], the quadrant chosen arithmetically."""
+    n = np.floor(v * 0.63661977236758134308 + 0.5)
+    r = ((v - n * 1.57079632673412561417e+00) - n * 6.07710050630396597660e-11) - n * 2.02226624871116645580e-21
+    z = r * r
+    s = r + r * z * (-1.66666666666666324348e-01 + z * (8.33333333332248946124e-03 + z * (-1.98412698298579493134e-04 + z * (
+        2.75573137070700676789e-06 + z * (-2.50507602534068634195e-08 + z * 1.58969099521155010221e-10)))))
+    c = 1.0 - 0.5 * z + z * z * (4.16666666666666019037e-02 + z * (-1.38888888888741095749e-03 + z * (2.48015872894767294178e-05 + z * (
+        -2.75573143513906633035e-07 + z * (2.08757232129817482790e-09 + z * -1.13596475577881948265e-11)))))
+    half = np.floor(n * 0.5)
+    odd = n - 2.0 * half  # quadrant n mod 4: odd swaps sin and cos, 2 and 3 negate sin, 1 and 2 negate cos
+    sin_sign = 1.0 - 2.0 * (half - 2.0 * np.floor(half * 0.5))
+    next_half = np.floor((n + 1.0) * 0.5)
+    cos_sign = 1.0 - 2.0 * (next_half - 2.0 * np.floor(next_half * 0.5))
+    return (s + (c - s) * odd) * sin_sign, (c + (s - c) * odd) * cos_sign
+
+
+@numba.njit(cache=True, fastmath=True)
+def add_products(x_re, x_im, width: int, nb: int, upper_re, upper_im, at: int) -> None:
+    """upper[at + i * width + j] += sum_b conj(x[i, b]) x[j, b] for i <= j < width, split complex: a reduction
+    the compiler may reorder (fastmath) into vector lanes; the sums change in their last bits, not more."""
+    for i in range(width):
+        for j in range(i, width):
+            sr = 0.0
+            si = 0.0
+            for b in range(nb):
+                sr += x_re[i, b] * x_re[j, b] + x_im[i, b] * x_im[j, b]
+                si += x_re[i, b] * x_im[j, b] - x_im[i, b] * x_re[j, b]
+            upper_re[at + i * width + j] += sr
+            upper_im[at + i * width + j] += si
+@numba.njit(cache=True)
+def start_lines(poly, binomial, onto, ky, kx, chi_k, lo, qy, qx, dqx, scratch, phases, state_re, state_im) -> None:
+    """The phase factors of an alias line at q = (qy, qx) (side 0: Gamma_plus, 1: Gamma_minus) and their
+    differences along it for the block of pixels from ``lo``: the phases pixel by pixel, their sines and cosines
+    in vector lanes (float64 to the last bit: no fast-math here)."""
+    n = poly.shape[0]
+    for b in range(PIXEL_BLOCK):
+        k = lo + b
+        line_phases(poly, binomial, onto, ky[k] - qy, kx[k] - qx, -dqx, chi_k[k], -1.0, scratch, phases[0], b)
+        line_phases(poly, binomial, onto, ky[k] + qy, kx[k] + qx, dqx, chi_k[k], 1.0, scratch, phases[1], b)
+    for side in range(2):
+        for j in range(n):
+            for b in range(PIXEL_BLOCK):
+                state_im[side, j, b], state_re[side, j, b] = sin_cos(phases[side, j, b])
+
+
+@numba.njit(cache=True, inline="always")
+def advance(state_re, state_im, n) -> None:
+    """One step along a line for a block of pixels: factor[j] *= factor[j + 1], both sides (split complex
+    (2, n, block)), lowest j first so that each factor meets its difference before the step."""
+    for side in range(2):
+        for j in range(n - 1):
+            for b in range(PIXEL_BLOCK):
+                r0, i0 = state_re[side, j, b], state_im[side, j, b]
+                r1, i1 = state_re[side, j + 1, b], state_im[side, j + 1, b]
+                state_re[side, j, b] = r0 * r1 - i0 * i1
+                state_im[side, j, b] = r0 * i1 + i0 * r1
+
+
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "nsz"})  # sums reordered, no multiply-add contracted
+def normal_equations_rows(G, pixels, ky, kx, root_w, chi_k, poly, binomial, onto, half, line_of, alias_q, group_of, slot_of,
+                          count_of, width_of, start_of, dqx, complex_method, inv_u2, kmax2, upper_re, upper_im):
+    n = poly.shape[0]
+    lines = line_of.shape[1]
+    max_width = width_of.max()
+    sides = 2 if complex_method else 1
+    for jr in numba.prange(group_of.size // half):
+        state_re, state_im = np.empty((2, n, PIXEL_BLOCK)), np.empty((2, n, PIXEL_BLOCK))  # one line's factors and differences
+        phases = np.empty((2, n, PIXEL_BLOCK))
+        # each line's columns of X at each frequency of the row, for the block: Gamma_plus and Gamma_minus (complex
+        # method) or i (Gamma_plus - Gamma_minus) (phase), times sqrt(W) / u^2 where inside the aperture
+        col_re, col_im = np.zeros((lines, half, sides, PIXEL_BLOCK)), np.zeros((lines, half, sides, PIXEL_BLOCK))
+        seen = np.zeros((lines, half), np.bool_)  # whether any pixel of the block has a term there
+        x_re, x_im = np.empty((max_width, PIXEL_BLOCK)), np.empty((max_width, PIXEL_BLOCK))  # [T, g] scaled by sqrt(W)
+        scratch = np.empty(n)
+        for lo in range(0, ky.size, PIXEL_BLOCK):
+            for a in range(lines):  # line by line along the row: its factors stay in the first-level cache
+                last_c, last_qx = -2, 0.0
+                for c in range(half):
+                    f = jr * half + c
+                    gi = group_of[f]
+                    if gi < 0:
+                        continue
+                    m = 0
+                    while m < count_of[gi] and line_of[f, m] != a:
+                        m += 1
+                    if m == count_of[gi]:
+                        continue
+                    qy, qx = alias_q[f, m, 0], alias_q[f, m, 1]
+                    if last_c == c - 1 and abs(qx - last_qx - dqx) < 0.5 * dqx:  # the next point of the line
+                        advance(state_re, state_im, n)
+                    else:  # the line (re)starts here
+                        start_lines(poly, binomial, onto, ky, kx, chi_k, lo, qy, qx, dqx, scratch, phases, state_re, state_im)
+                    last_c, last_qx = c, qx
+                    terms = 0.0
+                    for b in range(PIXEL_BLOCK):  # each side where it falls inside the aperture, without branches
+                        k = lo + b
+                        y, x = ky[k], kx[k]
+                        plus = root_w[k] * inv_u2 * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2)
+                        minus = root_w[k] * inv_u2 * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
+                        terms += plus + minus
+                        pr, pi = state_re[0, 0, b] * plus, state_im[0, 0, b] * plus
+                        mr, mi = state_re[1, 0, b] * minus, state_im[1, 0, b] * minus
+                        if complex_method:
+                            col_re[a, c, 0, b], col_im[a, c, 0, b] = pr, pi
+                            col_re[a, c, 1, b], col_im[a, c, 1, b] = mr, mi
+                        else:
+                            col_re[a, c, 0, b], col_im[a, c, 0, b] = mi - pi, pr - mr
+                    seen[a, c] = terms != 0.0
+            for c in range(half):
+                f = jr * half + c
+                gi = group_of[f]
+                if gi < 0:
+                    continue
+                d = count_of[gi]
+                cols = width_of[gi] - 1
+                any_term = False
+                for m in range(d):
+                    a = line_of[f, m]
+                    any_term |= seen[a, c]
+                    for side in range(sides):
+                        for b in range(PIXEL_BLOCK):
+                            x_re[side * d + m, b], x_im[side * d + m, b] = col_re[a, c, side, b], col_im[a, c, side, b]
+                if not any_term:
+                    continue
+                for b in range(PIXEL_BLOCK):
+                    g = G[pixels[lo + b], f] * root_w[lo + b]
+                    x_re[cols, b], x_im[cols, b] = g.real, g.imag
+                add_products(x_re, x_im, cols + 1, PIXEL_BLOCK, upper_re, upper_im, start_of[gi] + slot_of[f] * (cols + 1) * (cols + 1))
+
+
+def normal_equations(G, ky, kx, weights, chi_k, table, found, complex_method: bool, kmax2: float) -> list:
+    """For each alias group of ``found`` (``phase.direct.Aliases``; G (n_pix, rows, half_cols)): the Gram
+    T^H W T (n, C, C) and right side T^H W g (n, C) of the direct-ptychography model (``phase.direct``) at each of
+    its frequencies, complex128, with one column per alias (phase method: i Gamma / u^2) or two (complex method:
+    Gamma_plus / u^2, then Gamma_minus / u^2). Each coarse row is one thread's; along it each alias line's phase
+    factors are running products (``line_phases``, as the sideband sum's), restarted where the line starts
+    or wraps, for blocks of pixels at once."""
+    n_pix, rows, half = G.shape
+    u = found.upsampling
+    fine_cols = found.scan_shape[1] * u
+    groups = found.groups
+    group_of = np.full(rows * half, -1, np.int64)
+    slot_of = np.zeros(rows * half, np.int64)
+    line_of = np.zeros((rows * half, u * u), np.int64)
+    alias_q = np.zeros((rows * half, u * u, 2), np.float64)
+    widths = [(2 * g.count if complex_method else g.count) + 1 for g in groups]
+    starts = np.cumsum([0] + [int(g.freq.size) * w * w for g, w in zip(groups, widths)])
+    for gi, g in enumerate(groups):
+        freq = np.asarray(g.freq, np.int64)
+        group_of[freq] = gi
+        slot_of[freq] = np.arange(freq.size)
+        fine_r, fine_c = np.divmod(np.asarray(g.here_at, np.int64), fine_cols)
+        line_of[freq, : g.count] = ((fine_r // rows) * u + fine_c // found.scan_shape[1]).reshape(-1, g.count)
+        alias_q[freq, : g.count] = g.q
+    upper_re = np.zeros(int(starts[-1]), np.float64)
+    upper_im = np.zeros(int(starts[-1]), np.float64)
+    inside = np.flatnonzero(np.asarray(kx, np.float64) ** 2 + np.asarray(ky, np.float64) ** 2 <= kmax2)
+    padded = -(-inside.size // PIXEL_BLOCK) * PIXEL_BLOCK  # whole blocks: the pixels added have no weight
+
+    def pixel_values(values):
+        out = np.zeros(padded, np.float64)
+        out[: inside.size] = np.asarray(values, np.float64)[inside]
+        return out
+
+    pixels = np.zeros(padded, np.int64)
+    pixels[: inside.size] = inside
+    degree, poly = monomials(np.asarray(table))
+    binomial = np.array([[math.comb(a, i) for i in range(degree + 1)] for a in range(degree + 1)], np.float64)
+    normal_equations_rows(G.reshape(n_pix, -1), pixels, pixel_values(ky), pixel_values(kx), pixel_values(np.sqrt(weights)),
+                          pixel_values(chi_k), poly, binomial, surjections(degree), half, line_of, alias_q, group_of, slot_of,
+                          np.array([g.count for g in groups], np.int64), np.array(widths, np.int64), starts[:-1].astype(np.int64),
+                          float(found.q_step[1]), bool(complex_method), 1.0 / u**2, float(kmax2), upper_re, upper_im)
+    out = []
+    for g, w, start in zip(groups, widths, starts):
+        upper = (upper_re[start : start + g.freq.size * w * w] + 1j * upper_im[start : start + g.freq.size * w * w]).reshape(-1, w, w)
+        upper = np.triu(upper)
+        full = upper + np.conj(np.swapaxes(np.triu(upper, 1), 1, 2))
+        out.append((np.ascontiguousarray(full[:, : w - 1, : w - 1]), np.ascontiguousarray(full[:, : w - 1, w - 1])))
+    return out
+
+
+@numba.njit(parallel=True, cache=True)
+def shifted_solve_loop(matrix, rhs, shift, out):
+    n, C = rhs.shape
+    for f in numba.prange(n):
+        L = np.empty((C, C), np.complex128)
+        y = np.empty(C, np.complex128)
+        for j in range(C):  # L L^H = matrix + shift I, column by column
+            d = matrix[f, j, j].real + shift
+            for k in range(j):
+                d -= L[j, k].real ** 2 + L[j, k].imag ** 2
+            d = math.sqrt(max(d, shift))  # a pivot of M + s I is >= s when M >= 0: only rounding could take it lower
+            L[j, j] = d
+            for i in range(j + 1, C):
+                v = matrix[f, i, j]
+                for k in range(j):
+                    v -= L[i, k] * np.conj(L[j, k])
+                L[i, j] = v / d
+        for i in range(C):  # L y = rhs
+            v = rhs[f, i]
+            for k in range(i):
+                v -= L[i, k] * y[k]
+            y[i] = v / L[i, i].real
+        for i in range(C - 1, -1, -1):  # L^H x = y
+            v = y[i]
+            for k in range(i + 1, C):
+                v -= np.conj(L[k, i]) * out[f, k]
+            out[f, i] = v / L[i, i].real
+
+
+def shifted_solve(matrix, rhs, shift: float) -> np.ndarray:
+    """x (n, C) complex128 with (matrix + shift I) x = rhs for each of n Hermitian positive semi-definite
+    ``matrix`` (n, C, C) (only its lower triangle is read) and ``shift`` > 0: a Cholesky factorisation per system,
+    the regularized solve of direct ptychography at one strength (``phase.direct.unknowns``)."""
+    out = np.empty(rhs.shape, np.complex128)
+    shifted_solve_loop(np.asarray(matrix, np.complex128), np.asarray(rhs, np.complex128), float(shift), out)
+    return out
