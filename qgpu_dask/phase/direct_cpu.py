@@ -12,31 +12,8 @@ import math
 import numba
 import numpy as np
 
-from .cpu import line_phases, surjections
+from .cpu import PIXEL_BLOCK, advance, pixel_blocks, start_lines, surjections
 from .optics import monomials
-
-PIXEL_BLOCK = 128  # bright-field pixels whose phase factors advance together (vector lanes) in normal_equations
-
-
-@numba.njit(cache=True, inline="always")
-def sin_cos(v):
-    """(sin v, cos v) in float64 to 1 ulp for |v| < 2^20 pi, without branches so that loops of it run in vector
-    lanes (libm's are calls, one value at a time): v reduced by pi / 2 in three parts (Cody and Waite), fdlibm's
-    minimax polynomials on [-pi / 4, pi / 4], the quadrant chosen arithmetically."""
-    n = np.floor(v * 0.63661977236758134308 + 0.5)
-    r = ((v - n * 1.57079632673412561417e+00) - n * 6.07710050630396597660e-11) - n * 2.02226624871116645580e-21
-    z = r * r
-    s = r + r * z * (-1.66666666666666324348e-01 + z * (8.33333333332248946124e-03 + z * (-1.98412698298579493134e-04 + z * (
-        2.75573137070700676789e-06 + z * (-2.50507602534068634195e-08 + z * 1.58969099521155010221e-10)))))
-    c = 1.0 - 0.5 * z + z * z * (4.16666666666666019037e-02 + z * (-1.38888888888741095749e-03 + z * (2.48015872894767294178e-05 + z * (
-        -2.75573143513906633035e-07 + z * (2.08757232129817482790e-09 + z * -1.13596475577881948265e-11)))))
-    half = np.floor(n * 0.5)
-    odd = n - 2.0 * half  # quadrant n mod 4: odd swaps sin and cos, 2 and 3 negate sin, 1 and 2 negate cos
-    sin_sign = 1.0 - 2.0 * (half - 2.0 * np.floor(half * 0.5))
-    next_half = np.floor((n + 1.0) * 0.5)
-    cos_sign = 1.0 - 2.0 * (next_half - 2.0 * np.floor(next_half * 0.5))
-    return (s + (c - s) * odd) * sin_sign, (c + (s - c) * odd) * cos_sign
-
 
 @numba.njit(cache=True, fastmath=True)
 def add_products(x_re, x_im, width: int, nb: int, upper_re, upper_im, at: int) -> None:
@@ -51,35 +28,6 @@ def add_products(x_re, x_im, width: int, nb: int, upper_re, upper_im, at: int) -
                 si += x_re[i, b] * x_im[j, b] - x_im[i, b] * x_re[j, b]
             upper_re[at + i * width + j] += sr
             upper_im[at + i * width + j] += si
-@numba.njit(cache=True)
-def start_lines(poly, binomial, onto, ky, kx, chi_k, lo, qy, qx, dqx, scratch, phases, state_re, state_im) -> None:
-    """The phase factors of an alias line at q = (qy, qx) (side 0: Gamma_plus, 1: Gamma_minus) and their
-    differences along it for the block of pixels from ``lo``: the phases pixel by pixel, their sines and cosines
-    in vector lanes (float64 to the last bit: no fast-math here)."""
-    n = poly.shape[0]
-    for b in range(PIXEL_BLOCK):
-        k = lo + b
-        line_phases(poly, binomial, onto, ky[k] - qy, kx[k] - qx, -dqx, chi_k[k], -1.0, scratch, phases[0], b)
-        line_phases(poly, binomial, onto, ky[k] + qy, kx[k] + qx, dqx, chi_k[k], 1.0, scratch, phases[1], b)
-    for side in range(2):
-        for j in range(n):
-            for b in range(PIXEL_BLOCK):
-                state_im[side, j, b], state_re[side, j, b] = sin_cos(phases[side, j, b])
-
-
-@numba.njit(cache=True, inline="always")
-def advance(state_re, state_im, n) -> None:
-    """One step along a line for a block of pixels: factor[j] *= factor[j + 1], both sides (split complex
-    (2, n, block)), lowest j first so that each factor meets its difference before the step."""
-    for side in range(2):
-        for j in range(n - 1):
-            for b in range(PIXEL_BLOCK):
-                r0, i0 = state_re[side, j, b], state_im[side, j, b]
-                r1, i1 = state_re[side, j + 1, b], state_im[side, j + 1, b]
-                state_re[side, j, b] = r0 * r1 - i0 * i1
-                state_im[side, j, b] = r0 * i1 + i0 * r1
-
-
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "nsz"})  # sums reordered, no multiply-add contracted
 def normal_equations_rows(G, pixels, ky, kx, root_w, chi_k, poly, binomial, onto, half, line_of, alias_q, group_of, slot_of,
                           count_of, width_of, start_of, dqx, complex_method, inv_u2, kmax2, upper_re, upper_im):
@@ -179,21 +127,13 @@ def normal_equations(G, ky, kx, weights, chi_k, table, found, complex_method: bo
     upper_re = np.zeros(int(starts[-1]), np.float64)
     upper_im = np.zeros(int(starts[-1]), np.float64)
     inside = np.flatnonzero(np.asarray(kx, np.float64) ** 2 + np.asarray(ky, np.float64) ** 2 <= kmax2)
-    padded = -(-inside.size // PIXEL_BLOCK) * PIXEL_BLOCK  # whole blocks: the pixels added have no weight
-
-    def pixel_values(values):
-        out = np.zeros(padded, np.float64)
-        out[: inside.size] = np.asarray(values, np.float64)[inside]
-        return out
-
-    pixels = np.zeros(padded, np.int64)
-    pixels[: inside.size] = inside
+    pixels, values = pixel_blocks(inside, *(np.asarray(v, np.float64)[inside] for v in (ky, kx, np.sqrt(weights), chi_k)))
     degree, poly = monomials(np.asarray(table))
     binomial = np.array([[math.comb(a, i) for i in range(degree + 1)] for a in range(degree + 1)], np.float64)
-    normal_equations_rows(G.reshape(n_pix, -1), pixels, pixel_values(ky), pixel_values(kx), pixel_values(np.sqrt(weights)),
-                          pixel_values(chi_k), poly, binomial, surjections(degree), half, line_of, alias_q, group_of, slot_of,
-                          np.array([g.count for g in groups], np.int64), np.array(widths, np.int64), starts[:-1].astype(np.int64),
-                          float(found.q_step[1]), bool(complex_method), 1.0 / u**2, float(kmax2), upper_re, upper_im)
+    normal_equations_rows(G.reshape(n_pix, -1), pixels, *values, poly, binomial, surjections(degree), half, line_of, alias_q,
+                          group_of, slot_of, np.array([g.count for g in groups], np.int64), np.array(widths, np.int64),
+                          starts[:-1].astype(np.int64), float(found.q_step[1]), bool(complex_method), 1.0 / u**2, float(kmax2),
+                          upper_re, upper_im)
     out = []
     for g, w, start in zip(groups, widths, starts):
         upper = (upper_re[start : start + g.freq.size * w * w] + 1j * upper_im[start : start + g.freq.size * w * w]).reshape(-1, w, w)
