@@ -23,7 +23,6 @@ builds the mask sets only and says what it skipped. Results go to
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import record  # noqa: E402
+from timing import event_times  # noqa: E402
 
 from qgpu_dask.device import cupy_or_none  # noqa: E402
 
@@ -87,22 +87,6 @@ def span_weights(masks: list[np.ndarray]) -> tuple[int, np.ndarray]:
     rows = np.flatnonzero(stack.any(axis=(0, 2)))
     start, stop = int(rows[0]) * cols, (int(rows[-1]) + 1) * cols
     return start, np.ascontiguousarray(stack.reshape(len(masks), -1)[:, start:stop].astype(np.uint64))
-
-
-def timed(fn, reps: int, warmup: int = 3) -> dict:
-    """Median / min / max milliseconds of ``fn()`` between CUDA events on the current stream."""
-    for _ in range(warmup):
-        fn()
-    cupy.cuda.get_current_stream().synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "reps": reps}
 
 
 def reference_mask_sums(data: cupy.ndarray, masks: list[np.ndarray], chunk: int = 8192) -> cupy.ndarray:
@@ -174,7 +158,7 @@ def main() -> int:
     rows = []
 
     def run_read() -> dict:
-        r = timed(lambda: dense.read_sum(data), reps)
+        r = event_times(lambda: dense.read_sum(data), reps)
         r["TBps"] = nbytes / r["median_ms"] / 1e9
         return r
 
@@ -188,8 +172,8 @@ def main() -> int:
         start, w = span_weights(masks)
         wd = cupy.asarray(w)
         run = dense.prepare_mask_sums(data, start, wd)
-        r = timed(run, reps)
-        call = timed(lambda: dense.mask_sums(data, start, wd), max(5, reps // 3))
+        r = event_times(run, reps)
+        call = event_times(lambda: dense.mask_sums(data, start, wd), max(5, reps // 3))
         span_bytes = w.shape[1] * data.itemsize * data.shape[0]
         r.update(
             n_masks=len(masks),
@@ -209,13 +193,13 @@ def main() -> int:
     everything = cupy.arange(data.shape[0], dtype=cupy.int64)
     for op in ("sum", "max"):
         run = dense.prepare_roi_reduce(data, everything, op)
-        r = timed(run, reps)
+        r = event_times(run, reps)
         r.update(TBps=nbytes / r["median_ms"] / 1e9, time_over_read=r["median_ms"] / read["median_ms"])
         results[f"roi_{op}_whole_scan"] = r
         rows.append((f"roi {op} (whole scan)", r["median_ms"], r["TBps"], read["median_ms"] / r["median_ms"]))
     sel = cupy.asarray(np.random.default_rng(7).permutation(data.shape[0])[: data.shape[0] // 10].astype(np.int64))
     run_sel = dense.prepare_roi_reduce(data, sel, "sum")
-    r = timed(run_sel, reps)
+    r = event_times(run_sel, reps)
     r.update(TBps=nbytes / 10 / r["median_ms"] / 1e9, frames=int(sel.size))
     results["roi_sum_random_tenth"] = r
     rows.append(("roi sum (random 10% of scan)", r["median_ms"], r["TBps"], float("nan")))
@@ -233,8 +217,8 @@ def main() -> int:
         for f0 in range(0, data.shape[0], chunk):
             data[f0 : f0 + chunk][:, idx].sum(axis=1, dtype=cupy.uint64)
 
-    refs["cupy_gather_uint64_sum_disk"] = timed(gather_sum, 5, warmup=1)
-    refs["cupy_sum_axis0_uint64"] = timed(lambda: data.sum(axis=0, dtype=cupy.uint64), 5, warmup=1)
+    refs["cupy_gather_uint64_sum_disk"] = event_times(gather_sum, 5, warmup=1)
+    refs["cupy_sum_axis0_uint64"] = event_times(lambda: data.sum(axis=0, dtype=cupy.uint64), 5, warmup=1)
     results["cupy_references"] = refs
     for k, v in refs.items():
         rows.append((k, v["median_ms"], nbytes / v["median_ms"] / 1e9, read["median_ms"] / v["median_ms"]))
@@ -250,8 +234,8 @@ def main() -> int:
             got = {"read_sum": run_read()}
             for name in ("full_detector", "disk"):
                 start, w = span_weights(cases[name])
-                got[f"mask_{name}"] = timed(dense.prepare_mask_sums(data, start, cupy.asarray(w)), reps)
-            got["roi_sum_whole_scan"] = timed(dense.prepare_roi_reduce(data, everything, "sum"), reps)
+                got[f"mask_{name}"] = event_times(dense.prepare_mask_sums(data, start, cupy.asarray(w)), reps)
+            got["roi_sum_whole_scan"] = event_times(dense.prepare_roi_reduce(data, everything, "sum"), reps)
             dense.LOAD_VARIANT = default
             variants[label] = got
             for case, r in got.items():

@@ -1,4 +1,4 @@
-"""Timing and workloads shared by the benchmarks: wall-clock repeats and a file of random counts."""
+"""Timing and workloads shared by the benchmarks: wall-clock repeats, CUDA-event timings and a file of random counts."""
 
 from __future__ import annotations
 
@@ -43,6 +43,24 @@ def device_clock(xp) -> Callable[[Callable[[], Any]], tuple[Any, float]]:
         return out, (time.perf_counter() - t0) * 1e3
 
     return clock
+
+
+def event_times(fn: Callable[[], Any], reps: int, warmup: int = 3) -> dict:
+    """Median / min / max milliseconds of ``fn()`` between CUDA events on the current stream (CuPy)."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    cupy.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "reps": reps}
 
 
 def latencies(fn: Callable[[], Any], n: int, warmup: int = 20) -> dict:

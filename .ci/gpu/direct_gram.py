@@ -15,7 +15,6 @@ counters; under ncu it is the program to profile:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from qgpu_dask.phase import cuda, direct, sideband  # noqa: E402
 from qgpu_dask.phase.optics import chi, chi_table, wavelength_A  # noqa: E402
 
 from direct_gpu import ABERRATIONS  # noqa: E402
+from timing import event_times  # noqa: E402
 
 # Text replaced in kernels/ssb.cu (after mma.cuh is inlined) to make one stage nearly free.
 ABLATIONS = {
@@ -82,19 +82,6 @@ def inputs(scan: int, det: int, u: int, step: float):
     return optics, G, ky, kx, weights, chi(kx, ky, optics), chi_table(optics), found
 
 
-def timed_ms(fn, repeat: int) -> float:
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    fn()
-    times = []
-    for _ in range(repeat):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scan", type=int, default=512)
@@ -112,8 +99,9 @@ def main() -> None:
     for ablate in args.ablate:
         use_source(patched(ablate))
         for method in args.methods:
-            per_group = [timed_ms(lambda g=g: cuda.group_equations(G, ky, kx, weights, chi_k, table, g.freq, g.q, method == "complex",
-                                                                   args.upsampling, kmax2), args.repeat) for g in found.groups]
+            per_group = [event_times(lambda g=g: cuda.group_equations(G, ky, kx, weights, chi_k, table, g.freq, g.q, method == "complex",
+                                                                      args.upsampling, kmax2), args.repeat, warmup=1)["median_ms"]
+                         for g in found.groups]
             rows.append((ablate, method, sum(per_group), per_group))
     print(f"{'made cheap':>10} {'method':>8} {'total ms':>9}  per group (aliases: ms)")
     for ablate, method, total, per_group in rows:

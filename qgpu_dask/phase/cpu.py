@@ -201,26 +201,32 @@ def sideband_sum(G, ky, kx, chi_k, table, dqy: float, dqx: float, kmax2: float, 
     """(sum_k G conj(Gamma) / |Gamma|, sum_k |Gamma|) over |Gamma| > ``floor``, each (rows, half_cols). Along each
     row of frequencies Gamma's phase factors are running products (``line_phases``) for a block of pixels at once:
     a few complex multiplies per frequency instead of two evaluations of chi and two sincos."""
-    degree, poly = monomials(np.asarray(table))
-    binomial = np.array([[math.comb(a, i) for i in range(degree + 1)] for a in range(degree + 1)], np.float64)
     total = np.zeros(G.shape[1:], np.complex128)
     weight = np.zeros(G.shape[1:], np.float64)
     ky, kx = np.asarray(ky, np.float64), np.asarray(kx, np.float64)
     pixels, values = pixel_blocks(np.arange(ky.size), ky, kx, kx * kx + ky * ky <= kmax2, chi_k)
-    sideband_sum_loop(G, pixels, *values, poly, binomial, surjections(degree), float(dqy), float(dqx), float(kmax2), float(floor), total, weight)
+    sideband_sum_loop(G, pixels, *values, *line_polynomial(table), float(dqy), float(dqx), float(kmax2), float(floor), total, weight)
     return total, weight
 
 
+def line_polynomial(table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What ``line_phases`` takes for chi's polar ``table`` (``optics.chi_table``): its monomials
+    (``optics.monomials``), binomial coefficients and ``surjections`` up to its degree."""
+    degree, poly = monomials(np.asarray(table))
+    binomial = np.array([[math.comb(a, i) for i in range(degree + 1)] for a in range(degree + 1)], np.float64)
+    return poly, binomial, surjections(degree)
+
+
 def pixel_blocks(pixels: np.ndarray, *values) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The pixel indices ``pixels`` and per-pixel ``values`` (float64) padded with zeros to whole PIXEL_BLOCKs, so
-    the loops over a block run in vector lanes; a kernel weighs the padding (pixel 0) by a padded value of 0."""
+    """The pixel indices ``pixels`` and per-pixel ``values`` (as float64) padded with zeros to whole PIXEL_BLOCKs,
+    so the loops over a block run in vector lanes; a kernel weighs the padding (pixel 0) by a padded value of 0."""
     padded = -(-len(pixels) // PIXEL_BLOCK) * PIXEL_BLOCK
-    out = []
-    for v in (pixels, *values):
-        block = np.zeros(padded, np.asarray(v).dtype if v is pixels else np.float64)
+    index = np.zeros(padded, np.int64)
+    index[: len(pixels)] = pixels
+    blocks = [np.zeros(padded, np.float64) for _ in values]
+    for block, v in zip(blocks, values):
         block[: len(pixels)] = v
-        out.append(block)
-    return out[0], out[1:]
+    return index, blocks
 
 
 @numba.njit(cache=True, inline="always")

@@ -12,22 +12,25 @@ import math
 import numba
 import numpy as np
 
-from .cpu import PIXEL_BLOCK, advance, pixel_blocks, start_lines, surjections
-from .optics import monomials
+from .cpu import PIXEL_BLOCK, advance, line_polynomial, pixel_blocks, start_lines
+
 
 @numba.njit(cache=True, fastmath=True)
-def add_products(x_re, x_im, width: int, nb: int, upper_re, upper_im, at: int) -> None:
-    """upper[at + i * width + j] += sum_b conj(x[i, b]) x[j, b] for i <= j < width, split complex: a reduction
-    the compiler may reorder (fastmath) into vector lanes; the sums change in their last bits, not more."""
+def add_products(x_re, x_im, width: int, upper_re, upper_im, at: int) -> None:
+    """upper[at + i * width + j] += sum_b conj(x[i, b]) x[j, b] for i <= j < width over a block of pixels, split
+    complex: a reduction the compiler may reorder (fastmath) into vector lanes; the sums change in their last
+    bits, not more."""
     for i in range(width):
         for j in range(i, width):
             sr = 0.0
             si = 0.0
-            for b in range(nb):
+            for b in range(PIXEL_BLOCK):
                 sr += x_re[i, b] * x_re[j, b] + x_im[i, b] * x_im[j, b]
                 si += x_re[i, b] * x_im[j, b] - x_im[i, b] * x_re[j, b]
             upper_re[at + i * width + j] += sr
             upper_im[at + i * width + j] += si
+
+
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "nsz"})  # sums reordered, no multiply-add contracted
 def normal_equations_rows(G, pixels, ky, kx, root_w, chi_k, poly, binomial, onto, half, line_of, alias_q, group_of, slot_of,
                           count_of, width_of, start_of, dqx, complex_method, inv_u2, kmax2, upper_re, upper_im):
@@ -97,7 +100,7 @@ def normal_equations_rows(G, pixels, ky, kx, root_w, chi_k, poly, binomial, onto
                 for b in range(PIXEL_BLOCK):
                     g = G[pixels[lo + b], f] * root_w[lo + b]
                     x_re[cols, b], x_im[cols, b] = g.real, g.imag
-                add_products(x_re, x_im, cols + 1, PIXEL_BLOCK, upper_re, upper_im, start_of[gi] + slot_of[f] * (cols + 1) * (cols + 1))
+                add_products(x_re, x_im, cols + 1, upper_re, upper_im, start_of[gi] + slot_of[f] * (cols + 1) * (cols + 1))
 
 
 def normal_equations(G, ky, kx, weights, chi_k, table, found, complex_method: bool, kmax2: float) -> list:
@@ -128,9 +131,7 @@ def normal_equations(G, ky, kx, weights, chi_k, table, found, complex_method: bo
     upper_im = np.zeros(int(starts[-1]), np.float64)
     inside = np.flatnonzero(np.asarray(kx, np.float64) ** 2 + np.asarray(ky, np.float64) ** 2 <= kmax2)
     pixels, values = pixel_blocks(inside, *(np.asarray(v, np.float64)[inside] for v in (ky, kx, np.sqrt(weights), chi_k)))
-    degree, poly = monomials(np.asarray(table))
-    binomial = np.array([[math.comb(a, i) for i in range(degree + 1)] for a in range(degree + 1)], np.float64)
-    normal_equations_rows(G.reshape(n_pix, -1), pixels, *values, poly, binomial, surjections(degree), half, line_of, alias_q,
+    normal_equations_rows(G.reshape(n_pix, -1), pixels, *values, *line_polynomial(table), half, line_of, alias_q,
                           group_of, slot_of, np.array([g.count for g in groups], np.int64), np.array(widths, np.int64),
                           starts[:-1].astype(np.int64), float(found.q_step[1]), bool(complex_method), 1.0 / u**2, float(kmax2),
                           upper_re, upper_im)
