@@ -89,29 +89,46 @@ def surjections(degree: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, inline="always")
-def line_phases(poly, binomial, onto, y, x, step, here, sign, scratch, out, at):
-    """out[j, at] = D^j a(0) for a(c) = sign (chi(x + c step, y) - here), chi = sum poly[b, a] x^a y^b: the
-    phases whose factors exp(i D^j a(0)) give exp(i a(c)) at c = 0, 1, ... by running products (a(c) a
-    polynomial of the poly's degree in c). Taylor coefficients of chi along the line, then differences from
-    them: no difference of large chi values is formed, so a row of 1000-rad phases keeps float64's precision."""
+def line_phases(poly, binomial, onto, y_of, x_of, here_of, dy, dx, step, sign, scratch, out):
+    """out[j, b] = D^j a_b(0) for a_b(c) = sign (chi(x_of[b] + dx + c step, y_of[b] + dy) - here_of[b]) over a
+    block of pixels, chi = sum poly[i, a] x^a y^i: the phases whose factors exp(i D^j a(0)) give exp(i a(c)) at
+    c = 0, 1, ... by running products (a(c) a polynomial of the poly's degree in c). Taylor coefficients of chi
+    along the line, then differences from them: no difference of large chi values is formed, so a row of
+    1000-rad phases keeps float64's precision. Each step runs over the block (vector lanes); ``scratch`` is
+    (2, n, block)."""
     n = poly.shape[0]
-    for a in range(n):  # r_a = sum_b poly[b, a] y^b: chi on the line as sum_a r_a (x + s)^a
-        r = 0.0
-        for b in range(n - 1 - a, -1, -1):
-            r = r * y + poly[b, a]
-        scratch[a] = r
+    r, coefficient = scratch[0], scratch[1]
+    for a in range(n):  # r_a = sum_i poly[i, a] y^i: chi on the line as sum_a r_a (x + s)^a
+        r_a = r[a]
+        r_a[:] = 0.0
+        for i in range(n - 1 - a, -1, -1):
+            p = poly[i, a]
+            for b in range(PIXEL_BLOCK):
+                r_a[b] = r_a[b] * (y_of[b] + dy) + p
     scale = 1.0
     for i in range(n):  # coefficient of c^i: step^i sum_a r_a binom(a, i) x^(a - i)
-        e = 0.0
+        e = coefficient[i]
+        e[:] = 0.0
         for a in range(n - 1, i - 1, -1):
-            e = e * x + scratch[a] * binomial[a, i]
-        scratch[i] = e * scale  # scratch[a >= i] is no longer read for lower coefficients
+            r_a, binom = r[a], binomial[a, i]
+            for b in range(PIXEL_BLOCK):
+                e[b] = e[b] * (x_of[b] + dx) + r_a[b] * binom
+        for b in range(PIXEL_BLOCK):
+            e[b] = e[b] * scale
         scale *= step
     for j in range(n - 1, -1, -1):
-        d = -here if j == 0 else 0.0
+        d = out[j]
+        if j == 0:
+            for b in range(PIXEL_BLOCK):
+                d[b] = -here_of[b]
+        else:
+            d[:] = 0.0
         for i in range(j, n):
-            d += scratch[i] * onto[i, j]
-        out[j, at] = d * sign
+            e, o = coefficient[i], onto[i, j]
+            for b in range(PIXEL_BLOCK):
+                d[b] = d[b] + e[b] * o
+        for b in range(PIXEL_BLOCK):
+            d[b] = d[b] * sign
 
 
 @numba.njit(cache=True, inline="always")
@@ -135,32 +152,32 @@ def sin_cos(v):
 
 
 @numba.njit(cache=True)
-def start_lines(poly, binomial, onto, ky, kx, chi_k, lo, qy, qx, dqx, scratch, phases, state_re, state_im) -> None:
+def start_lines(poly, binomial, onto, y_of, x_of, here_of, qy, qx, dqx, scratch, phases, state) -> None:
     """The phase factors of an alias line at q = (qy, qx) (side 0: Gamma_plus, 1: Gamma_minus) and their
-    differences along it for the block of pixels from ``lo``: the phases pixel by pixel, their sines and cosines
-    in vector lanes (float64 to the last bit: no fast-math here)."""
+    differences along it for a block of pixels (k_y, k_x, chi(k): ``y_of``, ``x_of``, ``here_of``), into
+    ``state`` (side, difference, real / imaginary, pixel): the phases and their sines and cosines in vector lanes
+    (float64 to the last bit: no fast-math here)."""
     n = poly.shape[0]
-    for b in range(PIXEL_BLOCK):
-        k = lo + b
-        line_phases(poly, binomial, onto, ky[k] - qy, kx[k] - qx, -dqx, chi_k[k], -1.0, scratch, phases[0], b)
-        line_phases(poly, binomial, onto, ky[k] + qy, kx[k] + qx, dqx, chi_k[k], 1.0, scratch, phases[1], b)
+    line_phases(poly, binomial, onto, y_of, x_of, here_of, -qy, -qx, -dqx, -1.0, scratch, phases[0])
+    line_phases(poly, binomial, onto, y_of, x_of, here_of, qy, qx, dqx, 1.0, scratch, phases[1])
     for side in range(2):
         for j in range(n):
             for b in range(PIXEL_BLOCK):
-                state_im[side, j, b], state_re[side, j, b] = sin_cos(phases[side, j, b])
+                state[side, j, 1, b], state[side, j, 0, b] = sin_cos(phases[side, j, b])
 
 
 @numba.njit(cache=True, inline="always")
-def advance(state_re, state_im, n) -> None:
-    """One step along a line for a block of pixels: factor[j] *= factor[j + 1], both sides (split complex
-    (2, n, block)), lowest j first so that each factor meets its difference before the step."""
+def advance(state, n) -> None:
+    """One step along a line for a block of pixels: factor[j] *= factor[j + 1], both sides of ``state`` (side,
+    difference, real / imaginary, pixel: one array, which the compiler vectorizes where split arrays it would
+    not), lowest j first so that each factor meets its difference before the step."""
     for side in range(2):
         for j in range(n - 1):
             for b in range(PIXEL_BLOCK):
-                r0, i0 = state_re[side, j, b], state_im[side, j, b]
-                r1, i1 = state_re[side, j + 1, b], state_im[side, j + 1, b]
-                state_re[side, j, b] = r0 * r1 - i0 * i1
-                state_im[side, j, b] = r0 * i1 + i0 * r1
+                r0, i0 = state[side, j, 0, b], state[side, j, 1, b]
+                r1, i1 = state[side, j + 1, 0, b], state[side, j + 1, 1, b]
+                state[side, j, 0, b] = r0 * r1 - i0 * i1
+                state[side, j, 1, b] = r0 * i1 + i0 * r1
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "nsz"})  # sums reordered, no multiply-add contracted
@@ -169,27 +186,30 @@ def sideband_sum_loop(G, pixels, ky, kx, in_aperture, chi_k, poly, binomial, ont
     n = poly.shape[0]
     for r in numba.prange(rows):
         qy = (r if r < (rows + 1) // 2 else r - rows) * dqy
-        state_re, state_im = np.empty((2, n, PIXEL_BLOCK)), np.empty((2, n, PIXEL_BLOCK))  # Gamma's two phase factors
+        state = np.empty((2, n, 2, PIXEL_BLOCK))  # Gamma's two phase factors and their differences
         phases = np.empty((2, n, PIXEL_BLOCK))
-        scratch = np.empty(n)
+        scratch = np.empty((2, n, PIXEL_BLOCK))
         for lo in range(0, ky.size, PIXEL_BLOCK):
-            start_lines(poly, binomial, onto, ky, kx, chi_k, lo, qy, 0.0, dqx, scratch, phases, state_re, state_im)
+            # the block's views: indexed by the loop's counter alone, the loop over pixels runs in vector lanes (an
+            # index lo + b would be checked for wrap-around element by element)
+            block_y, block_x, block_in = ky[lo : lo + PIXEL_BLOCK], kx[lo : lo + PIXEL_BLOCK], in_aperture[lo : lo + PIXEL_BLOCK]
+            block_pixels = pixels[lo : lo + PIXEL_BLOCK]
+            start_lines(poly, binomial, onto, block_y, block_x, chi_k[lo : lo + PIXEL_BLOCK], qy, 0.0, dqx, scratch, phases, state)
             for c in range(half):
                 if c > 0:
-                    advance(state_re, state_im, n)
+                    advance(state, n)
                 qx = c * dqx
                 sum_re = sum_im = sum_size = 0.0
                 for b in range(PIXEL_BLOCK):  # without branches, in vector lanes
-                    k = lo + b
-                    y, x = ky[k], kx[k]
-                    plus = in_aperture[k] * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2)
-                    minus = in_aperture[k] * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
-                    gr = state_re[0, 0, b] * plus - state_re[1, 0, b] * minus
-                    gi = state_im[0, 0, b] * plus - state_im[1, 0, b] * minus
+                    y, x = block_y[b], block_x[b]
+                    plus = block_in[b] * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2)
+                    minus = block_in[b] * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
+                    gr = state[0, 0, 0, b] * plus - state[1, 0, 0, b] * minus
+                    gi = state[0, 0, 1, b] * plus - state[1, 0, 1, b] * minus
                     size = math.sqrt(gr * gr + gi * gi)
                     kept = 1.0 * (size > floor)
                     scale = kept / max(size, floor)
-                    g = G[pixels[k], r, c]
+                    g = G[block_pixels[b], r, c]
                     sum_re += (g.real * gr + g.imag * gi) * scale
                     sum_im += (g.imag * gr - g.real * gi) * scale
                     sum_size += size * kept

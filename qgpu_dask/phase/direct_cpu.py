@@ -31,56 +31,62 @@ def add_products(x_re, x_im, width: int, upper_re, upper_im, at: int) -> None:
             upper_im[at + i * width + j] += si
 
 
+@numba.njit(cache=True, fastmath={"reassoc", "nsz"})
+def alias_columns(line, y_of, x_of, w_of, qy, qx, kmax2, inv_u2, complex_method, tg, m, d) -> float:
+    """X's columns of alias m of d at q = (qy, qx) for a block of pixels from its line's factors (``line``: side,
+    difference, real / imaginary, pixel): Gamma_plus into tg[:, m] and Gamma_minus into tg[:, d + m] (complex
+    method) or i (Gamma_plus - Gamma_minus) into tg[:, m] (phase), times sqrt(W) / u^2 where inside the aperture;
+    the sum of those weights (0: no pixel has a term). One function of 1-d views: its loops run in vector lanes."""
+    plus_re, plus_im, minus_re, minus_im = line[0, 0, 0], line[0, 0, 1], line[1, 0, 0], line[1, 0, 1]
+    out_re, out_im = tg[0, m], tg[1, m]
+    terms = 0.0
+    if complex_method:
+        mirror_re, mirror_im = tg[0, d + m], tg[1, d + m]
+        for b in range(PIXEL_BLOCK):
+            y, x = y_of[b], x_of[b]
+            plus = w_of[b] * inv_u2 * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2)
+            minus = w_of[b] * inv_u2 * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
+            terms += plus + minus
+            out_re[b], out_im[b] = plus_re[b] * plus, plus_im[b] * plus
+            mirror_re[b], mirror_im[b] = minus_re[b] * minus, minus_im[b] * minus
+    else:
+        for b in range(PIXEL_BLOCK):
+            y, x = y_of[b], x_of[b]
+            plus = w_of[b] * inv_u2 * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2)
+            minus = w_of[b] * inv_u2 * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
+            terms += plus + minus
+            out_re[b] = minus_im[b] * minus - plus_im[b] * plus
+            out_im[b] = plus_re[b] * plus - minus_re[b] * minus
+    return terms
+
+
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "nsz"})  # sums reordered, no multiply-add contracted
 def normal_equations_rows(G, pixels, ky, kx, root_w, chi_k, poly, binomial, onto, half, line_of, alias_q, group_of, slot_of,
                           count_of, width_of, start_of, dqx, complex_method, inv_u2, kmax2, upper_re, upper_im):
     n = poly.shape[0]
     lines = line_of.shape[1]
     max_width = width_of.max()
-    sides = 2 if complex_method else 1
     for jr in numba.prange(group_of.size // half):
-        state_re, state_im = np.empty((2, n, PIXEL_BLOCK)), np.empty((2, n, PIXEL_BLOCK))  # one line's factors and differences
+        # each alias line's phase factors and their differences for the block (a line: one alias offset, its q one
+        # fine step further at each coarse column), all of them small enough to stay in cache along the row
+        state = np.empty((lines, 2, n, 2, PIXEL_BLOCK))
+        last_c, last_qx = np.empty(lines, np.int64), np.empty(lines)
         phases = np.empty((2, n, PIXEL_BLOCK))
-        # each line's columns of X at each frequency of the row, for the block: Gamma_plus and Gamma_minus (complex
-        # method) or i (Gamma_plus - Gamma_minus) (phase), times sqrt(W) / u^2 where inside the aperture
-        col_re, col_im = np.zeros((lines, half, sides, PIXEL_BLOCK)), np.zeros((lines, half, sides, PIXEL_BLOCK))
-        seen = np.zeros((lines, half), np.bool_)  # whether any pixel of the block has a term there
-        x_re, x_im = np.empty((max_width, PIXEL_BLOCK)), np.empty((max_width, PIXEL_BLOCK))  # [T, g] scaled by sqrt(W)
-        scratch = np.empty(n)
+        tg = np.empty((2, max_width, PIXEL_BLOCK))  # [T, g] scaled by sqrt(W), split complex in one array (below)
+        scratch = np.empty((2, n, PIXEL_BLOCK))
+        g_row = np.empty((half, 2, PIXEL_BLOCK))  # G of the block along the row, read pixel by pixel (contiguous)
         for lo in range(0, ky.size, PIXEL_BLOCK):
-            for a in range(lines):  # line by line along the row: its factors stay in the first-level cache
-                last_c, last_qx = -2, 0.0
+            # the block's views: indexed by the loop's counter alone, the loops over it run in vector lanes (an
+            # index lo + b would be checked for wrap-around element by element)
+            y_of, x_of, w_of = ky[lo : lo + PIXEL_BLOCK], kx[lo : lo + PIXEL_BLOCK], root_w[lo : lo + PIXEL_BLOCK]
+            here_of = chi_k[lo : lo + PIXEL_BLOCK]
+            pixel_of = pixels[lo : lo + PIXEL_BLOCK]
+            last_c[:] = -2
+            for b in range(PIXEL_BLOCK):
+                p = pixel_of[b]
                 for c in range(half):
-                    f = jr * half + c
-                    gi = group_of[f]
-                    if gi < 0:
-                        continue
-                    m = 0
-                    while m < count_of[gi] and line_of[f, m] != a:
-                        m += 1
-                    if m == count_of[gi]:
-                        continue
-                    qy, qx = alias_q[f, m, 0], alias_q[f, m, 1]
-                    if last_c == c - 1 and abs(qx - last_qx - dqx) < 0.5 * dqx:  # the next point of the line
-                        advance(state_re, state_im, n)
-                    else:  # the line (re)starts here
-                        start_lines(poly, binomial, onto, ky, kx, chi_k, lo, qy, qx, dqx, scratch, phases, state_re, state_im)
-                    last_c, last_qx = c, qx
-                    terms = 0.0
-                    for b in range(PIXEL_BLOCK):  # each side where it falls inside the aperture, without branches
-                        k = lo + b
-                        y, x = ky[k], kx[k]
-                        plus = root_w[k] * inv_u2 * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2)
-                        minus = root_w[k] * inv_u2 * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
-                        terms += plus + minus
-                        pr, pi = state_re[0, 0, b] * plus, state_im[0, 0, b] * plus
-                        mr, mi = state_re[1, 0, b] * minus, state_im[1, 0, b] * minus
-                        if complex_method:
-                            col_re[a, c, 0, b], col_im[a, c, 0, b] = pr, pi
-                            col_re[a, c, 1, b], col_im[a, c, 1, b] = mr, mi
-                        else:
-                            col_re[a, c, 0, b], col_im[a, c, 0, b] = mi - pi, pr - mr
-                    seen[a, c] = terms != 0.0
+                    g = G[p, jr * half + c]
+                    g_row[c, 0, b], g_row[c, 1, b] = g.real, g.imag
             for c in range(half):
                 f = jr * half + c
                 gi = group_of[f]
@@ -88,19 +94,21 @@ def normal_equations_rows(G, pixels, ky, kx, root_w, chi_k, poly, binomial, onto
                     continue
                 d = count_of[gi]
                 cols = width_of[gi] - 1
-                any_term = False
+                terms = 0.0
                 for m in range(d):
                     a = line_of[f, m]
-                    any_term |= seen[a, c]
-                    for side in range(sides):
-                        for b in range(PIXEL_BLOCK):
-                            x_re[side * d + m, b], x_im[side * d + m, b] = col_re[a, c, side, b], col_im[a, c, side, b]
-                if not any_term:
+                    qy, qx = alias_q[f, m, 0], alias_q[f, m, 1]
+                    if last_c[a] == c - 1 and abs(qx - last_qx[a] - dqx) < 0.5 * dqx:  # the next point of the line
+                        advance(state[a], n)
+                    else:  # the line (re)starts here
+                        start_lines(poly, binomial, onto, y_of, x_of, here_of, qy, qx, dqx, scratch, phases, state[a])
+                    last_c[a], last_qx[a] = c, qx
+                    terms += alias_columns(state[a], y_of, x_of, w_of, qy, qx, kmax2, inv_u2, complex_method, tg, m, d)
+                if terms == 0.0:  # no pixel of the block has a term at this frequency
                     continue
                 for b in range(PIXEL_BLOCK):
-                    g = G[pixels[lo + b], f] * root_w[lo + b]
-                    x_re[cols, b], x_im[cols, b] = g.real, g.imag
-                add_products(x_re, x_im, cols + 1, upper_re, upper_im, start_of[gi] + slot_of[f] * (cols + 1) * (cols + 1))
+                    tg[0, cols, b], tg[1, cols, b] = g_row[c, 0, b] * w_of[b], g_row[c, 1, b] * w_of[b]
+                add_products(tg[0], tg[1], cols + 1, upper_re, upper_im, start_of[gi] + slot_of[f] * (cols + 1) * (cols + 1))
 
 
 def normal_equations(G, ky, kx, weights, chi_k, table, found, complex_method: bool, kmax2: float) -> list:
