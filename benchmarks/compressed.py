@@ -22,12 +22,12 @@ virtual image of the same mask.
 
 Every virtual image, frame and ROI sum is held to the dense layout's with
 ``==``; a failed check makes the exit status 1. Runs on a GPU (CuPy) or on
-the CPU (Numba; with ``QGPU_DASK_CPU=1`` or without CuPy), where
+the CPU (Numba; with ``DASK_QGPU__CPU=True`` or without CuPy), where
 NumPy's sum stands in for ``read_sum``. The result goes to
 ``benchmarks/results/compressed_<device>[_small].json`` via record.py, or to ``--out``.
 
     python benchmarks/compressed.py
-    QGPU_DASK_CPU=1 python benchmarks/compressed.py --small
+    DASK_QGPU__CPU=True python benchmarks/compressed.py --small
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
+import dask.config
 import h5py
 import numpy as np
 
@@ -461,7 +462,7 @@ def main(argv: list[str] | None = None) -> dict:
     omp_set = "OMP_NUM_THREADS" not in os.environ and not args.keep_omp_env
     if omp_set:
         os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["QGPU_DASK_CPU"] = "1"  # a comparison of CPU workers, also on a GPU node (the workers inherit it)
+    dask.config.set({"qgpu.cpu": True})  # a comparison of CPU workers, also on a GPU node (the nannies hand it on)
 
     info = make_file(path, args.dose, scan, det)
     masks = make_masks(det)

@@ -71,7 +71,7 @@ def measure(folder: Path, demos: int) -> dict:
 
 def run(folder: Path, cache: Path, demos: int) -> dict:
     """:func:`measure` in a new process caching kernels in ``cache``, on CPU workers."""
-    env = os.environ | {"NUMBA_CACHE_DIR": str(cache), "QGPU_DASK_CPU": "1", "QGPU_DASK_WARM_UP": "1",
+    env = os.environ | {"NUMBA_CACHE_DIR": str(cache), "DASK_QGPU__CPU": "True", "DASK_QGPU__WARM_UP": "True",
                         "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, __file__, "--child", str(folder), "--demos", str(demos)], env=env, capture_output=True,
                           text=True)

@@ -116,7 +116,7 @@ def without_gpu(scan: int, det: int) -> int:
     for name, masks in mask_cases(det).items():
         start, w = span_weights(masks)
         spans[f"mask_{name}"] = {"n_masks": len(masks), "span_pixels": int(w.shape[1]), "span_fraction": w.shape[1] / det**2}
-    skipped = ["every kernel and CuPy reference (CUDA only: no CUDA device or QGPU_DASK_CPU=1)"]
+    skipped = ["every kernel and CuPy reference (CUDA only: no CUDA device or DASK_QGPU__CPU=True)"]
     path = record.write("gpu_dense", {"shape": [scan, scan, det, det], "dtype": "uint16", "device": None, **spans, "skipped": skipped})
     print("skipped:", *skipped, f"\nmask spans: {spans}\nresults: {path}")
     return 0

@@ -19,12 +19,12 @@
    the worker is SIGKILLed; seconds until all are held again (target <= 10 s), and their checksums.
 
 Results: ``benchmarks/results/load_series_gpu.json`` (``_small`` with ``--small``) via record.py. On CPU workers
-(``QGPU_DASK_CPU=1``, or no GPU) the same run measures the CPU path.
+(``DASK_QGPU__CPU=True``, or no GPU) the same run measures the CPU path.
 
     python benchmarks/load_series_gpu.py                           # the H200: 64 loads of 19.3 GB of counts each
     python benchmarks/load_series_gpu.py --acquisitions 8          # a reduced run
     python benchmarks/load_series_gpu.py --fill                    # and how many the GPU holds
-    QGPU_DASK_CPU=1 python benchmarks/load_series_gpu.py --small   # seconds: what CI runs (filled, in a 3 MiB budget)
+    DASK_QGPU__CPU=True python benchmarks/load_series_gpu.py --small   # seconds: what CI runs (filled, in a 3 MiB budget)
 """
 
 from __future__ import annotations

@@ -34,12 +34,12 @@ Detector geometry (centre, radii) scales with the detector (radii as given at 19
 and frame is held ``==`` (dtype included) to the dense reference; a mismatch makes the exit status 1.
 Every figure is also given over the dense virtual image of one acquisition and over the full read.
 Results: ``benchmarks/results/series_gpu.json`` (``series_gpu_small.json`` with ``--small``) via
-record.py. Runs on a GPU (CuPy) or on CPU workers (``QGPU_DASK_CPU=1``: data made with NumPy, the dense
+record.py. Runs on a GPU (CuPy) or on CPU workers (``DASK_QGPU__CPU=True``: data made with NumPy, the dense
 reference on the CPU).
 
     python benchmarks/series_gpu.py                                      # the H200: about 6 minutes
     python benchmarks/series_gpu.py --acquisitions 16 --doses 0.3        # a reduced run
-    QGPU_DASK_CPU=1 python benchmarks/series_gpu.py --small              # seconds: what CI runs
+    DASK_QGPU__CPU=True python benchmarks/series_gpu.py --small              # seconds: what CI runs
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ handle (which goes through the scheduler's proxy unless the client is direct).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import dask.config
 import numpy as np
 from distributed import Client, LocalCluster
 from distributed.actor import Actor
@@ -76,7 +76,7 @@ def counts(resident) -> np.ndarray:
 
 def large_replies(mib: list[int], repeat: int) -> dict:
     """Median ms of ``svc.submit`` returning 1, 16, 64 MiB from a shard on this host: handed over through /dev/shm
-    (the default) and inline through Dask's TCP comm (``QGPU_DASK_HANDOFF=0``), alternately in the same run."""
+    (the default) and inline through Dask's TCP comm (the ``qgpu.handoff`` setting False), alternately in the same run."""
     out = {}
     with service(1) as svc:
         for size in mib:
@@ -84,10 +84,9 @@ def large_replies(mib: list[int], repeat: int) -> dict:
             svc.submit(counts, acq).result()
             times: dict[str, list[float]] = {"handoff": [], "inline": []}
             for _ in range(repeat):
-                for how, switch in (("handoff", "1"), ("inline", "0")):
-                    os.environ["QGPU_DASK_HANDOFF"] = switch
-                    times[how].append(median_ms(lambda: svc.submit(counts, acq).result(), 1, warmup=0))
-            os.environ.pop("QGPU_DASK_HANDOFF")
+                for how, switch in (("handoff", True), ("inline", False)):
+                    with dask.config.set({"qgpu.handoff": switch}):
+                        times[how].append(median_ms(lambda: svc.submit(counts, acq).result(), 1, warmup=0))
             out[f"{size}_MiB"] = {f"{how}_ms": statistics.median(t) for how, t in times.items()}
             acq.release()
     return out

@@ -114,7 +114,7 @@ def main() -> None:
     args = record.parse(ap, small={"iters": 20})
     cupy = cupy_or_none()
     if cupy is None:
-        skipped = ["every kernel: they are the GPU's units themselves (no CUDA device or QGPU_DASK_CPU=1)"]
+        skipped = ["every kernel: they are the GPU's units themselves (no CUDA device or DASK_QGPU__CPU=True)"]
         record.publish("tensor_rates_cuda", {"kernels": sorted(FLOPS_PER_ITERATION), "skipped": skipped})
         return
     module = cupy.RawModule(code=SOURCE, options=("-std=c++17",))

@@ -11,7 +11,7 @@ the API's own answer to the same questions from Python (``acq.virtual_image`` of
 ``series.virtual_images``), as answers per second; every viewer figure is given beside it.
 
     python benchmarks/view_gpu.py            # on the GPU machine: 64 acquisitions
-    QGPU_DASK_CPU=1 python benchmarks/view_gpu.py --acquisitions 4   # the CPU variant (2-core machine)
+    DASK_QGPU__CPU=True python benchmarks/view_gpu.py --acquisitions 4   # the CPU variant (2-core machine)
     python benchmarks/view_gpu.py --small    # seconds: what CI runs
 """
 

@@ -12,7 +12,7 @@ Where the machine has no chromium (the GPU machine's image has none) the page's 
 socket's stand for the viewer's server half.
 
     python benchmarks/view_phase_gpu.py                 # on the GPU machine: 512 x 512 x 192 x 192, u = 3
-    QGPU_DASK_CPU=1 python benchmarks/view_phase_gpu.py # 2 CPU workers: 128 x 128 x 128 x 128
+    DASK_QGPU__CPU=True python benchmarks/view_phase_gpu.py # 2 CPU workers: 128 x 128 x 128 x 128
     python benchmarks/view_phase_gpu.py --small         # seconds: what CI runs
 """
 

@@ -4,7 +4,7 @@
 #
 #   cluster/cpu-node.sh [N] [extra `dask worker` options...]
 #
-# QGPU_DASK_CPU=1 keeps the workers on the CPU even where CuPy would find a
+# DASK_QGPU__CPU=True keeps the workers on the CPU even where CuPy would find a
 # GPU. The cores are split evenly between the workers (threads per worker =
 # cores / N), and so is host memory.
 # Scheduler file: $QGPU_SCHEDULER_FILE (default ./scheduler.json); logs in
@@ -28,7 +28,7 @@ memory_share=$(awk -v n="$n" 'BEGIN { printf "%.4f", 1 / n }')
 bind="${QGPU_BIND_HOST:-127.0.0.1}"
 start_scheduler --host "$bind" --dashboard-address "$bind:8787"
 for (( i = 0; i < n; i++ )); do
-    QGPU_DASK_CPU=1 start "worker-$i" \
+    DASK_QGPU__CPU=True start "worker-$i" \
         dask worker --scheduler-file "$SCHEDULER_FILE" --nthreads "$threads" \
         --memory-limit "$memory_share" --name "$HOST-cpu-$i" \
         --host "$bind" --dashboard-address "$bind:0" "$@"

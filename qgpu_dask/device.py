@@ -17,11 +17,13 @@ from typing import Iterator
 
 import numpy as np
 
+from .config import setting
+
 
 @functools.cache
 def cupy_or_none() -> ModuleType | None:
-    """CuPy when it imports and sees a CUDA device, else None (QGPU_DASK_CPU=1 forces None)."""
-    if os.environ.get("QGPU_DASK_CPU") == "1":
+    """CuPy when it imports and sees a CUDA device, else None (the ``qgpu.cpu`` setting forces None)."""
+    if setting("cpu"):
         return None
     try:
         import cupy
@@ -346,11 +348,11 @@ def default_budget(worker_memory_limit: int | None) -> int:
     GPU: 85% of the device's free memory at shard start (the rest for query
     scratch and CUDA context). CPU: half the worker's memory limit, so Dask's
     own memory manager (which pauses a worker at 80%) keeps room for results.
-    QGPU_DASK_BUDGET (bytes or '4 GiB') overrides both.
+    The ``qgpu.budget`` setting (bytes or '4 GiB') overrides both.
     """
-    env = os.environ.get("QGPU_DASK_BUDGET")
-    if env:
-        return parse_bytes(env)
+    chosen = setting("budget")
+    if chosen is not None:
+        return parse_bytes(chosen)
     info = device_info()
     if info.kind == "cuda":
         return int(info.free_bytes * 0.85)

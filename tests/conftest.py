@@ -14,6 +14,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import dask.config
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -23,7 +24,9 @@ from processes import Started, free_ports
 
 # Workers started by the tests (and the programs they run) compile kernels on first use rather than warming
 # every one up as they start: dozens of short-lived clusters on two cores. tests/test_first_calls.py turns it on.
-os.environ.setdefault("QGPU_DASK_WARM_UP", "0")
+# Set here (local clusters' nannies hand it to their workers) and in the environment (the programs tests run).
+os.environ.setdefault("DASK_QGPU__WARM_UP", "False")
+dask.config.set({"qgpu.warm-up": False})
 
 
 def cupy_available() -> bool:
@@ -101,10 +104,8 @@ def asked_into(svc, series, shape: tuple[int, ...], name: str, *args) -> tuple[n
 
 
 def make_service(backend: str, n_workers: int = 3, budget: str | None = "256 MiB") -> qd.Service:
-    env = {"QGPU_DASK_CPU": "1"} if backend == "cpu" else {}
-    cluster = LocalCluster(
-        n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0", env=env
-    )
+    with dask.config.set({"qgpu.cpu": backend == "cpu"}):  # the nannies hand their workers the settings in force
+        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0")
     client = Client(cluster, direct_to_workers=True)
     return qd.Service(client, budget=budget, cluster=cluster)
 

@@ -6,6 +6,7 @@ import hashlib
 
 import h5py
 import hdf5plugin
+import dask.config
 import numpy as np
 import pytest
 
@@ -116,7 +117,7 @@ def test_a_block_read_in_pieces_side_by_side_gives_every_byte(rng, tmp_path, mon
     from qgpu_dask.io.readers.arina import ArinaReader
 
     monkeypatch.setattr(file_bytes, "READ_PIECE", 2 * file_bytes.ALIGN)
-    monkeypatch.setenv(file_bytes.DIRECT_ENV, direct)
+    monkeypatch.setitem(dask.config.config["qgpu"], "direct-reads", direct == "1")
     frames = rng.poisson(3.0, (40, 32, 32)).astype(np.uint16)
     master = write_arina(tmp_path, frames, per_file=20)
     reader = ArinaReader(master, (5, 8))

@@ -1,7 +1,7 @@
 """Every benchmark runs in its small mode and writes the fields the docs' tables read; the docs' tables are
 what benchmarks/results/*.json give (benchmarks/tables.py --check), also in a shallow clone.
 
-Each ``python benchmarks/X.py --small`` runs as a subprocess on CPU workers (QGPU_DASK_CPU=1) and, where CuPy
+Each ``python benchmarks/X.py --small`` runs as a subprocess on CPU workers (DASK_QGPU__CPU=True) and, where CuPy
 sees a GPU, again on the GPU (marked ``gpu``), writing its JSON into a temporary QGPU_DASK_RESULTS and its files
 into a temporary TMPDIR: the system's temporary folder gets nothing of qgpu's.
 """
@@ -85,9 +85,9 @@ def test_small_run_writes_the_fields_the_tables_read(script, backend, tmp_path, 
     env = {**os.environ, "QGPU_DASK_RESULTS": str(tmp_path), "TMPDIR": str(temp),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     if backend == "cpu":
-        env["QGPU_DASK_CPU"] = "1"
+        env["DASK_QGPU__CPU"] = "True"
     else:
-        env.pop("QGPU_DASK_CPU", None)
+        env.pop("DASK_QGPU__CPU", None)
     run = subprocess.run([sys.executable, f"benchmarks/{script}.py", "--small"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, f"benchmarks/{script}.py --small failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import h5py
+import dask.config
 import numpy as np
 import pytest
 
@@ -83,9 +84,9 @@ def test_rehomed_from_local_copies_or_the_source(own, rng, tmp_path):
 
 
 def test_copies_off_and_stale_ones_swept(tmp_path, monkeypatch):
-    monkeypatch.setenv(copies.FOLDER_ENV, "0")
-    assert copies.folder() is None and copies.sweep() == []
-    monkeypatch.setenv(copies.FOLDER_ENV, str(tmp_path))
+    with dask.config.set({"qgpu.copies": False}):
+        assert copies.folder() is None and copies.sweep() == []
+    monkeypatch.setitem(dask.config.config["qgpu"], "copies", str(tmp_path))
     assert copies.folder() == tmp_path
     dead, live = tmp_path / "a-999999999-0123456789ab.qgpu", tmp_path / f"b-{os.getpid()}-0123456789ab.qgpu"
     for path in (dead, live):

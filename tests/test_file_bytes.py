@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import dask.config
 import numpy as np
 import pytest
 
@@ -28,7 +29,7 @@ def written(path: Path, rng, nbytes: int = 9 * ALIGN + 17) -> bytes:
 
 def test_ranges_come_from_the_cache_or_the_drive_byte_for_byte(rng, tmp_path, monkeypatch):
     """With direct reads asked for: cached pages plainly, evicted ones direct (memory off its pages too)."""
-    monkeypatch.setenv(file_bytes.DIRECT_ENV, "1")
+    monkeypatch.setitem(dask.config.config["qgpu"], "direct-reads", True)
     monkeypatch.setattr(file_bytes, "READ_PIECE", 2 * ALIGN)  # several pieces a range, read side by side
     path = tmp_path / "bytes.bin"
     content = written(path, rng)
@@ -50,9 +51,9 @@ def test_ranges_come_from_the_cache_or_the_drive_byte_for_byte(rng, tmp_path, mo
         reader.close()
 
 
-@pytest.mark.parametrize("direct", ["0", "1"])
+@pytest.mark.parametrize("direct", [False, True])
 def test_a_range_past_the_end_gives_the_bytes_there_are(rng, tmp_path, monkeypatch, direct):
-    monkeypatch.setenv(file_bytes.DIRECT_ENV, direct)
+    monkeypatch.setitem(dask.config.config["qgpu"], "direct-reads", direct)
     path = tmp_path / "short.bin"
     content = written(path, rng, 3 * ALIGN + 100)
     reader = FileBytes(str(path))
@@ -72,10 +73,10 @@ def test_without_direct_reads_every_range_is_read_plainly(rng, tmp_path, monkeyp
     """Direct reads not asked for (the default), or a platform without O_DIRECT: no direct descriptor, plain
     reads of cached and cold pages alike."""
     if how == "no O_DIRECT":
-        monkeypatch.setenv(file_bytes.DIRECT_ENV, "1")
+        monkeypatch.setitem(dask.config.config["qgpu"], "direct-reads", True)
         monkeypatch.setattr(file_bytes, "DIRECT", 0)
     else:
-        monkeypatch.delenv(file_bytes.DIRECT_ENV, raising=False)
+        monkeypatch.setitem(dask.config.config["qgpu"], "direct-reads", False)
     path = tmp_path / "plain.bin"
     content = written(path, rng)
     reader = FileBytes(str(path))

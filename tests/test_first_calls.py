@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import dask.config
 import numpy as np
 from distributed import Client, LocalCluster
 
@@ -68,8 +69,9 @@ def test_a_fresh_worker_says_it_compiles_and_warms_up_what_first_calls_run(tmp_p
     potential = simulate.atoms_potential((12 * over, 12 * over), samples.PHASE_OPTICS.scan_step_A / over, 3.9)
     counts = simulate.acquisition(samples.PHASE_OPTICS, (12, 12), samples.PHASE_DET, potential, over, dose=1e5, seed=1)
     write_hdf5(tmp_path / "phase.h5", counts.astype(np.uint16))
-    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           env={"QGPU_DASK_CPU": "1", "NUMBA_CACHE_DIR": str(tmp_path / "empty"), "QGPU_DASK_WARM_UP": "1"})
+    with dask.config.set({"qgpu.cpu": True, "qgpu.warm-up": True}):  # the nanny hands the worker these settings
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                               env={"NUMBA_CACHE_DIR": str(tmp_path / "empty")})
     with qd.Service(Client(cluster, direct_to_workers=True), cluster=cluster) as svc:
         worker = svc.info()["shards"][0]["worker"]
         first = svc.load(tmp_path / "scan.h5", layout="compressed")  # while the worker compiles its kernels

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import dask.config
 import numpy as np
 import pytest
 
@@ -130,15 +131,15 @@ def test_nested_reply_and_what_travelled(svc, names, rng):
     assert segments() <= before
 
 
-def test_client_on_another_host_gets_replies_inline(svc, names, rng, monkeypatch):
+def test_client_on_another_host_gets_replies_inline(svc, names, rng):
     acq = svc.put(rng.integers(0, 9, (4, 4, 8, 8), dtype=np.uint16), name=names())
     before = segments()
     elsewhere = raw(svc, acq.name, "qgpu-client-" + "0" * 32)[0]  # a token this host has no file of
     assert isinstance(elsewhere["big"], np.ndarray) and (elsewhere["big"] == big_reply(acq, HANDOFF_BYTES // 8)["big"]).all()
     assert isinstance(raw(svc, acq.name, None)[0]["big"], np.ndarray)
-    monkeypatch.setenv("QGPU_DASK_HANDOFF", "0")
-    assert token() is None
-    assert (svc.submit(big_reply, acq, HANDOFF_BYTES // 8).result()["big"] == elsewhere["big"]).all()
+    with dask.config.set({"qgpu.handoff": False}):
+        assert token() is None
+        assert (svc.submit(big_reply, acq, HANDOFF_BYTES // 8).result()["big"] == elsewhere["big"]).all()
     assert segments() <= before
     with pytest.raises(ValueError, match="handoff token '../etc/passwd'"):
         raw(svc, acq.name, "../etc/passwd")

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 
+import dask.config
 import numpy as np
 import pytest
 
@@ -113,12 +114,12 @@ def test_a_lane_refuses_other_users_and_wrong_names():
         assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr
 
 
-def test_no_lane_when_turned_off(svc, names, rng, monkeypatch):
+def test_no_lane_when_turned_off(svc, names, rng):
     acq = svc.put(rng.integers(0, 9, (4, 4, 6, 6), dtype=np.uint16), name=names())
     name = svc.router.call(acq.owner, Shard.lane).result()
     assert name.startswith("qgpu-lane-")
-    monkeypatch.setenv("QGPU_DASK_LANE", "0")
-    assert svc.client.sync(Lane.opened, name) is None
+    with dask.config.set({"qgpu.lane": False}):
+        assert svc.client.sync(Lane.opened, name) is None
 
 
 def test_a_lane_whose_process_is_gone_is_told_from_a_broken_connection():

@@ -2,7 +2,8 @@
 
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture
-from .service import Service, ServiceInfo
+from .info import ServiceInfo
+from .service import Service
 from .stops import Cancelled
 
 __all__ = ["Acquisition", "Cancelled", "QueryFuture", "Series", "Service", "ServiceInfo"]

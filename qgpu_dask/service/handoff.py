@@ -11,7 +11,7 @@ when the array is collected and nothing is left if the client dies later. A segm
 client died or gave up mid-call) is unlinked by the sweep every shard runs and every new client's token
 runs, once it is ``STALE`` seconds old; so is the token of a client killed before it could remove it.
 Elsewhere (another host, a container with its own /dev/shm, a reply that would fill more than half of the
-free /dev/shm, ``QGPU_DASK_HANDOFF=0`` on the client) replies travel inline, as before.
+free /dev/shm, the ``qgpu.handoff`` setting False on the client) replies travel inline, as before.
 
 Writing into fresh /dev/shm pages costs more than the copy (the kernel allots and clears each page), so a
 shard keeps a few segments of its own, ``POOL_SLOTS`` files /dev/shm/qgpu-pool-<pid>-<hex> whose pages stay
@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..config import setting
 from ..device import copy_into, cupy_or_none, page_locked, to_host
 from ..queries.base import Query
 from ..queries.results import RESULT_NAME, RESULT_PREFIX, SEGMENT_BYTES, Target
@@ -247,10 +248,8 @@ def made_token() -> str | None:
 
 def token() -> str | None:
     """The token a client sends with each call that may return a large reply; None (inline replies) when
-    ``QGPU_DASK_HANDOFF=0`` or this process has no /dev/shm."""
-    if os.environ.get("QGPU_DASK_HANDOFF") == "0":
-        return None
-    return made_token()
+    the ``qgpu.handoff`` setting is False or this process has no /dev/shm."""
+    return made_token() if setting("handoff") else None
 
 
 def take(reply: Any) -> Any:
@@ -338,7 +337,7 @@ class Handoff:
             for name in written:
                 (SHM / name).unlink(missing_ok=True)
             raise RuntimeError(f"could not write a reply of {sum(a.nbytes for a in large)} bytes to {SHM} ({err}); "
-                               "QGPU_DASK_HANDOFF=0 on the client sends replies inline") from None
+                               "dask.config.set({'qgpu.handoff': False}) on the client sends replies inline") from None
 
 
 def array_kinds() -> tuple[type, ...]:

@@ -23,7 +23,7 @@ later, or a connection that breaks mid-call, raises ``ConnectionResetError`` (an
 comm errors, so the call is routed again as for a lost worker, and the lane asked for again). A lane that
 refuses a connection is gone with its process (``LaneGone``): the client then calls that worker no more, not
 even through Dask (whose connect would wait out its timeout), until the catalog says what became of it.
-``QGPU_DASK_LANE=0`` on the client sends every call through Dask.
+The ``qgpu.lane`` setting False on the client sends every call through Dask.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from ..config import setting
 from ..device import use_own_stream
 
 LANE_PREFIX = "qgpu-lane-"
@@ -160,8 +161,8 @@ class LaneGone(ConnectionResetError):
 
 
 def wanted() -> bool:
-    """Whether this client sends calls through lanes (``QGPU_DASK_LANE=0``: through Dask alone)."""
-    return os.environ.get("QGPU_DASK_LANE") != "0" and sys.platform.startswith("linux")
+    """Whether this client sends calls through lanes (the ``qgpu.lane`` setting False: through Dask alone)."""
+    return bool(setting("lane")) and sys.platform.startswith("linux")
 
 
 class Lane:

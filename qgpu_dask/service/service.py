@@ -8,12 +8,11 @@ import json
 import os
 import socket
 import sys
-import time
 import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from dask.utils import format_bytes
@@ -21,6 +20,7 @@ from distributed import Client
 from distributed.comm.addressing import parse_address, parse_host_port
 from tqdm.auto import tqdm
 
+from ..config import settings
 from ..device import has_gpu, parse_bytes
 from ..io.source import Source
 from ..io.stream import FrameSource
@@ -31,6 +31,7 @@ from ..resident.live import LIVE_LAYOUTS, start_bytes
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture
 from .catalog import PLUGIN_NAME, Catalog, check_copy_room
+from .info import ServiceInfo
 from .layout import CHOICES, check_saved
 from .placement import Placer, place
 from .progress import LoadProgress, compiling_on, waited
@@ -534,11 +535,12 @@ class Service:
         return self[acq].ask(Function, fn, args, kwargs, wait=False)
 
     def info(self) -> "ServiceInfo":
-        """Shards (worker, device, resident bytes, budget) and acquisitions with their owners."""
+        """Shards (worker, device, resident bytes, budget, its settings), acquisitions with their owners, the
+        client's ``qgpu`` settings."""
         state = self.state()
         replies = [self.router.call(w, Shard.info) for w in state["shards"]]
         shards = [r.result() for r in replies]
-        return ServiceInfo(shards=shards, acquisitions=list(state["acquisitions"].values()), events=state["events"])
+        return ServiceInfo(shards=shards, acquisitions=list(state["acquisitions"].values()), events=state["events"], settings=settings())
 
     def __repr__(self) -> str:
         """One line from the catalog: shards and their device kinds, acquisitions, bytes held of the budget."""
@@ -567,28 +569,3 @@ class Loads:
     def record(self, future) -> dict:
         """The catalog record of a finished load, with its name and owner."""
         return future.result() | {"name": self.names[self.futures.index(future)]}
-
-
-class ServiceInfo(dict):
-    """``svc.info()``: a dict (shards, acquisitions, events) that prints as a table."""
-
-    def __repr__(self) -> str:
-        lines = ["shards:"]
-        for s in self["shards"]:
-            dev = s["device"]
-            lines.append(
-                f"  {s['worker']:<28} {dev['kind']}:{dev['name']:<14} resident {format_bytes(s['resident_bytes']):>10}"
-                f" of budget {format_bytes(s['budget']):>10}  ({len(s['acquisitions'])} acquisitions)"
-            )
-        lines.append("acquisitions:")
-        for a in self["acquisitions"]:
-            shape = "x".join(str(x) for x in a.get("shape", ()))
-            lines.append(f"  {a['name']:<20} {shape:<18} {a.get('dtype', ''):<8} {format_bytes(a['nbytes']):>10}  {a['state']:<8} on {a['owner']}")
-        lines.append("recent events:")
-        for e in self["events"][-10:]:
-            details = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event"))
-            lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {e['event']:<14} {details}")
-        return "\n".join(lines)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(repr(self))

@@ -6,13 +6,13 @@ call that needs one still being compiled waits for it, and its progress bar says
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 
 import numpy as np
 
 from .. import jit
+from ..config import setting
 from ..device import use_own_stream
 from ..io.load import warm_up as warm_up_loads
 from ..phase import simulate
@@ -59,9 +59,9 @@ def run_once(xp: ModuleType) -> None:
 
 def started(xp: ModuleType) -> Future:
     """:func:`warm_up` under way in a thread of its own (its own CUDA stream on a GPU); its future, done
-    when it is (a failure is logged: the kernels then compile on first use). ``QGPU_DASK_WARM_UP=0`` in the
-    workers' environment skips it (a done future): kernels compile, or load from the cache, on first use."""
-    if os.environ.get("QGPU_DASK_WARM_UP", "1") == "0":
+    when it is (a failure is logged: the kernels then compile on first use). The ``qgpu.warm-up`` setting False
+    on the workers skips it (a done future): kernels compile, or load from the cache, on first use."""
+    if not setting("warm-up"):
         skipped: Future = Future()
         skipped.set_result(None)
         return skipped

@@ -1,5 +1,5 @@
 """A file's byte ranges read in pieces side by side: from the page cache where it holds them, and, where
-``QGPU_DASK_DIRECT_READS=1`` asks for it, the rest straight from the drive.
+the ``qgpu.direct-reads`` setting asks for it, the rest straight from the drive.
 
 Bytes the page cache holds are copied out of it by plain positional reads, several GB/s a thread. With
 direct reads on, bytes it does not hold are read with direct I/O (``O_DIRECT``): the drive's pages land in
@@ -24,10 +24,11 @@ from typing import Callable
 
 import numpy as np
 
+from ...config import setting
+
 ALIGN = 4096  # direct reads start and end at multiples of this in the file and in memory (a page: any logical block size)
 READ_PIECE = 4 * 2**20  # bytes of a range one thread reads (a multiple of ALIGN)
 READERS = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="qgpu-read")  # shared by every open file
-DIRECT_ENV = "QGPU_DASK_DIRECT_READS"  # "1": bytes the page cache does not hold are read direct
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # pieces one scattered read fills
 DIRECT = getattr(os, "O_DIRECT", 0)
 NOWAIT = getattr(os, "RWF_NOWAIT", 0)
@@ -43,7 +44,7 @@ class FileBytes:
     def __init__(self, path: str):
         self.plain = os.open(path, os.O_RDONLY)
         self.direct_fd = None
-        if DIRECT and NOWAIT and os.environ.get(DIRECT_ENV) == "1":
+        if DIRECT and NOWAIT and setting("direct-reads"):
             try:
                 self.direct_fd = os.open(path, os.O_RDONLY | DIRECT)
             except OSError:  # EINVAL: this filesystem does not do direct I/O

@@ -31,6 +31,7 @@ from ...io.export import Calibration
 from ...io.source import Source
 from ...io.stream import FrameSource
 from ... import jit
+from ...config import settings
 from ...queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup
 from ...resident import Resident
 from ..budget import Budget
@@ -109,7 +110,8 @@ class Shard:
     async def info(self) -> dict:
         """Device, budget, bytes held and the residents of this shard, and the bytes its queries keep
         (``<key>_bytes``: "ssb_cache", the phase preparations; "ptycho", reconstruction objects), and
-        "pool_bytes": the device memory this worker's CuPy pools hold, used and cached (0 on CPU workers)."""
+        "pool_bytes": the device memory this worker's CuPy pools hold, used and cached (0 on CPU workers); the
+        ``qgpu`` settings in force on its worker."""
         kept = {f"{key}_bytes": k.held_bytes() + k.spare_bytes() for key, k in self.ctx.kept.items()}
         return {
             "worker": self.address,
@@ -120,6 +122,7 @@ class Shard:
             "pool_bytes": pool_bytes(),
             **kept,
             "acquisitions": {n: r.describe() for n, r in self.residents.items()},
+            "settings": settings(),
         }
 
     async def frames(self, name: str, lo: int, hi: int) -> np.ndarray:

@@ -20,8 +20,8 @@ full disk) is removed, and the acquisition has no second home from then on (its 
 ``LocalCopies`` is one shard's side of them: the copy it holds of each resident that has one, written one at
 a time on a thread of its own once no load of the shard is under way, and removed with the resident.
 
-``QGPU_DASK_COPIES`` on the workers: the folder (default ``<tempdir>/qgpu-dask-copies-<uid>``), or ``0``
-for no copies.
+The ``qgpu.copies`` setting on the workers: the folder (default, ``""``: ``<tempdir>/qgpu-dask-copies-<uid>``), or
+False for no copies.
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ from urllib.parse import urlparse
 import numpy as np
 from distributed import Worker
 
+from ...config import setting
 from ...device import to_host
 from ...io.saved import read_saved, save_resident
 from ...resident import Resident
 from ..handoff import alive
 from .threads import on
 
-FOLDER_ENV = "QGPU_DASK_COPIES"
 STALE = 3600.0  # seconds after which a copy no live process holds is removed
 SUFFIXES = (".qgpu", ".live")  # a saved resident; a live acquisition's frames as they arrived
 LIVE_FORMAT = "qgpu-live-1"
@@ -58,8 +58,8 @@ LIVE_HEADER = 4096  # bytes of a live copy's JSON header (space-padded), the fra
 
 def folder() -> Path | None:
     """Where this worker keeps copies; None when they are turned off."""
-    chosen = os.environ.get(FOLDER_ENV)
-    if chosen == "0":
+    chosen = setting("copies")
+    if chosen is False:
         return None
     return Path(chosen) if chosen else Path(tempfile.gettempdir()) / f"qgpu-dask-copies-{os.getuid()}"
 

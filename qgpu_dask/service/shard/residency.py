@@ -72,7 +72,7 @@ class Residency:
             except MemoryError as err:  # CuPy's OutOfMemoryError is one: the budget left the device too little
                 raise ValueError(f"acquisition {name!r} ran the device out of memory as it was built ({err}); nothing of it was kept."
                                  f" The shard's budget of {format_bytes(self.budget.limit)} leaves too little beside it: set a smaller"
-                                 " budget= (or QGPU_DASK_BUDGET)") from None
+                                 " budget= (or the qgpu.budget setting)") from None
             if resident.nbytes > nbytes:
                 self.budget.check_room(f"acquisition {name!r} ({reason}) needs", resident.nbytes - nbytes)
             if stop is not None:
