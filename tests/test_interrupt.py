@@ -15,7 +15,6 @@ import time
 import numpy as np
 import pytest
 
-import qgpu_dask as qd
 
 from test_live import acquisition_file, counts, free_port, simulator  # noqa: F401 (fixtures)
 

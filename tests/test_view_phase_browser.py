@@ -18,7 +18,7 @@ from browser import STATUS, VIEWER, drag, needs_browser, wait_for
 from qgpu_dask import samples
 from qgpu_dask.view import phase
 from qgpu_dask.view.server import ViewServer
-from test_view_phase import SCAN, expected, phased  # phased: the same module fixture, here too
+from test_view_phase import SCAN, expected, phased  # noqa: F401 (phased: the same module fixture, here too)
 
 pytestmark = needs_browser
 
