@@ -18,7 +18,7 @@ from .io.detectors.dectris import DectrisSource
 from .io.detectors.merlin import MerlinSource
 from .io.detectors.timepix import TimepixSource
 from .io.stream import TcpSource
-from .service import Acquisition, Cancelled, QueryFuture, Series, Service, ServiceInfo
+from .service import Acquisition, Cancelled, errors, QueryFuture, Series, Service, ServiceInfo
 from .service.peer_objects import from_hyperspy, from_py4dstem
 from .phase.direct import DirectResult
 from .phase.optics import Optics
@@ -27,5 +27,5 @@ from .queries.udf import run_udf
 from .view import view
 
 __all__ = ["Acquisition", "Cancelled", "DectrisSource", "DirectResult", "MerlinSource", "Optics", "Query", "QueryFuture", "Series", "Service", "ServiceInfo", "TcpSource", "TimepixSource", "device",
-           "from_hyperspy", "from_py4dstem", "inspect", "masks", "ptycho", "queries", "register", "run_udf", "samples", "save_png", "view"]
+           "errors", "from_hyperspy", "from_py4dstem", "inspect", "masks", "ptycho", "queries", "register", "run_udf", "samples", "save_png", "view"]
 __version__ = "0.1.0"

@@ -101,8 +101,9 @@ def test_unknown_and_released(svc, acq, names, rng):
         svc["nope"]
     other = svc.put(rng.integers(0, 5, (2, 2) + DET, dtype=np.uint8), name=names())
     other.release()
-    with pytest.raises(KeyError, match="not resident"):
+    with pytest.raises(qd.errors.NotResident, match="not resident") as refused:  # a KeyError too, as users catch it
         other.virtual_image(np.ones(DET, bool))
+    assert isinstance(refused.value, KeyError) and str(refused.value).startswith("acquisition ")  # no quotes around it
     with pytest.raises(KeyError, match="no acquisition named"):
         other.release()
     with pytest.raises(KeyError):
@@ -289,9 +290,9 @@ def test_put_bad_arrays(svc, acq):
 def test_load_beyond_budget_refused(svc, acq):
     """Budget is 256 MiB per shard: 300 MiB fits nowhere, refused before any allocation."""
     big = np.zeros((300, 1, 1024, 512), np.uint16)
-    with pytest.raises(ValueError, match="more than fits on any shard"):
+    with pytest.raises(qd.errors.OverBudget, match="more than fits on any shard"):  # a ValueError
         svc.put(big, name="too-big")
-    with pytest.raises(ValueError, match=r"needs 300\.00 MiB.*256\.00 MiB budget"):
+    with pytest.raises(qd.errors.OverBudget, match=r"needs 300\.00 MiB.*256\.00 MiB budget"):  # a ValueError
         svc.router.call(acq.owner, Shard.put, "too-big", big).result()
     assert "too-big" not in svc
     info = {s["worker"]: s for s in svc.info()["shards"]}

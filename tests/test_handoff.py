@@ -14,9 +14,10 @@ import pytest
 
 import qgpu_dask as qd
 from conftest import cupy_available
-from qgpu_dask.service.handoff import (HANDOFF_BYTES, POOL_PREFIX, POOL_SLOTS, REPLY_PREFIX, SHM, STALE, Handoff, HandoffLost, Segment,
+from qgpu_dask.service.handoff import (HANDOFF_BYTES, POOL_PREFIX, POOL_SLOTS, REPLY_PREFIX, SHM, STALE, Handoff, Segment,
                                       fits, mapped_slots, pid_in, sweep, take, token)
 from qgpu_dask.queries import results
+from qgpu_dask.service.errors import HandoffLost
 from qgpu_dask.queries.results import RESULT_PREFIX, SEGMENT_BYTES, Target, memory_of, result_array, spoil, target_of
 from qgpu_dask.queries.virtual_images import mask_digest
 from qgpu_dask.service.shard import Shard

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import qgpu_dask as qd
-from qgpu_dask.service.lane import Lane, LaneGone, LaneServer
+from qgpu_dask.service.errors import LaneGone
+from qgpu_dask.service.lane import Lane, LaneServer
 from qgpu_dask.service.shard import Shard
 
 

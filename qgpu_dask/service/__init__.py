@@ -4,6 +4,7 @@ from .acquisition import Acquisition, Series
 from .calls import QueryFuture
 from .info import ServiceInfo
 from .service import Service
-from .stops import Cancelled
+from . import errors
+from .errors import Cancelled
 
-__all__ = ["Acquisition", "Cancelled", "QueryFuture", "Series", "Service", "ServiceInfo"]
+__all__ = ["Acquisition", "Cancelled", "errors", "QueryFuture", "Series", "Service", "ServiceInfo"]

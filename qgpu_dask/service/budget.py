@@ -10,6 +10,7 @@ from dask.utils import format_bytes
 from ..device import device_info, free_cached_memory
 from ..queries.base import Kept
 from ..resident import Resident
+from .errors import OverBudget
 
 
 class Budget:
@@ -38,7 +39,7 @@ class Budget:
         return max(self.limit - self.held_bytes(), 0)
 
     def check_room(self, what_needs: str, nbytes: int) -> None:
-        """ValueError ("<what_needs> <bytes>, but ...") if ``nbytes`` more do not fit beside what is held
+        """OverBudget ("<what_needs> <bytes>, but ...") if ``nbytes`` more do not fit beside what is held
         (what queries keep to spare makes room first)."""
         short = nbytes - (self.limit - self.held_bytes() - self.spare_bytes())
         for kept in list(self.kept.values()):
@@ -46,7 +47,7 @@ class Budget:
                 short -= kept.release(short)
         free = self.limit - self.held_bytes() - self.spare_bytes()
         if nbytes > free:
-            raise ValueError(f"{what_needs} {format_bytes(nbytes)}, but the shard on {self.address} has "
+            raise OverBudget(f"{what_needs} {format_bytes(nbytes)}, but the shard on {self.address} has "
                              f"{format_bytes(max(free, 0))} free of its {format_bytes(self.limit)} budget")
 
     def admit(self, name: str, nbytes: int) -> None:
@@ -61,7 +62,7 @@ class Budget:
                     free_cached_memory()
                     device_free = device_info().free_bytes
                 if nbytes > 0.95 * device_free:
-                    raise ValueError(
+                    raise OverBudget(
                         f"acquisition {name!r} needs {format_bytes(nbytes)}, but the GPU of {self.address} has only "
                         f"{format_bytes(device_free)} free (shared with other processes?)"
                     )

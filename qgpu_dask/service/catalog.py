@@ -25,7 +25,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from .placement import free_bytes
 from .recovery import Recovery, plain
 from .shard import Shard, shard_key
-from .stops import Cancelled
+from .errors import Cancelled
 
 PLUGIN_NAME = "qgpu-catalog"
 COPY_LIMIT = 2 * 2**30

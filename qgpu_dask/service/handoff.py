@@ -54,6 +54,7 @@ from ..config import setting
 from ..device import copy_into, cupy_or_none, page_locked, to_host
 from ..queries.base import Query
 from ..queries.results import RESULT_NAME, RESULT_PREFIX, SEGMENT_BYTES, Target
+from .errors import HandoffLost
 
 SHM = Path("/dev/shm")
 CLIENT_PREFIX = "qgpu-client-"
@@ -67,10 +68,6 @@ MIN_SLOT = 8 << 20  # a slot holds at least this many bytes of data (a power of 
 HANDOFF_BYTES = SEGMENT_BYTES  # arrays at least this large are handed over; smaller ones cost less inline (as results)
 STALE = 60.0  # seconds after which a segment no client took is unlinked
 TOKEN = re.compile(re.escape(CLIENT_PREFIX) + "[0-9a-f]{32}")
-
-
-class HandoffLost(RuntimeError):
-    """A reply's shared-memory segment was gone (or unreadable) when the client came to take it."""
 
 
 @dataclass(frozen=True)

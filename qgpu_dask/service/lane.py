@@ -42,6 +42,7 @@ import cloudpickle
 
 from ..config import setting
 from ..device import use_own_stream
+from .errors import LaneGone
 
 LANE_PREFIX = "qgpu-lane-"
 LENGTH = struct.Struct("<Q")
@@ -152,12 +153,6 @@ class LaneServer:
 
 
 # -- the client's half ---------------------------------------------------------------
-
-
-class LaneGone(ConnectionResetError):
-    """A lane refused a connection: nothing listens on its socket any more, so its shard's process is gone
-    (an abstract socket goes with its process); the worker need not be asked through Dask, whose connect
-    would wait out its timeout."""
 
 
 def wanted() -> bool:

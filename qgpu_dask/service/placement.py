@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dask.utils import format_bytes
 
+from .errors import OverBudget
+
 
 def holders(entry: dict) -> list[str]:
     """The shards whose memory an acquisition takes: its owner (unless lost) and a re-home or move target."""
@@ -82,7 +84,7 @@ class Placer:
         if not fits:
             best = max(free, key=free.get)
             where = f"worker {self.pinned}" if self.pinned else f"any shard (largest free: {format_bytes(free[best])} on {best})"
-            raise ValueError(f"{what} needs {format_bytes(size)}, more than fits on {where}: release acquisitions "
+            raise OverBudget(f"{what} needs {format_bytes(size)}, more than fits on {where}: release acquisitions "
                              f"to make room, or add workers")
         owner = min(fits, key=lambda a: (self.count[a], -free[a], a))
         room.take(owner, size)

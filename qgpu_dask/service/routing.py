@@ -16,16 +16,13 @@ from ..queries.base import Query, UnknownQuery, built_in, wire_name
 from ..queries.results import spoil, target_of
 from .calls import call_async, shard_pool
 from .handoff import take, token
-from .lane import Lane, LaneGone
+from .errors import AcquisitionLost, LaneGone, NotResident
+from .lane import Lane
 from .placement import place
 from .shard import Shard, shard_key
 
 REHOME_WAIT = 600.0  # seconds a query waits for an acquisition of a lost shard to be held again
 GONE_SECONDS = 10.0  # at most this long a worker whose lane refused a connection is taken for gone
-
-
-class AcquisitionLost(RuntimeError):
-    """An acquisition's shard was lost and no surviving shard could hold it again."""
 
 
 async def returned(call: Awaitable) -> Any:
@@ -138,7 +135,7 @@ class Router:
         done: concurrent.futures.Future = concurrent.futures.Future()
         try:
             done.set_result([(take(lane.call_here("ask", name, list(names), *query.arguments(), handoff=token())), list(range(len(names))))])
-        except (OSError, KeyError, UnknownQuery):
+        except (OSError, NotResident, UnknownQuery):
             return None
         except Exception as err:
             done.set_exception(err)
@@ -175,7 +172,7 @@ class Router:
         until each is ready again, remember the new owners, and say to send again. An OSError naming a file (the
         shard's code failed on it: a missing folder) is the call's error, and so is a second OSError from an
         owner the catalog still has alive (``retried``): a failed connection is asked again once."""
-        if not isinstance(error, (OSError, KeyError)) or getattr(error, "filename", None) is not None:
+        if not isinstance(error, (OSError, NotResident)) or getattr(error, "filename", None) is not None:
             return False
         started = time.monotonic()
         while True:
@@ -189,7 +186,7 @@ class Router:
                 if any(entries[n]["owner"] != owner for n in names):  # learn every new owner, not only these
                     self.owners.update({n: e["owner"] for n, e in entries.items() if e["state"] in ("ready", "moving")})
                     return True
-                if isinstance(error, KeyError):
+                if isinstance(error, NotResident):
                     return False  # the shard is there and says so: a real error
                 if time.monotonic() > started + 1.0:
                     if owner in retried:

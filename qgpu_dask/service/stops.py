@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-
-class Cancelled(Exception):
-    """A load was stopped before it finished (its client was interrupted or left, or its name was released);
-    nothing of it was kept. Not an OSError or RuntimeError: the readers' error handling must let it through."""
+from .errors import Cancelled
 
 
 class Stop:

@@ -21,6 +21,7 @@ from ...device import free_cached_memory
 from ...queries.base import Context
 from ...resident import DenseCounts, Resident
 from ..budget import Budget
+from ..errors import NotResident, OverBudget
 from ..stops import Stop
 from .threads import on
 
@@ -48,7 +49,7 @@ class Residency:
         try:
             return self.residents[name]
         except KeyError:
-            raise KeyError(f"acquisition {name!r} is not resident on {self.address} (released, or never loaded)") from None
+            raise NotResident(f"acquisition {name!r} is not resident on {self.address} (released, or never loaded)") from None
 
     async def add(self, name: str, nbytes: int, build: Callable[[], tuple[Resident, str]], source: dict | None, asked: str,
                   kept: dict | None = None) -> dict:
@@ -111,7 +112,7 @@ class Residency:
         while True:
             try:
                 return self.budget.admit(name, nbytes)
-            except ValueError:
+            except OverBudget:
                 if name in self.residents or not self.budget.reserved:
                     raise
             if stop is not None:
