@@ -144,7 +144,7 @@ def test_a_live_acquisition_outlives_its_worker(own, rng):
 def test_every_acquisition_says_where_its_second_home_is(svc, names, rng, tmp_path):
     frames = counts(rng, 4, 4)
     put = svc.put(frames.reshape(4, 4, *DET), name=names())
-    assert put.info()["second_home"] == "the copy of the put array the scheduler keeps"
+    assert put.info()["second_home"] == "the backup of the put array the scheduler keeps"
     path = tmp_path / "a.h5"
     import h5py
 

@@ -61,7 +61,7 @@ def test_worker_killed_while_queries_run(own, rng, tmp_path):
     acqs = {
         "a0": svc.load(tmp_path / "a0.h5", dataset="data", name="a0"),
         "a1": svc.load(tmp_path / "a1.npy", name="a1", layout="dense"),
-        "a2": svc.put(data["a2"], name="a2"),  # from the scheduler's copy
+        "a2": svc.put(data["a2"], name="a2"),  # from the scheduler's backup
         "a3": svc.put(data["a3"], name="a3", layout="dense"),
     }
     staged = svc.put(data["a4"], name="staged")
@@ -144,18 +144,18 @@ def test_worker_killed_while_queries_run(own, rng, tmp_path):
     assert len(info["shards"]) == 3 and "rehomed" in repr(info)
 
 
-def test_put_beyond_the_copy_limit_is_refused(own, rng, monkeypatch):
-    """A put the scheduler cannot keep a copy of is refused by the client before the array is sent, never held unprotected."""
+def test_put_beyond_the_backup_limit_is_refused(own, rng, monkeypatch):
+    """A put the scheduler cannot keep a backup of is refused by the client before the array is sent, never held unprotected."""
     from qgpu_dask.service import catalog
 
     data = rng.poisson(1.0, (4, 4, 8, 8)).astype(np.uint16)
     svc = own
     svc.put(data, name="kept")
-    kept = svc.state()["copy_bytes"]
-    monkeypatch.setattr(catalog, "COPY_LIMIT", 1000)  # the LocalCluster's scheduler runs in this process
+    kept = svc.state()["backup_bytes"]
+    monkeypatch.setattr(catalog, "BACKUP_LIMIT", 1000)  # the LocalCluster's scheduler runs in this process
     with pytest.raises(ValueError, match=r"limited to 0.98 kiB in all and 2.12 kiB are used, this array needs 2.00 kiB: save a large array"):
         svc.put(data, name="too-big-to-keep")
-    assert "too-big-to-keep" not in svc and svc.state()["copy_bytes"] == kept
+    assert "too-big-to-keep" not in svc and svc.state()["backup_bytes"] == kept
     assert (svc["kept"].frame(1, 1) == data[1, 1]).all()
 
 

@@ -5,8 +5,8 @@ client and shard reads and writes it through the scheduler's RPC handlers
 below, and it sees workers come and go. An acquisition is "loading", "ready",
 "lost" (its shard died), "rehoming" (being held again elsewhere) or "moving"
 (to a shard that joined); while re-homed or moved it names its ``target``
-shard, which alone may claim it. The copies of ``svc.put`` arrays that a
-re-home needs are kept here, limited to ``COPY_LIMIT`` bytes in all; where a
+shard, which alone may claim it. The backups of ``svc.put`` arrays that a
+re-home needs are kept here, limited to ``BACKUP_LIMIT`` bytes in all; where a
 compressed acquisition has a node-local copy (``shard/copies.py``), its entry names
 it (``local``). A load's entry names the client that asked for it (``asker``)
 until it is ready: when that client leaves, the load is stopped on its owner
@@ -28,22 +28,22 @@ from .shard import Shard, shard_key
 from .errors import Cancelled
 
 PLUGIN_NAME = "qgpu-catalog"
-COPY_LIMIT = 2 * 2**30
+BACKUP_LIMIT = 2 * 2**30  # bytes of put arrays the scheduler keeps ('backups'; a node-local saved file is a 'copy')
 
 
-def check_copy_room(nbytes: int, used: int) -> None:
-    """ValueError unless a put copy of ``nbytes`` fits beside the ``used`` bytes of the others (checked by the
+def check_backup_room(nbytes: int, used: int) -> None:
+    """ValueError unless a put's backup of ``nbytes`` fits beside the ``used`` bytes of the others (checked by the
     client before an array is sent, and by the catalog)."""
-    if used + nbytes > COPY_LIMIT:
+    if used + nbytes > BACKUP_LIMIT:
         raise ValueError(
-            f"svc.put keeps a copy of each array on the scheduler, so it survives the loss of a worker; these copies "
-            f"are limited to {format_bytes(COPY_LIMIT)} in all and {format_bytes(used)} are used, this array needs "
+            f"svc.put keeps a backup of each array on the scheduler, so it survives the loss of a worker; these backups "
+            f"are limited to {format_bytes(BACKUP_LIMIT)} in all and {format_bytes(used)} are used, this array needs "
             f"{format_bytes(nbytes)}: save a large array (np.save) and svc.load the file instead"
         )
 
 
 class Catalog(SchedulerPlugin):
-    """Shards (one per worker), acquisitions (name -> owner and description) and put copies."""
+    """Shards (one per worker), acquisitions (name -> owner and description) and the backups of puts."""
 
     name = PLUGIN_NAME
     idempotent = True
@@ -51,7 +51,7 @@ class Catalog(SchedulerPlugin):
     def __init__(self) -> None:
         self.shards: dict[str, dict[str, Any]] = {}
         self.acquisitions: dict[str, dict[str, Any]] = {}
-        self.copies: dict[str, bytes] = {}
+        self.backups: dict[str, bytes] = {}
         self.events: list[dict[str, Any]] = []
         self.budget_request: int | None = None
         self.recovery: Recovery | None = None
@@ -70,8 +70,8 @@ class Catalog(SchedulerPlugin):
                 "qgpu_commit": self.commit,
                 "qgpu_drop": self.drop,
                 "qgpu_release": self.release,
-                "qgpu_keep_copy": self.keep_copy,
-                "qgpu_forget_copy": self.forget_copy,
+                "qgpu_keep_backup": self.keep_backup,
+                "qgpu_forget_backup": self.forget_backup,
                 "qgpu_local_copy": self.local_copy,
                 "qgpu_copy_lost": self.copy_lost,
                 "qgpu_restored": self.restored,
@@ -152,20 +152,20 @@ class Catalog(SchedulerPlugin):
             return True
         if entry["owner"] == owner:
             del self.acquisitions[name]
-            self.copies.pop(name, None)
+            self.backups.pop(name, None)
             self.log("load-failed" if entry["state"] == "loading" else "released", name=name, owner=owner)
             return True
         return False
 
     async def release(self, *, name: str) -> str:
-        """Free ``name`` in any state, and say what was done: its name and put copy are forgotten here at once,
+        """Free ``name`` in any state, and say what was done: its name and put backup are forgotten here at once,
         then its load is stopped on its owner ("loading": ``Shard.cancel``, which waits until the load has undone
         its budget), a re-home or move is stopped on its target, and the owner frees what it holds
         (``Shard.discard``). KeyError for a name the catalog does not know."""
         entry = self.acquisitions.pop(name, None)
         if entry is None:
             raise KeyError(f"no acquisition named {name!r} (known: {sorted(self.acquisitions) or 'none'})")
-        self.copies.pop(name, None)
+        self.backups.pop(name, None)
         state, owner, target = entry["state"], entry["owner"], entry.get("target")
         self.log("released", name=name, owner=owner, state=state)
         done = []
@@ -193,17 +193,17 @@ class Catalog(SchedulerPlugin):
             raise plain(reply["exception"])
         return plain(reply["result"])
 
-    def keep_copy(self, *, name: str, data: bytes) -> None:
+    def keep_backup(self, *, name: str, data: bytes) -> None:
         """Keep a put array's bytes (``np.save`` form) so the acquisition can be held again if its shard is lost."""
         if name in self.acquisitions:
             raise ValueError(f"an acquisition named {name!r} already exists: release it or choose another name")
-        check_copy_room(len(data), sum(len(c) for n, c in self.copies.items() if n != name))
-        self.copies[name] = data
+        check_backup_room(len(data), sum(len(c) for n, c in self.backups.items() if n != name))
+        self.backups[name] = data
 
-    def forget_copy(self, *, name: str) -> None:
-        """Drop the copy of a put that did not become an acquisition."""
+    def forget_backup(self, *, name: str) -> None:
+        """Drop the backup of a put that did not become an acquisition."""
         if name not in self.acquisitions:
-            self.copies.pop(name, None)
+            self.backups.pop(name, None)
 
     def local_copy(self, *, name: str, owner: str, copy: dict) -> bool:
         """Record the node-local copy ``owner`` saved of ``name``; False (the shard removes it) if ``name`` is no
@@ -230,12 +230,12 @@ class Catalog(SchedulerPlugin):
             return f"a node-local {what}, {local['path']} on {local['host']}"
         if entry.get("source"):
             return f"its source file, {entry['source']['path']}"
-        if name in self.copies:
-            return "the copy of the put array the scheduler keeps"
+        if name in self.backups:
+            return "the backup of the put array the scheduler keeps"
         return f"none{': ' + entry['copy_error'] if entry.get('copy_error') else ''}: save it (acq.save) to keep it beyond its worker"
 
     def restored(self, *, name: str, owner: str, restored_from: str, stale: dict | None = None, copy_error: str | None = None) -> None:
-        """Where ``owner`` held ``name`` again from ("local copy", "source file", "put copy"), and why its local
+        """Where ``owner`` held ``name`` again from ("local copy", "source file", "put backup"), and why its local
         copy could not be used, in its entry and its re-home's (or move's) event; a copy ``stale`` that was not
         used is forgotten (the new owner saves its own)."""
         entry = self.acquisitions.get(name)
@@ -257,7 +257,7 @@ class Catalog(SchedulerPlugin):
         for name, entry in self.acquisitions.items():
             entry["second_home"] = self.second_home(name, entry)
         return {"workers": sorted(self.workers), "shards": self.shards, "acquisitions": self.acquisitions, "events": self.events[-50:],
-                "copy_bytes": sum(len(c) for c in self.copies.values())}
+                "backup_bytes": sum(len(c) for c in self.backups.values())}
 
     def add_worker(self, scheduler, worker: str) -> None:
         """A worker joined (a nanny's restart, a new node): recovery starts a shard on it and gives it a share."""
@@ -283,7 +283,7 @@ class Catalog(SchedulerPlugin):
                 continue
             if entry["state"] == "loading":
                 del self.acquisitions[name]
-                self.copies.pop(name, None)
+                self.backups.pop(name, None)
                 failed.append(name)
             else:
                 entry["state"] = "lost"

@@ -164,9 +164,9 @@ class Recovery:
         entry = self.catalog.acquisitions.get(name)
         if entry is None:
             return "released meanwhile"
-        how = {"source": entry.get("source"), "layout": entry.get("asked", "auto"), "copy": self.catalog.copies.get(name),
+        how = {"source": entry.get("source"), "layout": entry.get("asked", "auto"), "backup": self.catalog.backups.get(name),
                "local": entry.get("local") if state == "rehoming" else None}  # a move reads the source: the copy's owner lives
-        if how["source"] is None and how["copy"] is None and how["local"] is None:
+        if how["source"] is None and how["backup"] is None and how["local"] is None:
             return "it has no source file and no copy to be held again from"
         entry["state"] = state
         entry["target"] = target
@@ -200,7 +200,7 @@ class Recovery:
                 return
             movable = sorted(
                 (n for n, e in entries.items() if e["owner"] == high and e["state"] == "ready"
-                 and (e.get("source") is not None or n in self.catalog.copies)),
+                 and (e.get("source") is not None or n in self.catalog.backups)),
                 key=lambda n: entries[n]["nbytes"],
             )
             name = next((n for n in movable if self.choose(n, exclude=[a for a in counts if a != low]) == low), None)

@@ -30,7 +30,7 @@ from ..resident.compressed import check_layout
 from ..resident.live import LIVE_LAYOUTS, start_bytes
 from .acquisition import Acquisition, Series
 from .calls import QueryFuture
-from .catalog import PLUGIN_NAME, Catalog, check_copy_room
+from .catalog import PLUGIN_NAME, Catalog, check_backup_room
 from .info import ServiceInfo
 from .layout import CHOICES, check_saved
 from .placement import Placer, place
@@ -175,7 +175,7 @@ class Service:
                                "start another with qd.Service.local() or qd.Service.connect(...)")
 
     def state(self) -> dict:
-        """The catalog as the scheduler holds it: shards, acquisitions, recent events, bytes of put copies."""
+        """The catalog as the scheduler holds it: shards, acquisitions, recent events, bytes of put backups."""
         self.check_open()
         return self.client.sync(self.client.scheduler.qgpu_state)
 
@@ -357,8 +357,8 @@ class Service:
     def put(self, array: np.ndarray, name: str | None = None, worker: str | None = None, layout: str = "auto") -> Acquisition:
         """Send an in-memory 4-D array to a shard as a new acquisition (``layout`` as in :meth:`load`).
 
-        The scheduler keeps a copy (``np.save`` bytes; 2 GiB in all) to hold it again if its worker is lost.
-        An array that fits no shard's budget, or beside the copies kept, is refused before anything is sent;
+        The scheduler keeps a backup (``np.save`` bytes; 2 GiB in all) to hold it again if its worker is lost.
+        An array that fits no shard's budget, or beside the backups kept, is refused before anything is sent;
         counts of either byte order are held native.
         """
         array = np.asarray(array)
@@ -369,15 +369,15 @@ class Service:
         state = self.ensure_shards()
         self.check_new_names([name], state)
         owner = place([array.nbytes], state, pinned=worker)[0]
-        check_copy_room(array.nbytes, state["copy_bytes"])
+        check_backup_room(array.nbytes, state["backup_bytes"])
         array = np.ascontiguousarray(array, dtype)
-        copy = io.BytesIO()
-        np.save(copy, array, allow_pickle=False)
-        self.client.sync(self.client.scheduler.qgpu_keep_copy, name=name, data=copy.getvalue())
+        backup = io.BytesIO()
+        np.save(backup, array, allow_pickle=False)
+        self.client.sync(self.client.scheduler.qgpu_keep_backup, name=name, data=backup.getvalue())
         try:
             record = self.router.on_loop(self.router.placed(name, owner, array.nbytes, worker is not None, Shard.put, array, layout)).result()
         except BaseException:
-            self.client.sync(self.client.scheduler.qgpu_forget_copy, name=name)
+            self.client.sync(self.client.scheduler.qgpu_forget_backup, name=name)
             raise
         return Acquisition(self, record | {"name": name})
 

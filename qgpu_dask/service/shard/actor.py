@@ -235,7 +235,7 @@ class Shard:
 
     async def restore(self, name: str, how: dict) -> dict:
         """Hold ``name`` again after its shard was lost, or take it over from another shard (``restore.py``):
-        from its node-local copy, source file, saved resident or put copy, as ``how`` says."""
+        from its node-local copy, source file, saved resident or put backup, as ``how`` says."""
         return await self.restorer.restore(name, how)
 
     async def discard(self, name: str) -> bool:

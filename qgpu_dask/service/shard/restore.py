@@ -65,10 +65,10 @@ class Restorer:
                 described["scan_shape"] = tuple(described["scan_shape"])
             record = await self.loader.load(name, Source(**described), how["layout"], None)
             restored_from = "source file"
-        elif how["copy"] is not None:
-            array = np.load(io.BytesIO(how["copy"]), allow_pickle=False)
+        elif how["backup"] is not None:
+            array = np.load(io.BytesIO(how["backup"]), allow_pickle=False)
             record = await self.loader.put(name, array, how["layout"])
-            restored_from = "put copy"
+            restored_from = "put backup"
         else:
             raise ValueError(f"acquisition {name!r} has no source file and no copy to be held again from")
         return record, restored_from, copy_error, local
