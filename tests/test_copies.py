@@ -91,7 +91,7 @@ def test_copies_off_and_stale_ones_swept(tmp_path, monkeypatch):
     dead, live = tmp_path / "a-999999999-0123456789ab.qgpu", tmp_path / f"b-{os.getpid()}-0123456789ab.qgpu"
     for path in (dead, live):
         path.write_bytes(b"x")
-        os.utime(path, (time.time() - 2 * copies.STALE,) * 2)
+        os.utime(path, (time.time() - 2 * copies.COPY_GRACE,) * 2)
     fresh = tmp_path / "c-999999999-0123456789ab.qgpu"
     fresh.write_bytes(b"x")
     assert copies.sweep() == [dead.name]  # its process is gone and it is old; the live one's and the fresh one stay

@@ -14,8 +14,8 @@ import pytest
 
 import qgpu_dask as qd
 from conftest import cupy_available
-from qgpu_dask.service.handoff import (HANDOFF_BYTES, POOL_PREFIX, POOL_SLOTS, REPLY_PREFIX, SHM, STALE, Handoff, Segment,
-                                      fits, mapped_slots, pid_in, sweep, take, token)
+from qgpu_dask.service.handoff import HANDOFF_BYTES, POOL_SLOTS, Handoff, Segment, fits, mapped_slots, take, token
+from qgpu_dask.service.sweeping import POOL_PREFIX, REPLY_GRACE, REPLY_PREFIX, SHM, pid_in, sweep
 from qgpu_dask.queries import results
 from qgpu_dask.service.errors import HandoffLost
 from qgpu_dask.queries.results import RESULT_PREFIX, SEGMENT_BYTES, Target, memory_of, result_array, spoil, target_of
@@ -166,7 +166,7 @@ def test_segments_no_client_took_are_swept(svc, names, rng):
     left = {reply["big"].name, reply["pair"][1].name}
     assert segments() - before == left
     assert not set(sweep()) & left  # fresh: its client may still come for it
-    old = time.time() - STALE - 1
+    old = time.time() - REPLY_GRACE - 1
     for name in left:
         os.utime(SHM / name, (old, old))
     assert set(sweep()) >= left
@@ -177,7 +177,7 @@ def test_segments_no_client_took_are_swept(svc, names, rng):
 
 
 def test_token_file_removed_at_exit_or_swept_once_its_client_was_killed():
-    made = "from qgpu_dask.service.handoff import SHM, token; t = token(); print(t, (SHM / t).is_file(), flush=True)"
+    made = "from qgpu_dask.service.handoff import token; from qgpu_dask.service.sweeping import SHM; t = token(); print(t, (SHM / t).is_file(), flush=True)"
     out = subprocess.run([sys.executable, "-c", made], capture_output=True, text=True, check=True).stdout.split()
     assert out[1] == "True" and not (SHM / out[0]).exists()
     killed = subprocess.Popen([sys.executable, "-c", made + "; import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
@@ -185,7 +185,7 @@ def test_token_file_removed_at_exit_or_swept_once_its_client_was_killed():
     killed.kill()  # no exit handlers run
     killed.wait()
     mine = SHM / token()
-    old = time.time() - STALE - 1
+    old = time.time() - REPLY_GRACE - 1
     for path in (left, mine):
         os.utime(path, (old, old))
     gone = sweep()

@@ -50,7 +50,7 @@ MAX_LINES = 400
 OVER_CAP = {
     "qgpu_dask/resident/cpu/compressed.py": 1109,
     "qgpu_dask/service/service.py": 571,
-    "qgpu_dask/service/handoff.py": 519,
+    "qgpu_dask/service/handoff.py": 449,
     "qgpu_dask/resident/cuda/compressed.py": 518,
     "qgpu_dask/formats/bitshuffle_lz4.py": 489,
     "qgpu_dask/samples.py": 475,

@@ -8,8 +8,8 @@ client's /dev/shm and can write files the client may open: it writes each array 
 ``HANDOFF_BYTES`` in the reply (inside lists, tuples and dicts) to a segment /dev/shm/qgpu-reply-<hex> and
 sends a ``Segment`` in its place. The client maps each segment and unlinks it at once, so its memory goes
 when the array is collected and nothing is left if the client dies later. A segment no client took (its
-client died or gave up mid-call) is unlinked by the sweep every shard runs and every new client's token
-runs, once it is ``STALE`` seconds old; so is the token of a client killed before it could remove it.
+client died or gave up mid-call) is unlinked by the sweep (``sweeping.py``) every shard runs and every new client's token
+runs, once it is ``REPLY_GRACE`` seconds old; so is the token of a client killed before it could remove it.
 Elsewhere (another host, a container with its own /dev/shm, a reply that would fill more than half of the
 free /dev/shm, the ``qgpu.handoff`` setting False on the client) replies travel inline, as before.
 
@@ -19,7 +19,7 @@ allotted (and page-locked on a GPU, so a device result is copied straight in, at
 writes a reply into one no client holds. The client maps it (once: it keeps its mapping of each slot for
 the next reply there, as a fresh mapping pays a page fault per 4 KiB read), takes a shared lock on it for as
 long as the array lives (the lock goes with the array, or with the client's process), and marks it taken; the
-shard reuses a slot only when it can lock it exclusively and it was taken (or handed more than ``STALE``
+shard reuses a slot only when it can lock it exclusively and it was taken (or handed more than ``REPLY_GRACE``
 seconds ago and never taken). Each hand-over has a serial number the client checks, so a reply taken that
 late is HandoffLost, never another reply's bytes. A shard's slots go when its process exits (or, if it was
 killed, with the sweep of any process on the host once no client holds them).
@@ -45,7 +45,6 @@ import threading
 import uuid
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -55,18 +54,14 @@ from ..device import copy_into, cupy_or_none, page_locked, to_host
 from ..queries.base import Query
 from ..queries.results import RESULT_NAME, RESULT_PREFIX, SEGMENT_BYTES, Target
 from .errors import HandoffLost
+from .sweeping import CLIENT_PREFIX, POOL_PREFIX, REPLY_GRACE, REPLY_PREFIX, SHM, sweep
 
-SHM = Path("/dev/shm")
-CLIENT_PREFIX = "qgpu-client-"
-REPLY_PREFIX = "qgpu-reply-"
-POOL_PREFIX = "qgpu-pool-"
 POOL_SLOTS = 4  # segments a shard keeps allotted for replies
 MAPPED_TARGETS = 16  # clients' result segments a shard keeps mapped (and page-locked on a GPU)
 SLOT_HEADER = 4096  # bytes before a slot's data: its state (HEADER), one page so the data stays page-aligned
 HEADER = struct.Struct("<BxxxxxxxQd")  # taken (0: the client has it, or never handed), serial, time handed
 MIN_SLOT = 8 << 20  # a slot holds at least this many bytes of data (a power of two above what it first holds)
 HANDOFF_BYTES = SEGMENT_BYTES  # arrays at least this large are handed over; smaller ones cost less inline (as results)
-STALE = 60.0  # seconds after which a segment no client took is unlinked
 TOKEN = re.compile(re.escape(CLIENT_PREFIX) + "[0-9a-f]{32}")
 
 
@@ -107,7 +102,7 @@ class Segment:
             memory = slot_mapping(self.name, fd, SLOT_HEADER + nbytes)
             _, serial, _ = HEADER.unpack_from(memory, 0)
             if serial != self.serial:
-                raise HandoffLost(f"reply slot {path} holds hand-over {serial}, not {self.serial}: taken more than {STALE:.0f} s late")
+                raise HandoffLost(f"reply slot {path} holds hand-over {serial}, not {self.serial}: taken more than {REPLY_GRACE:.0f} s late")
             memory[0] = 0  # taken: the shard may reuse the slot once this lock is gone
         except BaseException:
             os.close(fd)
@@ -159,72 +154,6 @@ def replaced(value: Any, kinds: tuple[type, ...], change: Callable[[Any], Any]) 
     return value
 
 
-def sweep(stale: float = STALE) -> list[str]:
-    """Unlink what was left in /dev/shm more than ``stale`` seconds ago: reply segments no client took, and
-    tokens of clients that died without removing them (killed: no process holds their lock); their names."""
-    gone = []
-    before = time.time() - stale
-    try:
-        entries = list(os.scandir(SHM))
-    except OSError:
-        return gone
-    for entry in entries:
-        if entry.name.startswith(RESULT_PREFIX) and not alive(pid_in(entry.name, RESULT_PREFIX)):
-            try:
-                os.unlink(entry.path)  # its client was killed
-                gone.append(entry.name)
-            except OSError:
-                pass
-        elif entry.name.startswith(POOL_PREFIX) and not alive(pid_in(entry.name, POOL_PREFIX)):
-            try:
-                if unlocked(entry.path):
-                    os.unlink(entry.path)
-                    gone.append(entry.name)
-            except OSError:
-                pass
-        elif entry.name.startswith((REPLY_PREFIX, CLIENT_PREFIX)):
-            try:
-                if entry.stat().st_mtime < before and (entry.name.startswith(REPLY_PREFIX) or unlocked(entry.path)):
-                    os.unlink(entry.path)
-                    gone.append(entry.name)
-            except OSError:
-                pass  # taken or removed meanwhile, or another user's
-    return gone
-
-
-def pid_in(name: str, prefix: str) -> int:
-    """The process id in the name of a pool slot or a client's result segment (<prefix><pid>-<hex>)."""
-    try:
-        return int(name[len(prefix) :].split("-", 1)[0])
-    except ValueError:
-        return -1
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def unlocked(path: str) -> bool:
-    """Whether no process holds the lock of the token file at ``path`` (its client is gone)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
 # -- the client's half -----------------------------------------------------------
 
 
@@ -264,7 +193,7 @@ def take(reply: Any) -> Any:
     out = replaced(reply, (Segment,), mapped)
     if lost:
         raise HandoffLost(f"a shard's reply was handed over in /dev/shm but {len(lost)} of its segments could not be taken "
-                          f"(removed by something else, or taken more than {STALE:.0f} s late): {'; '.join(lost)}")
+                          f"(removed by something else, or taken more than {REPLY_GRACE:.0f} s late): {'; '.join(lost)}")
     return out
 
 
@@ -400,7 +329,7 @@ class Slot:
         except BlockingIOError:
             return False
         waiting, _, handed_at = HEADER.unpack_from(self.memory, 0)
-        if waiting and time.time() - handed_at < STALE:
+        if waiting and time.time() - handed_at < REPLY_GRACE:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             return False
         return True

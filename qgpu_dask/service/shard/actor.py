@@ -35,7 +35,8 @@ from ...config import settings
 from ...queries.base import INLINE_BYTES, REGISTRY, Context, Query, UnknownQuery, lookup
 from ...resident import Resident
 from ..budget import Budget
-from ..handoff import STALE, Handoff, sweep
+from ..handoff import Handoff
+from ..sweeping import REPLY_GRACE, sweep
 from .. import warm_up
 from ..lane import LaneServer
 from .copies import LocalCopies
@@ -77,7 +78,7 @@ class Shard:
         self.restorer = Restorer(self.residency, self.copies, self.loader, self.live)
         self.handoff = Handoff()
         if "qgpu-handoff-sweep" not in self.worker.periodic_callbacks:  # reply segments no client took; stops with the worker
-            sweeps = PeriodicCallback(sweep, STALE / 2 * 1000)
+            sweeps = PeriodicCallback(sweep, REPLY_GRACE / 2 * 1000)
             self.worker.periodic_callbacks["qgpu-handoff-sweep"] = sweeps
             self.worker.loop.add_callback(sweeps.start)
         self.lane_server = LaneServer.started({"ask": self.ask_here, "ping": lambda: None})

@@ -9,7 +9,7 @@ reopens the copy (checked, read on several threads, no encoding) and takes it ov
 damaged is removed and the source is read instead. The shard that holds an acquisition removes its copy when it is released or moved, or when its
 process exits. A copy's file name carries the process id of the shard holding it
 (``<name>-<pid>-<hex>.qgpu``): a copy whose process is gone and that no survivor took over within
-``STALE`` seconds (a whole cluster killed) is removed by the next shard that starts on the host.
+``COPY_GRACE`` seconds (a whole cluster killed) is removed by the next shard that starts on the host.
 
 A live acquisition (``svc.create``, a Dask array put block by block) has no source file: its shard keeps a
 live copy beside them (``<name>-<pid>-<hex>.live``: a header, then the raw frames appended as they arrive),
@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -47,10 +46,9 @@ from ...config import setting
 from ...device import to_host
 from ...io.saved import read_saved, save_resident
 from ...resident import Resident
-from ..handoff import alive
+from ..sweeping import COPY_GRACE, alive, left_behind
 from .threads import on
 
-STALE = 3600.0  # seconds after which a copy no live process holds is removed
 SUFFIXES = (".qgpu", ".live")  # a saved resident; a live acquisition's frames as they arrived
 LIVE_FORMAT = "qgpu-live-1"
 LIVE_HEADER = 4096  # bytes of a live copy's JSON header (space-padded), the frames after it
@@ -154,15 +152,15 @@ def holder(path: Path) -> int:
 
 
 def sweep() -> list[str]:
-    """Remove this host's copies whose holding process is gone and that are older than STALE seconds; their names."""
+    """Remove this host's copies left behind (``sweeping.left_behind``: their process gone, COPY_GRACE seconds
+    after they were last written); their names."""
     where = folder()
     gone = []
     if where is None or not where.is_dir():
         return gone
-    before = time.time() - STALE
     for path in (p for suffix in SUFFIXES for p in where.glob(f"*{suffix}")):
         try:
-            if not alive(holder(path)) and path.stat().st_mtime < before:
+            if left_behind(path, not alive(holder(path)), COPY_GRACE):
                 path.unlink()
                 gone.append(path.name)
         except OSError:
