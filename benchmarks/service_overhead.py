@@ -26,7 +26,7 @@ from distributed.actor import Actor
 
 import qgpu_dask as qd
 from qgpu_dask.device import has_gpu
-from qgpu_dask.service.calls import call_async
+from qgpu_dask.service.calls import call_shard
 from qgpu_dask.service.handoff import token
 from qgpu_dask.service.shard import Shard, shard_key
 
@@ -51,7 +51,7 @@ def round_trips(n: int) -> dict:
         router = svc.router
 
         def through_dask(method: str, *args, **kwargs):
-            return router.on_loop(call_async(router.pool, owner, shard_key(owner), method, *args, **kwargs)).result()
+            return router.on_loop(call_shard(router.pool, owner, shard_key(owner), method, *args, **kwargs)).result()
 
         result = {
             "noop_shard_call": latencies(lambda: router.call(owner, Shard.ping).result(), n),

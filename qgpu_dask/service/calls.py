@@ -1,8 +1,10 @@
-"""Direct calls from a client to a shard actor, and the futures users hold.
+"""Calls to a shard over Dask's comm, the one way for the client and the scheduler alike (``call_shard``; the
+client's lane is the other transport, ``lane.py``), and the futures users hold.
 
-A call goes straight from the client to the owning worker's ``actor_execute``
+A client's call goes straight to the owning worker's ``actor_execute``
 handler over the client's connection pool (never through the scheduler's
-proxy), whatever ``direct_to_workers`` the client was made with. Results are
+proxy), whatever ``direct_to_workers`` the client was made with; the catalog's
+and recovery's go through the scheduler's rpc. Results are
 assembled on the client (series results from one call per shard); which
 shard a call goes to, and going again after a shard is lost, is
 ``Service.routed``.
@@ -15,7 +17,10 @@ from typing import Any, Callable
 
 from distributed import Client
 from distributed.core import ConnectionPool
-from distributed.protocol import to_serialize
+from distributed.protocol import deserialize, to_serialize
+from distributed.protocol.serialize import Serialized
+
+from .errors import ShardUnreachable
 
 
 PLAIN = (str, int, float, bool, type(None))
@@ -42,17 +47,27 @@ def shard_pool(client: Client) -> ConnectionPool:
     return ConnectionPool(limit=512, deserialize=True, connection_args=client.connection_args, timeout=SHARD_CONNECT_TIMEOUT)
 
 
-async def call_async(pool: ConnectionPool, address: str, key: str, method: str, *args, **kwargs) -> Any:
-    """Run ``method`` of the actor ``key`` on worker ``address``; raise its exception if it failed."""
-    reply = await pool(address).actor_execute(
-        function=method,
-        actor=key,
-        args=[wrap(a) for a in args],
-        kwargs={k: wrap(v) for k, v in kwargs.items()},
-    )
+def plain(value: Any) -> Any:
+    """A reply value as sent (the scheduler does not deserialize what workers send it)."""
+    return deserialize(value.header, value.frames) if isinstance(value, Serialized) else value
+
+
+async def call_shard(connect: Callable, address: str, key: str, method: Callable | str, *args, **kwargs) -> Any:
+    """Run ``method`` (a Shard method, or its name) of the actor ``key`` on worker ``address``, reached through
+    ``connect(address)`` (a client's ConnectionPool or the scheduler's rpc); its result, or the exception it
+    raised. ShardUnreachable (an OSError) where the call or its reply did not get through."""
+    try:
+        reply = await connect(address).actor_execute(
+            function=method if isinstance(method, str) else method.__name__,
+            actor=key,
+            args=[wrap(a) for a in args],
+            kwargs={k: wrap(v) for k, v in kwargs.items()},
+        )
+    except OSError as err:
+        raise ShardUnreachable(f"the shard on {address} could not be reached ({type(err).__name__}: {err})") from err
     if reply["status"] == "OK":
-        return reply["result"]
-    raise reply["exception"]
+        return plain(reply["result"])
+    raise plain(reply["exception"])
 
 
 class QueryFuture:

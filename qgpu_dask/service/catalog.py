@@ -23,9 +23,10 @@ from dask.utils import format_bytes
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .placement import free_bytes
-from .recovery import Recovery, plain
+from .calls import call_shard
+from .recovery import Recovery
 from .shard import Shard, shard_key
-from .errors import Cancelled
+from .errors import Cancelled, ShardUnreachable
 
 PLUGIN_NAME = "qgpu-catalog"
 BACKUP_LIMIT = 2 * 2**30  # bytes of put arrays the scheduler keeps ('backups'; a node-local saved file is a 'copy')
@@ -186,12 +187,9 @@ class Catalog(SchedulerPlugin):
         if address not in self.shards:
             return "gone"
         try:
-            reply = await self.rpc(address).actor_execute(actor=shard_key(address), function=method.__name__, args=list(args), kwargs={})
-        except OSError as err:
-            return f"unreachable ({err})"
-        if reply["status"] != "OK":
-            raise plain(reply["exception"])
-        return plain(reply["result"])
+            return await call_shard(self.rpc, address, shard_key(address), method, *args)
+        except ShardUnreachable as err:
+            return f"unreachable ({err.__cause__})"
 
     def keep_backup(self, *, name: str, data: bytes) -> None:
         """Keep a put array's bytes (``np.save`` form) so the acquisition can be held again if its shard is lost."""

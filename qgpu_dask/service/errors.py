@@ -27,6 +27,11 @@ class HandoffLost(RuntimeError):
     """A reply's shared-memory segment was gone (or unreadable) when the client came to take it."""
 
 
+class ShardUnreachable(ConnectionError):
+    """A call to a shard over Dask's comm could not be made or its reply did not come (the worker gone, or the
+    network between): the shard did not answer, as against an error the shard raised."""
+
+
 class LaneGone(ConnectionResetError):
     """A lane refused a connection: nothing listens on its socket any more, so its shard's process is gone
     (an abstract socket goes with its process); the worker need not be asked through Dask, whose connect

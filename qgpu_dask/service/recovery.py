@@ -15,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from distributed.protocol import deserialize
-from distributed.protocol.serialize import Serialized
-
+from .calls import call_shard
 from .placement import place
 from .shard import Shard, shard_key
 from .shard.copies import host_of
@@ -28,11 +26,6 @@ if TYPE_CHECKING:
     from .catalog import Catalog
 
 logger = logging.getLogger(__name__)
-
-
-def plain(value: Any) -> Any:
-    """A reply value as sent (the scheduler does not deserialize what workers send it)."""
-    return deserialize(value.header, value.frames) if isinstance(value, Serialized) else value
 
 
 class Recovery:
@@ -82,9 +75,7 @@ class Recovery:
             try:
                 await future
                 await client.publish_dataset(future, name=key, override=True)
-                reply = await self.scheduler.rpc(address).actor_execute(actor=key, function=Shard.start.__name__, args=[], kwargs={})
-                if reply["status"] != "OK":
-                    raise plain(reply["exception"])
+                await call_shard(self.scheduler.rpc, address, key, Shard.start)
             except Exception as err:
                 self.catalog.log("shard-start-failed", address=address, error=f"{type(err).__name__}: {err}")
 
@@ -171,10 +162,8 @@ class Recovery:
         entry["state"] = state
         entry["target"] = target
         try:
-            reply = await self.scheduler.rpc(target).actor_execute(
-                actor=self.catalog.shards[target]["key"], function=Shard.restore.__name__, args=[name, how], kwargs={}
-            )
-            error = None if reply["status"] == "OK" else plain(reply["exception"])
+            await call_shard(self.scheduler.rpc, target, self.catalog.shards[target]["key"], Shard.restore, name, how)
+            error = None
         except Exception as err:
             error = err
         entry = self.catalog.acquisitions.get(name)
@@ -211,6 +200,6 @@ class Recovery:
                 self.catalog.log("move-failed", name=name, target=low, error=error)
                 return
             try:
-                await self.scheduler.rpc(high).actor_execute(actor=shard_key(high), function=Shard.discard.__name__, args=[name], kwargs={})
+                await call_shard(self.scheduler.rpc, high, shard_key(high), Shard.discard, name)
             except Exception:
                 pass  # its worker is gone too: nothing left to free

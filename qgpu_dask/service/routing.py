@@ -14,7 +14,7 @@ from distributed import Client
 
 from ..queries.base import Query, UnknownQuery, built_in, wire_name
 from ..queries.results import spoil, target_of
-from .calls import call_async, shard_pool
+from .calls import call_shard, shard_pool
 from .handoff import take, token
 from .errors import AcquisitionLost, LaneGone, NotResident
 from .lane import Lane
@@ -73,12 +73,12 @@ class Router:
                     if isinstance(err, LaneGone):
                         self.gone[address] = time.monotonic() + GONE_SECONDS  # until the catalog says what became of it
                     raise
-        return await call_async(self.pool, address, shard_key(address), method.__name__, *args, **kwargs)
+        return await call_shard(self.pool, address, shard_key(address), method, *args, **kwargs)
 
     async def lane(self, address: str) -> Lane | None:
         """The local lane of the shard on ``address``, asked of it (through Dask) the first time."""
         if address not in self.lanes:
-            self.lanes[address] = await Lane.opened(await call_async(self.pool, address, shard_key(address), "lane"))
+            self.lanes[address] = await Lane.opened(await call_shard(self.pool, address, shard_key(address), "lane"))
         return self.lanes[address]
 
     async def close(self) -> None:
