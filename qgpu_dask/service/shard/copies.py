@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -49,17 +50,35 @@ from ...resident import Resident
 from ..sweeping import COPY_GRACE, alive, left_behind
 from .threads import on
 
+logger = logging.getLogger(__name__)
+
 SUFFIXES = (".qgpu", ".live")  # a saved resident; a live acquisition's frames as they arrived
 LIVE_FORMAT = "qgpu-live-1"
 LIVE_HEADER = 4096  # bytes of a live copy's JSON header (space-padded), the frames after it
 
 
 def folder() -> Path | None:
-    """Where this worker keeps copies; None when they are turned off."""
+    """Where this worker keeps copies; None when they are turned off. The copies hold the user's data, so the
+    folder is theirs alone (``private``)."""
     chosen = setting("copies")
     if chosen is False:
         return None
     return Path(chosen) if chosen else Path(tempfile.gettempdir()) / f"qgpu-dask-copies-{os.getuid()}"
+
+
+def private(where: Path) -> bool:
+    """Whether ``where`` is a folder of this user's that no other user can enter, made so where it is new (or,
+    where it is ours, made so): the copies in it hold the user's counts. A folder of another user's (made in
+    /tmp before us, a trap or a mistake) is refused, with a warning: no copies are kept there."""
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = where.stat()
+    if info.st_uid != os.getuid():
+        logger.warning("the copies folder %s belongs to uid %d, not this user's %d: no node-local copies are kept",
+                       where, info.st_uid, os.getuid())
+        return False
+    if info.st_mode & 0o077:
+        os.chmod(where, 0o700)
+    return True
 
 
 def host_of(address: str) -> str:
@@ -82,9 +101,8 @@ def room_for(name: str, nbytes: int, suffix: str) -> Path | None:
     folder's copies over half of the space that would be free without them (copies never crowd out the
     node's other users)."""
     where = folder()
-    if where is None:
+    if where is None or not private(where):
         return None
-    where.mkdir(parents=True, exist_ok=True)
     held = sum(p.stat().st_size for kind in SUFFIXES for p in where.glob(f"*{kind}") if p.is_file())
     if 2 * (held + nbytes) > shutil.disk_usage(where).free + held:
         return None
