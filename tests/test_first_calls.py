@@ -89,3 +89,13 @@ def test_a_fresh_worker_says_it_compiles_and_warms_up_what_first_calls_run(tmp_p
         fit = ph.fit_aberrations(cal, c10_range_A=100)
         assert ph.direct_ptycho(fit, upsampling=2).phase.shape == (24, 24)
         assert svc.client.run(compiles_on_worker)[worker] == before  # all warmed up: nothing compiled on first use
+
+
+def test_a_cluster_closed_while_its_workers_warm_up_reports_no_failure(capfd):
+    """Closed at once, its workers exit mid-warm-up (their pools refuse new work): that is no failed warm-up."""
+    with dask.config.set({"qgpu.cpu": True, "qgpu.warm-up": True}):
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    with qd.Service(Client(cluster, direct_to_workers=True), cluster=cluster) as svc:
+        assert len(svc.info()["shards"]) == 2
+    time.sleep(1.0)  # the workers' last words
+    assert "warming up the kernels failed" not in capfd.readouterr().err

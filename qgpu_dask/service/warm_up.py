@@ -6,6 +6,7 @@ call that needs one still being compiled waits for it, and its progress bar says
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 
@@ -24,6 +25,7 @@ from ..queries.reductions import Frame
 from ..resident.dense import DenseCounts
 
 logger = logging.getLogger(__name__)
+stopped = threading.Event()  # set once this process's shard has stopped (``abandon``)
 OPTICS = Optics(300e3, 20.0, 1.0, aberrations={"C10": -30.0}, det_sampling_mrad=2.0, bf_center_px=(12.0, 12.0), rotation_deg=0.0, flip=False)
 SCAN, DET = (8, 8), (24, 24)
 
@@ -67,6 +69,19 @@ def started(xp: ModuleType) -> Future:
         return skipped
     pool = ThreadPoolExecutor(1, thread_name_prefix="qgpu-warm-up", initializer=use_own_stream)
     future = pool.submit(warm_up, xp)
-    future.add_done_callback(lambda done: done.exception() and logger.warning("warming up the kernels failed: %r", done.exception()))
+    future.add_done_callback(reported)
     pool.shutdown(wait=False)
     return future
+
+
+def abandon() -> None:
+    """Say that this process's shard has stopped (``Shard.stop``: its cluster is closing): a warm-up still under
+    way then meets pools that refuse new work as the process exits, which is no failure of the kernels."""
+    stopped.set()
+
+
+def reported(done: Future) -> None:
+    """Log a warm-up that failed, unless its shard stopped meanwhile (``abandon``)."""
+    error = done.exception()
+    if error is not None and not stopped.is_set():
+        logger.warning("warming up the kernels failed: %r", error)

@@ -249,6 +249,7 @@ class Shard:
         """Drop every resident and node-local copy here and hand the device memory back: the cluster shuts
         down (``Service.close`` of a local one), and the worker then exits at once. A copy being written
         is removed as it ends."""
+        warm_up.abandon()
         self.copies.stop()
         self.residents.clear()
         await on(self.queries, self.dropped)
