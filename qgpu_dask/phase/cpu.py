@@ -167,6 +167,13 @@ def start_lines(poly, binomial, onto, y_of, x_of, here_of, qy, qx, dqx, scratch,
 
 
 @numba.njit(cache=True, inline="always")
+def sides_inside(y, x, qy, qx, kmax2):
+    """(1.0 where k - q falls inside the aperture, else 0.0; the same for k + q) at k = (y, x): Gamma's two sides
+    as factors, so that the loops over pixels that weigh them run without branches."""
+    return 1.0 * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2), 1.0 * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
+
+
+@numba.njit(cache=True, inline="always")
 def advance(state, n) -> None:
     """One step along a line for a block of pixels: factor[j] *= factor[j + 1], both sides of ``state`` (side,
     difference, real / imaginary, pixel: one array, which the compiler vectorizes where split arrays it would
@@ -201,9 +208,8 @@ def sideband_sum_loop(G, pixels, ky, kx, in_aperture, chi_k, poly, binomial, ont
                 qx = c * dqx
                 sum_re = sum_im = sum_size = 0.0
                 for b in range(PIXEL_BLOCK):  # without branches, in vector lanes
-                    y, x = block_y[b], block_x[b]
-                    plus = block_in[b] * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2)
-                    minus = block_in[b] * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
+                    plus, minus = sides_inside(block_y[b], block_x[b], qy, qx, kmax2)
+                    plus, minus = block_in[b] * plus, block_in[b] * minus
                     gr = state[0, 0, 0, b] * plus - state[1, 0, 0, b] * minus
                     gi = state[0, 0, 1, b] * plus - state[1, 0, 1, b] * minus
                     size = math.sqrt(gr * gr + gi * gi)

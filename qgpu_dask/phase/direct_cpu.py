@@ -12,7 +12,7 @@ import math
 import numba
 import numpy as np
 
-from .cpu import PIXEL_BLOCK, advance, line_polynomial, pixel_blocks, start_lines
+from .cpu import PIXEL_BLOCK, advance, line_polynomial, pixel_blocks, sides_inside, start_lines
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -57,17 +57,15 @@ def alias_columns(line, y_of, x_of, w_of, qy, qx, kmax2, inv_u2, complex_method,
     if complex_method:
         mirror_re, mirror_im = tg[0, d + m], tg[1, d + m]
         for b in range(PIXEL_BLOCK):
-            y, x = y_of[b], x_of[b]
-            plus = w_of[b] * inv_u2 * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2)
-            minus = w_of[b] * inv_u2 * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
+            plus, minus = sides_inside(y_of[b], x_of[b], qy, qx, kmax2)
+            plus, minus = w_of[b] * inv_u2 * plus, w_of[b] * inv_u2 * minus
             terms += plus + minus
             out_re[b], out_im[b] = plus_re[b] * plus, plus_im[b] * plus
             mirror_re[b], mirror_im[b] = minus_re[b] * minus, minus_im[b] * minus
     else:
         for b in range(PIXEL_BLOCK):
-            y, x = y_of[b], x_of[b]
-            plus = w_of[b] * inv_u2 * ((x - qx) * (x - qx) + (y - qy) * (y - qy) <= kmax2)
-            minus = w_of[b] * inv_u2 * ((x + qx) * (x + qx) + (y + qy) * (y + qy) <= kmax2)
+            plus, minus = sides_inside(y_of[b], x_of[b], qy, qx, kmax2)
+            plus, minus = w_of[b] * inv_u2 * plus, w_of[b] * inv_u2 * minus
             terms += plus + minus
             out_re[b] = minus_im[b] * minus - plus_im[b] * plus
             out_im[b] = plus_re[b] * plus - minus_re[b] * minus
