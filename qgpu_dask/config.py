@@ -6,6 +6,7 @@ replaced each."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ RETIRED = {"QGPU_DASK_CPU": "cpu", "QGPU_DASK_BUDGET": "budget", "QGPU_DASK_WARM
 dask.config.update_defaults(yaml.safe_load(DEFAULTS.read_text()))
 
 
+@functools.cache
 def check_retired() -> None:
-    """RuntimeError naming each environment variable of an earlier version that is set, and its setting now."""
+    """RuntimeError naming each environment variable of an earlier version that is set, and its setting now;
+    looked at once per process (a refusal is not cached: it is raised again at every read)."""
     found = [f"{name} (now qgpu.{key}: DASK_QGPU__{key.upper().replace('-', '_')}=... or dask.config.set"
              f"({{'qgpu.{key}': ...}}))" for name, key in RETIRED.items() if name in os.environ]
     if found:
