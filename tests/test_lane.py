@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
-import subprocess
 
 import dask.config
 import numpy as np
@@ -17,6 +15,7 @@ import qgpu_dask as qd
 from qgpu_dask.service.errors import LaneGone
 from qgpu_dask.service.lane import Lane, LaneServer
 from qgpu_dask.service.shard import Shard
+from test_other_users import PYTHON, as_nobody
 
 
 def lane_of(svc, acq) -> Lane | None:
@@ -107,12 +106,10 @@ def test_a_lane_refuses_other_users_and_wrong_names():
         lane.close()
 
     asyncio.run(calls())
-    system_python = shutil.which("python3", path="/usr/bin:/bin")
-    if os.getuid() == 0 and system_python:  # another user's process on this host is refused (its connection closed unanswered)
+    if os.getuid() == 0 and PYTHON:  # another user's process on this host is refused (its connection closed unanswered)
         probe = ("import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0' + " + repr(server.name) + "); "
                  "print(len(s.recv(64)))")
-        out = subprocess.run([system_python, "-c", probe], capture_output=True, text=True, user=65534, cwd="/", timeout=60)
-        assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr
+        assert as_nobody(probe) == "0"
 
 
 def test_no_lane_when_turned_off(svc, names, rng):
