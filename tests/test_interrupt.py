@@ -23,9 +23,9 @@ FREED_WITHIN = 2.0  # seconds from the interrupt until the name and the budget a
 
 @pytest.fixture(scope="module")
 def slow_files(tmp_path_factory, svc):
-    """Two files whose compressed loads take seconds each on two CPU cores (32 MiB of counts each). A GPU
-    loads them in milliseconds, before a Ctrl-C or a poll can meet the load: there the tests skip (the stop
-    is the shard's, the same code on either backend)."""
+    """Two files whose compressed loads take seconds each on two CPU cores (128 MiB of counts each: at 32 MiB a
+    fast core finished the load before the Ctrl-C reached it). A GPU loads them in milliseconds, before a Ctrl-C
+    or a poll can meet the load: there the tests skip (the stop is the shard's, the same code on either backend)."""
     if svc.backend == "gpu":
         pytest.skip("a GPU loads a test-size file before a Ctrl-C can reach the load")
     folder = tmp_path_factory.mktemp("slow")
@@ -33,7 +33,7 @@ def slow_files(tmp_path_factory, svc):
     paths = []
     for i in range(2):
         paths.append(folder / f"slow{i}.npy")
-        np.save(paths[-1], rng.poisson(0.3, (64, 64, 64, 64)).astype(np.uint16))
+        np.save(paths[-1], rng.poisson(0.3, (128, 128, 64, 64)).astype(np.uint16))
     return paths
 
 
